@@ -1,0 +1,56 @@
+"""The agent's HTTP client for the server's agent protocol (node token auth)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from heteroflow.schemas.nodes import Heartbeat, HeartbeatReply, TaskAssignment
+
+
+class ServerError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class ServerClient:
+    def __init__(self, server_url: str, node_token: str, timeout_s: float) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=server_url.rstrip("/"),
+            timeout=timeout_s,
+            headers={"Authorization": f"Bearer {node_token}"},
+        )
+        self.node_id = ""
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        r = await self._http.post(path, json=body, headers={"X-Heteroflow-Node": self.node_id})
+        if r.status_code >= 400:
+            try:
+                msg = r.json()["error"]["message"]
+            except Exception:
+                msg = r.text[:200]
+            raise ServerError(r.status_code, msg)
+        return r.json()
+
+    async def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
+        reply = HeartbeatReply.model_validate(
+            await self._post("/api/v1/agent/heartbeat", hb.model_dump())
+        )
+        self.node_id = reply.node_id
+        return reply
+
+    async def claim(self, task_id: str) -> TaskAssignment:
+        return TaskAssignment.model_validate(
+            await self._post(f"/api/v1/agent/tasks/{task_id}/claim", {})
+        )
+
+    async def report(self, task_id: str, status: str, message: str = "") -> str:
+        data = await self._post(
+            f"/api/v1/agent/tasks/{task_id}/report", {"status": status, "message": message[:8000]}
+        )
+        return str(data["status"])

@@ -1,0 +1,230 @@
+"""The node agent: heartbeat, claim, launch, watch, health-check, stop, report.
+
+Each heartbeat the server answers with the tasks placed on this node that should be
+starting or running. The agent converges on that list (level-triggered): it claims and
+launches ``scheduled`` tasks, stops anything it runs that is no longer listed (deleted
+or stopped tasks — the process runtime's zombie cleanup), and reports a listed task it
+does not run (e.g. after an agent restart) as failed instead of leaving it "running".
+A watch loop detects engines that exit and runs the container-level health checks.
+Reports that cannot be delivered are kept and retried; nothing is silently lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from dataclasses import dataclass
+
+import aiohttp
+
+from heteroflow.agent.client import ServerClient, ServerError
+from heteroflow.agent.config import NodeConfig
+from heteroflow.agent.health_probe import probe
+from heteroflow.agent.inventory import NodeInventory, NvmlDiscovery, collect_inventory
+from heteroflow.agent.launch import build_launch, host_port_for
+from heteroflow.agent.runtime.process import ProcessRuntime
+from heteroflow.agent.runtime.protocol import LaunchFailed, PortInUse
+from heteroflow.core.clock import Clock, interruptible_sleep
+from heteroflow.core.health import HealthCheckConfig, HealthTracker, HealthVerdict
+from heteroflow.schemas.nodes import GpuCardWire, Heartbeat, InventoryWire, TaskAssignment
+from heteroflow.settings import AgentSettings
+
+log = logging.getLogger(__name__)
+WATCH_INTERVAL_S = 0.2
+
+
+@dataclass
+class Local:
+    task: TaskAssignment
+    tracker: HealthTracker
+    health: HealthCheckConfig
+    port: int
+    reported_running: bool = False
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        config: NodeConfig,
+        runtime: ProcessRuntime,
+        clock: Clock,
+        nvml: NvmlDiscovery | None = None,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.runtime = runtime
+        self.clock = clock
+        self.nvml = nvml if nvml is not None else NvmlDiscovery()
+        self.client = ServerClient(
+            settings.server_url, settings.node_token, settings.request_timeout_s
+        )
+        self.name = settings.node_name or socket.gethostname()
+        self.local: dict[str, Local] = {}
+        self.outbox: dict[str, tuple[str, str]] = {}  # task id -> (status, message)
+        self._http: aiohttp.ClientSession | None = None
+
+    # -- heartbeat and convergence -------------------------------------------------
+    def _heartbeat_body(self, inv: NodeInventory) -> Heartbeat:
+        return Heartbeat(
+            name=self.name,
+            address=self.settings.address,
+            runtime="process",
+            inventory=InventoryWire(
+                gpus=[GpuCardWire(**g.to_dict()) for g in inv.gpus],
+                cpu_count=inv.cpu_count,
+                memory_total_mb=inv.memory_total_mb,
+                memory_available_mb=inv.memory_available_mb,
+                cpu_percent=inv.cpu_percent,
+                memory_percent=inv.memory_percent,
+            ),
+            labels=dict(self.config.labels),
+        )
+
+    async def tick(self) -> None:
+        inv = await asyncio.to_thread(collect_inventory, list(self.config.gpus), self.nvml)
+        reply = await self.client.heartbeat(self._heartbeat_body(inv))
+        await self._flush_outbox()
+        desired = {t.id: t for t in reply.tasks}
+        for t in reply.tasks:
+            if t.id in self.local or t.id in self.outbox:
+                continue
+            if t.status == "scheduled":
+                await self._claim_and_start(t)
+            else:  # starting/running on the server but not here: the engine is gone
+                await self._report(t.id, "failed", "engine process lost (agent restarted)")
+        for task_id in list(self.local):
+            if task_id not in desired:
+                await self._stop(task_id, "stopped", "stopped by the server")
+
+    async def _claim_and_start(self, t: TaskAssignment) -> None:
+        try:
+            t = await self.client.claim(t.id)
+        except ServerError as exc:
+            log.info("claim of %s refused: %s", t.id, exc)
+            return
+        try:
+            health = HealthCheckConfig.from_api(t.health_check)
+            port = host_port_for(t, health.port)
+            spec = build_launch(
+                t,
+                self.config,
+                cpu_threads=self.settings.cpu_threads,
+                log_dir=self.settings.work_dir / "logs",
+            )
+            self.runtime.start(spec)
+        except (LaunchFailed, PortInUse, ValueError) as exc:
+            await self._report(t.id, "failed", f"launch failed: {exc}")
+            return
+        tracker = HealthTracker(health, started_at=self.clock.monotonic())
+        self.local[t.id] = Local(task=t, tracker=tracker, health=health, port=port)
+
+    async def _stop(self, task_id: str, status: str, message: str) -> None:
+        await asyncio.to_thread(self.runtime.stop, task_id, self.settings.stop_timeout_s)
+        self.runtime.forget(task_id)
+        self.local.pop(task_id, None)
+        await self._report(task_id, status, message)
+
+    async def _report(self, task_id: str, status: str, message: str) -> None:
+        self.outbox[task_id] = (status, message)
+        await self._flush_outbox()
+
+    async def _flush_outbox(self) -> None:
+        for task_id, (status, message) in list(self.outbox.items()):
+            try:
+                await self.client.report(task_id, status, message)
+            except ServerError as exc:
+                if exc.status in (404, 409):  # the server moved on; nothing to deliver
+                    log.info("report %s for %s dropped: %s", status, task_id, exc)
+                else:
+                    continue
+            except Exception as exc:  # network: keep it for the next round
+                log.warning("report %s for %s not delivered: %s", status, task_id, exc)
+                continue
+            self.outbox.pop(task_id, None)
+
+    # -- watching engines ----------------------------------------------------------
+    async def watch_once(self) -> None:
+        for task_id, loc in list(self.local.items()):
+            code = self.runtime.exit_code(task_id)
+            if code is not None:
+                tail = self.runtime.log_tail(task_id, 20)
+                self.runtime.forget(task_id)
+                self.local.pop(task_id, None)
+                if code == 0 and loc.task.task_type != "inference":
+                    await self._report(task_id, "completed", "exited with code 0")
+                else:
+                    await self._report(
+                        task_id, "failed", f"engine exited with code {code}; last output:\n{tail}"
+                    )
+                continue
+            now = self.clock.monotonic()
+            if not loc.tracker.due(now):
+                continue
+            ok, detail = await probe(loc.health, "127.0.0.1", loc.port, self._session())
+            verdict = loc.tracker.record(ok, self.clock.monotonic(), detail)
+            if verdict == HealthVerdict.HEALTHY_FIRST and not loc.reported_running:
+                loc.reported_running = True
+                await self._report(task_id, "running", "health check passed")
+            elif verdict == HealthVerdict.IGNORED_IN_START_PERIOD:
+                log.debug("task %s: health check failed in start period: %s", task_id, detail)
+            elif verdict == HealthVerdict.FAILING:
+                log.warning("task %s: health check failed: %s", task_id, detail)
+            elif verdict == HealthVerdict.UNHEALTHY:
+                await self._stop(
+                    task_id,
+                    "failed",
+                    f"health check failed {loc.health.unhealthy_threshold} times: {detail}",
+                )
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    # -- loops ---------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        watcher = asyncio.create_task(self._watch_loop(stop))
+        try:
+            while not stop.is_set():
+                try:
+                    await self.tick()
+                except Exception as exc:
+                    log.warning("heartbeat to %s failed: %s", self.settings.server_url, exc)
+                if await interruptible_sleep(stop, self.settings.heartbeat_interval_s):
+                    break
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            await self.shutdown()
+
+    async def _watch_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.watch_once()
+            except Exception:
+                log.exception("watch round failed")
+            if await interruptible_sleep(stop, WATCH_INTERVAL_S):
+                return
+
+    async def shutdown(self) -> None:
+        """Stop every engine this agent started (no orphans) and tell the server."""
+        ids = list(self.local)
+        await asyncio.gather(
+            *(
+                asyncio.to_thread(self.runtime.stop, i, self.settings.stop_timeout_s)
+                for i in ids
+            )
+        )
+        for i in ids:
+            self.runtime.forget(i)
+            self.local.pop(i, None)
+            self.outbox[i] = ("failed", "agent shut down; engine stopped")
+        try:
+            await asyncio.wait_for(self._flush_outbox(), timeout=3)
+        except Exception:
+            log.warning("could not report %d stopped task(s) at shutdown", len(self.outbox))
+        if self._http is not None:
+            await self._http.close()
+        await self.client.aclose()

@@ -1,0 +1,85 @@
+"""One container health probe (FEATURES D1/D3): run the check once, report (ok, detail).
+
+The agent calls ``probe`` with the HOST address and port that map to the config's
+container port; judging the results over time belongs to ``core.health.HealthTracker``.
+Network failures never raise: they come back as ``(False, detail)`` where the detail names
+the kind of failure ("connection refused", "timeout after 3s", "HTTP 500", ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aiohttp
+
+from heteroflow.core.health import HealthCheckConfig
+
+
+def _host_for_url(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _describe(exc: BaseException, timeout_s: float) -> str:
+    """A short, stable description of a network failure."""
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return f"timeout after {timeout_s:g}s"
+    cause: BaseException | None = exc
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        cause = exc.os_error
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(cause, ConnectionResetError):
+        return "connection reset"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "server disconnected"
+    if isinstance(cause, OSError) and cause.strerror:
+        return f"connection error: {cause.strerror}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def _probe_http(
+    config: HealthCheckConfig, host: str, port: int, session: aiohttp.ClientSession
+) -> tuple[bool, str]:
+    url = f"http://{_host_for_url(host)}:{port}{config.path}"
+    timeout = aiohttp.ClientTimeout(total=config.timeout_s)
+    try:
+        async with session.get(url, timeout=timeout, allow_redirects=False) as response:
+            ok = 200 <= response.status < 300
+            return ok, f"HTTP {response.status}"
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        return False, _describe(exc, config.timeout_s)
+
+
+async def _probe_tcp(config: HealthCheckConfig, host: str, port: int) -> tuple[bool, str]:
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port), timeout=config.timeout_s
+        )
+    except (OSError, TimeoutError, ValueError) as exc:
+        return False, _describe(exc, config.timeout_s)
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True, "tcp connect ok"
+
+
+async def probe(
+    config: HealthCheckConfig,
+    host: str,
+    port: int,
+    session: aiohttp.ClientSession | None = None,
+) -> tuple[bool, str]:
+    """Run ``config``'s check once against ``host:port``; never raises for network errors.
+
+    http: ``GET http://host:port{path}`` within ``timeout_s`` (redirects not followed);
+    ok iff the status is 2xx, detail ``"HTTP <status>"``. tcp: ok iff a connection opens
+    within ``timeout_s``. Pass a shared ``session`` to reuse connections; without one a
+    session is opened for this probe and closed after it.
+    """
+    if config.type == "tcp":
+        return await _probe_tcp(config, host, port)
+    if session is not None:
+        return await _probe_http(config, host, port, session)
+    async with aiohttp.ClientSession() as own:
+        return await _probe_http(config, host, port, own)

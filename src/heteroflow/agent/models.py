@@ -1,0 +1,64 @@
+"""Where a task's model lives on this node (FEATURES C4, process-runtime form).
+
+Absolute paths must sit under one of the node's allowed volume prefixes and under none
+of its denied ones — compared on path-segment boundaries after resolving symlinks and
+``..`` — and nothing outside the allow-list is even probed. A relative name is looked
+up as ``{dir}/{name}`` or ``{dir}/{name}.gguf`` in the allowed dirs and /data/models.
+A directory resolves to the GGUF inside it (the first shard of a split model).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DATA_MODELS = Path("/data/models")
+
+
+class ModelPathError(Exception):
+    pass
+
+
+def _inside(path: Path, prefix: Path) -> bool:
+    return path == prefix or prefix in path.parents
+
+
+def check_allowed(path: Path, allowed: tuple[str, ...], denied: tuple[str, ...]) -> Path:
+    real = Path(os.path.realpath(path))  # symlinks and '..' resolved before comparing
+    if not any(_inside(real, Path(os.path.realpath(p))) for p in allowed):
+        raise ModelPathError(
+            f"model path {str(path)!r} is outside this node's allowed volume prefixes"
+        )
+    if any(_inside(real, Path(os.path.realpath(p))) for p in denied):
+        raise ModelPathError(f"model path {str(path)!r} is under a denied volume prefix")
+    return real
+
+
+def _gguf_in(directory: Path) -> Path:
+    ggufs = sorted(directory.glob("*.gguf"))
+    if not ggufs:
+        raise ModelPathError(f"no .gguf file in {str(directory)!r}")
+    shards = [g for g in ggufs if "-00001-of-" in g.name]
+    return shards[0] if shards else ggufs[0]
+
+
+def resolve_model_file(
+    model_path: str, allowed: tuple[str, ...], denied: tuple[str, ...]
+) -> Path:
+    if not model_path:
+        raise ModelPathError("the task has no model_path")
+    if os.path.isabs(model_path):
+        real = check_allowed(Path(model_path), allowed, denied)
+        if real.is_dir():
+            return _gguf_in(real)
+        if not real.is_file():
+            raise ModelPathError(f"model path {model_path!r} does not exist on this node")
+        return real
+    if "/" in model_path.strip("/") and ".." in Path(model_path).parts:
+        raise ModelPathError(f"relative model path {model_path!r} may not contain '..'")
+    for base in (*allowed, str(DATA_MODELS)):
+        for candidate in (Path(base) / model_path, Path(base) / f"{model_path}.gguf"):
+            if candidate.exists():
+                real = check_allowed(candidate, (*allowed, str(DATA_MODELS)), denied)
+                return _gguf_in(real) if real.is_dir() else real
+    raise ModelPathError(f"model {model_path!r} not found in this node's model dirs")

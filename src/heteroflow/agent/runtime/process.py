@@ -1,0 +1,120 @@
+"""Plain-process runtime: each engine is a child process in its own session.
+
+Children get ``PR_SET_PDEATHSIG`` (Linux) so that an agent killed hard does not leave
+orphan engines; a clean stop sends SIGTERM to the whole process group and SIGKILL after
+the timeout. Output goes to a per-task log file under the agent's work dir.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec, PortInUse
+
+log = logging.getLogger(__name__)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class ProcessRuntime:
+    name = "process"
+
+    def __init__(self, work_dir: Path) -> None:
+        self.work_dir = work_dir
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: dict[str, Path] = {}
+
+    def start(self, spec: LaunchSpec) -> None:
+        if spec.task_id in self._procs:
+            raise LaunchFailed(f"task {spec.task_id} is already running")
+        for port in spec.host_ports:
+            if not port_free(port):
+                raise PortInUse(f"host port {port} is already in use")
+        log_path = spec.log_path or self.work_dir / "logs" / f"{spec.task_id}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **spec.env}
+        with open(log_path, "ab") as out:
+            try:
+                proc = subprocess.Popen(
+                    list(spec.argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=self.work_dir,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                raise LaunchFailed(f"cannot start {spec.argv[0]!r}: {exc.strerror}") from exc
+        self._procs[spec.task_id] = proc
+        self._logs[spec.task_id] = log_path
+        log.info("started task %s as pid %d", spec.task_id, proc.pid)
+
+    def exit_code(self, task_id: str) -> int | None:
+        proc = self._procs.get(task_id)
+        if proc is None:
+            return -1
+        return proc.poll()
+
+    def stop(self, task_id: str, timeout_s: float) -> None:
+        proc = self._procs.get(task_id)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return
+            time.sleep(0.05)
+        log.warning("task %s ignored SIGTERM for %.0f s; killing", task_id, timeout_s)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        proc.wait(5)
+
+    def running(self) -> list[str]:
+        return [t for t, p in self._procs.items() if p.poll() is None]
+
+    def forget(self, task_id: str) -> None:
+        self._procs.pop(task_id, None)
+
+    def pid(self, task_id: str) -> int | None:
+        proc = self._procs.get(task_id)
+        return None if proc is None else proc.pid
+
+    def log_tail(self, task_id: str, lines: int) -> str:
+        path = self._logs.get(task_id)
+        if path is None or not path.exists():
+            return ""
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode("utf-8", "replace")
+        return "\n".join(data.splitlines()[-lines:])

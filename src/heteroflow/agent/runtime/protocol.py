@@ -1,0 +1,46 @@
+"""The runtime interface: what the agent needs from anything that runs engines.
+
+Two implementations share it: the plain-process runtime (here, for hosts without Docker
+and for the test suite) and the Docker runtime (its own work item).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    task_id: str
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    host_ports: tuple[int, ...] = ()
+    log_path: Path | None = None
+
+
+class PortInUse(Exception):
+    """A host port the task needs is already bound (retried with back-off by callers)."""
+
+
+class LaunchFailed(Exception):
+    pass
+
+
+class Runtime(Protocol):
+    name: str
+
+    def start(self, spec: LaunchSpec) -> None: ...
+
+    def exit_code(self, task_id: str) -> int | None:
+        """None while running; the exit code once it has exited."""
+        ...
+
+    def stop(self, task_id: str, timeout_s: float) -> None: ...
+
+    def running(self) -> list[str]: ...
+
+    def forget(self, task_id: str) -> None: ...
+
+    def log_tail(self, task_id: str, lines: int) -> str: ...

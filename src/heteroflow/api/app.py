@@ -1,0 +1,49 @@
+"""The management API application (FastAPI) and the all-in-one ASGI dispatcher."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from heteroflow.api import errors
+from heteroflow.api.context import ServerContext
+from heteroflow.api.routes import auth, gateway, nodes, task_groups, tenants
+
+
+def create_api(ctx: ServerContext) -> FastAPI:
+    app = FastAPI(
+        title="HeteroFlow",
+        version="0.1.0",
+        description="Management API: task groups, tasks, endpoints, routes, nodes, tenants.",
+        openapi_url="/api/v1/openapi.json",
+        docs_url="/api/v1/docs",
+        redoc_url=None,
+    )
+    app.state.ctx = ctx
+    errors.install(app)
+    for r in (auth.router, tenants.router, task_groups.router, gateway.router, nodes.router):
+        app.include_router(r)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+ASGIApp = Any
+
+
+class Dispatcher:
+    """/v1 goes straight to the gateway (no framework on the hot path); the rest to the API."""
+
+    def __init__(self, gateway: ASGIApp, api: ASGIApp) -> None:
+        self.gateway = gateway
+        self.api = api
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            await self.gateway(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)

@@ -1,0 +1,70 @@
+"""Dependencies: the context, a unit of work, and who is calling."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy.orm import Session
+
+from heteroflow.api.context import ServerContext
+from heteroflow.core.errors import Unauthorized
+from heteroflow.services.auth import Principal
+
+
+def get_ctx(request: Request) -> ServerContext:
+    ctx: ServerContext = request.app.state.ctx
+    return ctx
+
+
+Ctx = Annotated[ServerContext, Depends(get_ctx)]
+
+
+def get_session(ctx: Ctx) -> Iterator[Session]:
+    with ctx.db.session() as s:
+        yield s
+
+
+DB = Annotated[Session, Depends(get_session)]
+
+
+def _bearer(authorization: str | None) -> str:
+    if not authorization or not authorization.lower().startswith("bearer "):
+        raise Unauthorized("missing Authorization: Bearer <token>")
+    return authorization[7:].strip()
+
+
+def get_principal(
+    ctx: Ctx, authorization: Annotated[str | None, Header()] = None
+) -> Principal:
+    return ctx.tokens.verify(_bearer(authorization))
+
+
+Who = Annotated[Principal, Depends(get_principal)]
+
+
+def get_node_id(
+    ctx: Ctx,
+    authorization: Annotated[str | None, Header()] = None,
+    x_heteroflow_node: Annotated[str | None, Header()] = None,
+) -> str:
+    """Agents authenticate with the node token and name their node id in a header."""
+    if not hmac.compare_digest(_bearer(authorization).encode(), ctx.node_token.encode()):
+        raise Unauthorized("invalid node token")
+    return x_heteroflow_node or ""
+
+
+AgentNode = Annotated[str, Depends(get_node_id)]
+
+
+def require_gateway(
+    ctx: Ctx, authorization: Annotated[str | None, Header()] = None
+) -> None:
+    """The routing snapshot holds key hashes: only gateways and operators may read it."""
+    token = _bearer(authorization)
+    if ctx.gateway_token and hmac.compare_digest(token.encode(), ctx.gateway_token.encode()):
+        return
+    if not ctx.tokens.verify(token).is_operator:
+        raise Unauthorized("the routing snapshot is for gateways and operators")

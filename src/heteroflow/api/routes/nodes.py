@@ -1,0 +1,38 @@
+"""Nodes (/api/v1/nodes) and the agent protocol (/api/v1/agent)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from heteroflow.api.deps import DB, AgentNode, Ctx, Who
+from heteroflow.schemas.nodes import (
+    Heartbeat,
+    HeartbeatReply,
+    NodeRead,
+    TaskAssignment,
+    TaskReport,
+)
+from heteroflow.services import nodes
+
+router = APIRouter(prefix="/api/v1", tags=["nodes"])
+
+
+@router.get("/nodes", response_model=list[NodeRead])
+def list_nodes(ctx: Ctx, s: DB, who: Who) -> list[NodeRead]:
+    # Nodes are shared infrastructure: every signed-in user may see the fleet.
+    return nodes.list_nodes(s, ctx.clock, ctx.settings.node_offline_after_s)
+
+
+@router.post("/agent/heartbeat", response_model=HeartbeatReply, tags=["agent"])
+def heartbeat(hb: Heartbeat, ctx: Ctx, s: DB, _node: AgentNode) -> HeartbeatReply:
+    return nodes.heartbeat(s, ctx.clock, hb)
+
+
+@router.post("/agent/tasks/{task_id}/claim", response_model=TaskAssignment, tags=["agent"])
+def claim(task_id: str, ctx: Ctx, s: DB, node: AgentNode) -> TaskAssignment:
+    return nodes.claim(s, ctx.clock, node, task_id)
+
+
+@router.post("/agent/tasks/{task_id}/report", tags=["agent"])
+def report(task_id: str, rep: TaskReport, ctx: Ctx, s: DB, node: AgentNode) -> dict[str, str]:
+    return {"status": nodes.report(s, ctx.clock, node, task_id, rep)}

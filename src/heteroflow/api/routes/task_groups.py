@@ -1,0 +1,57 @@
+"""Task groups (/api/v1/task-groups) and tasks (/api/v1/tasks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+
+from heteroflow.api.deps import DB, Ctx, Who
+from heteroflow.schemas.task_groups import (
+    EventRead,
+    TaskGroupCreate,
+    TaskGroupCreated,
+    TaskGroupRead,
+    TaskRead,
+)
+from heteroflow.services import task_groups
+
+router = APIRouter(prefix="/api/v1", tags=["task-groups"])
+
+
+@router.post("/task-groups", response_model=TaskGroupCreated, status_code=201)
+def create_group(req: TaskGroupCreate, ctx: Ctx, s: DB, who: Who) -> TaskGroupCreated:
+    return task_groups.create_group(s, who, ctx.clock, req)
+
+
+@router.get("/task-groups", response_model=list[TaskGroupRead])
+def list_groups(s: DB, who: Who) -> list[TaskGroupRead]:
+    return task_groups.list_groups(s, who)
+
+
+@router.get("/task-groups/{group_id}", response_model=TaskGroupRead)
+def get_group(group_id: str, s: DB, who: Who) -> TaskGroupRead:
+    return task_groups.get_group(s, who, group_id)
+
+
+@router.get("/task-groups/{group_id}/events", response_model=list[EventRead])
+def group_events(group_id: str, s: DB, who: Who) -> list[dict[str, Any]]:
+    return [
+        {"group_id": group_id, **e} for e in task_groups.group_events(s, who, group_id)
+    ]
+
+
+@router.delete("/task-groups/{group_id}", status_code=204)
+def delete_group(group_id: str, ctx: Ctx, s: DB, who: Who) -> Response:
+    task_groups.delete_group(s, who, ctx.clock, group_id)
+    return Response(status_code=204)
+
+
+@router.get("/tasks/{task_id}", response_model=TaskRead)
+def get_task(task_id: str, s: DB, who: Who) -> TaskRead:
+    return task_groups.get_task(s, who, task_id)
+
+
+@router.post("/tasks/{task_id}/stop", response_model=TaskRead)
+def stop_task(task_id: str, ctx: Ctx, s: DB, who: Who) -> TaskRead:
+    return task_groups.stop_task(s, who, ctx.clock, task_id)

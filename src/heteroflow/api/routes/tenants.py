@@ -1,0 +1,31 @@
+"""Tenants and users (/api/v1/tenants, /api/v1/users)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from heteroflow.api.deps import DB, Ctx, Who
+from heteroflow.schemas.auth import TenantCreate, TenantRead, UserCreate, UserRead
+from heteroflow.services import tenants
+
+router = APIRouter(prefix="/api/v1", tags=["tenants"])
+
+
+@router.post("/tenants", response_model=TenantRead, status_code=201)
+def create_tenant(req: TenantCreate, ctx: Ctx, s: DB, who: Who) -> TenantRead:
+    return tenants.create_tenant(s, who, ctx.clock, req)
+
+
+@router.get("/tenants", response_model=list[TenantRead])
+def list_tenants(s: DB, who: Who) -> list[TenantRead]:
+    return tenants.list_tenants(s, who)
+
+
+@router.post("/users", response_model=UserRead, status_code=201)
+def create_user(req: UserCreate, ctx: Ctx, s: DB, who: Who) -> UserRead:
+    return tenants.create_user(s, who, ctx.clock, req)
+
+
+@router.get("/users", response_model=list[UserRead])
+def list_users(s: DB, who: Who) -> list[UserRead]:
+    return tenants.list_users(s, who)

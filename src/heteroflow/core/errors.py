@@ -1,0 +1,38 @@
+"""Domain errors. The API maps each kind to one HTTP status in one place."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    status = 400
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class ValidationFailed(DomainError):
+    status = 400
+    code = "validation_error"
+
+
+class NotFound(DomainError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(DomainError):
+    status = 409
+    code = "conflict"
+
+
+class Unauthorized(DomainError):
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(DomainError):
+    status = 403
+    code = "forbidden"

@@ -1,0 +1,188 @@
+"""Scheduler v1 placement: pure filters and a scorer over plain values (no I/O).
+
+Capacity of a card (B3): available = total - max(reported used, committed by our tasks)
+- reservation, where reservation = fixed (default 500 MB) + ratio (default 10%) of total.
+A task's demand per card is its ``estimated_gpu_memory_mb`` when known, else its
+``gpu_memory_utilization`` share of the card. CPU tasks (``gpu_required: 0``) are placed
+by node memory and CPU count. Host ports with ``host_port: 0`` come from the port pool.
+
+The full pipeline (type/locality/engine preferences, load threshold, scoring plugins,
+commitment admission, tenants, gangs, preemption) extends this module's shape: each
+filter returns the nodes that pass plus the reason the others failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_CPU_TASK_MEMORY_MB = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    fixed_mb: int = 500
+    ratio: float = 0.10
+
+    def of(self, total_mb: int) -> int:
+        return self.fixed_mb + int(total_mb * self.ratio)
+
+
+@dataclass(slots=True)
+class CardView:
+    index: int
+    vendor: str
+    model: str
+    memory_total_mb: int
+    memory_used_mb: int = 0
+    committed_mb: int = 0
+
+    def available_mb(self, reservation: Reservation) -> int:
+        used = max(self.memory_used_mb, self.committed_mb)
+        return self.memory_total_mb - used - reservation.of(self.memory_total_mb)
+
+
+@dataclass(slots=True)
+class NodeView:
+    id: str
+    name: str
+    online: bool
+    cards: list[CardView]
+    cpu_count: int
+    memory_total_mb: int
+    memory_committed_mb: int = 0
+    ports_in_use: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDemand:
+    task_id: str
+    gpu_required: int
+    gpu_type: str
+    gpu_memory_utilization: int  # 1-100
+    estimated_gpu_memory_mb: int
+    memory_mb: int
+    host_ports: tuple[int, ...]  # requested host ports, 0 = from the pool
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node_id: str
+    gpu_ids: tuple[int, ...]
+    per_card_mb: int
+    memory_mb: int
+    host_ports: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaced:
+    reason: str
+
+
+def per_card_demand(task: TaskDemand, card_total_mb: int) -> int:
+    if task.estimated_gpu_memory_mb:
+        return task.estimated_gpu_memory_mb
+    return card_total_mb * task.gpu_memory_utilization // 100
+
+
+def _ports(task: TaskDemand, node: NodeView, pool: range) -> tuple[int, ...] | None:
+    taken = set(node.ports_in_use)
+    chosen: list[int] = []
+    for hp in task.host_ports:
+        if hp:
+            if hp in taken:
+                return None
+            taken.add(hp)
+            chosen.append(hp)
+    free = (p for p in pool if p not in taken)
+    out: list[int] = []
+    for hp in task.host_ports:
+        if hp:
+            out.append(hp)
+        else:
+            nxt = next(free, None)
+            if nxt is None:
+                return None
+            out.append(nxt)
+    return tuple(out)
+
+
+def _fit_gpu(task: TaskDemand, node: NodeView, res: Reservation) -> tuple[list[CardView], str]:
+    cards = [c for c in node.cards if not task.gpu_type or c.model == task.gpu_type]
+    if not cards:
+        return [], "gpu_type_mismatch"
+    fitting = [c for c in cards if c.available_mb(res) >= per_card_demand(task, c.memory_total_mb)]
+    if len(fitting) < task.gpu_required:
+        return [], "vram_short"
+    # binpack inside the node: fullest cards that still fit first, keeping whole cards free
+    fitting.sort(key=lambda c: (c.available_mb(res), c.index))
+    return fitting[: task.gpu_required], ""
+
+
+def place(
+    task: TaskDemand, nodes: list[NodeView], res: Reservation, pool: range
+) -> Placement | Unplaced:
+    """Choose a node (and cards) for one task, or say precisely why none fits."""
+    counts: dict[str, int] = {}
+    best: tuple[int, Placement] | None = None
+    for node in nodes:
+        if not node.online:
+            counts["offline"] = counts.get("offline", 0) + 1
+            continue
+        ports = _ports(task, node, pool)
+        if ports is None:
+            counts["ports"] = counts.get("ports", 0) + 1
+            continue
+        if task.gpu_required == 0:
+            need = task.memory_mb or DEFAULT_CPU_TASK_MEMORY_MB
+            free = int(node.memory_total_mb * 0.9) - node.memory_committed_mb
+            if node.cpu_count < 1 or free < need:
+                counts["memory_short"] = counts.get("memory_short", 0) + 1
+                continue
+            score = free - need  # spread CPU work: most free memory wins
+            cand = Placement(node.id, (), 0, need, ports)
+        else:
+            cards, why = _fit_gpu(task, node, res)
+            if why:
+                counts[why] = counts.get(why, 0) + 1
+                continue
+            per_card = max(per_card_demand(task, c.memory_total_mb) for c in cards)
+            score = -sum(c.available_mb(res) for c in cards)  # binpack across nodes
+            cand = Placement(node.id, tuple(c.index for c in cards), per_card, 0, ports)
+        if best is None or score > best[0]:
+            best = (score, cand)
+    if best is not None:
+        return best[1]
+    return Unplaced(_reason(task, nodes, counts))
+
+
+def _reason(task: TaskDemand, nodes: list[NodeView], counts: dict[str, int]) -> str:
+    if not nodes:
+        return "InsufficientResources: no node has registered"
+    parts = []
+    labels = {
+        "offline": "offline",
+        "gpu_type_mismatch": f"no card of type {task.gpu_type!r}",
+        "vram_short": f"fewer than {task.gpu_required} card(s) with enough free memory "
+        f"({_demand_text(task)} each after the reservation)",
+        "memory_short": f"not {task.memory_mb or DEFAULT_CPU_TASK_MEMORY_MB} MB of free "
+        "memory for a CPU task",
+        "ports": "requested host port in use or port pool exhausted",
+    }
+    for key, n in sorted(counts.items()):
+        parts.append(f"{n} node(s): {labels[key]}")
+    return f"InsufficientResources: 0/{len(nodes)} nodes fit — " + "; ".join(parts)
+
+
+def _demand_text(task: TaskDemand) -> str:
+    if task.estimated_gpu_memory_mb:
+        return f"{task.estimated_gpu_memory_mb} MB"
+    return f"{task.gpu_memory_utilization}% of the card"
+
+
+def commit(node: NodeView, placement: Placement) -> None:
+    """Book a placement into the in-memory views so the same round does not double-book."""
+    for c in node.cards:
+        if c.index in placement.gpu_ids:
+            c.committed_mb += placement.per_card_mb
+    node.memory_committed_mb += placement.memory_mb
+    node.ports_in_use.update(placement.host_ports)

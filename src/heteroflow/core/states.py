@@ -1,0 +1,82 @@
+"""Lifecycles as transition tables: the one place that says which state change is legal.
+
+Task (one container / engine process)::
+
+    pending -> scheduled -> starting -> running -> stopping -> stopped
+                   |            |          |
+                   +------------+----------+--> failed (reason recorded)
+
+``scheduled`` is the user-facing "scheduling" (placed, waiting for its agent);
+``starting`` is claimed by the agent, engine launched, first health check not yet passed.
+A task is routable only in ``running``. Sleeping / waking / draining arrive with the
+sleep and rolling-update work and will extend these tables.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TaskStatus(StrEnum):
+    PENDING = "pending"
+    SCHEDULED = "scheduled"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    COMPLETED = "completed"
+
+
+class GroupStatus(StrEnum):
+    PENDING = "pending"
+    SCHEDULING = "scheduling"
+    RUNNING = "running"
+    FAILED = "failed"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    COMPLETED = "completed"
+
+
+T = TaskStatus
+
+TASK_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
+    T.PENDING: frozenset({T.SCHEDULED, T.STOPPED}),
+    T.SCHEDULED: frozenset({T.STARTING, T.PENDING, T.STOPPED, T.FAILED}),
+    T.STARTING: frozenset({T.RUNNING, T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED}),
+    T.RUNNING: frozenset({T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED}),
+    T.STOPPING: frozenset({T.STOPPED, T.FAILED}),
+    T.STOPPED: frozenset(),
+    T.FAILED: frozenset({T.STOPPED}),
+    T.COMPLETED: frozenset({T.STOPPED}),
+}
+
+# Tasks that hold a placement (node, cards, host port) and so count against capacity.
+HOLDS_RESOURCES = frozenset({T.SCHEDULED, T.STARTING, T.RUNNING, T.STOPPING})
+# Tasks an agent should be running (or starting) on its node.
+AGENT_OWNED = frozenset({T.STARTING, T.RUNNING})
+TERMINAL = frozenset({T.STOPPED, T.FAILED, T.COMPLETED})
+
+
+def can_transition(src: TaskStatus, dst: TaskStatus) -> bool:
+    return dst in TASK_TRANSITIONS[src]
+
+
+def group_status(task_statuses: list[TaskStatus], *, deleting: bool = False) -> GroupStatus:
+    """The group's status, derived from its tasks (a pure summary, never set by hand)."""
+    s = set(task_statuses)
+    if not s:
+        return GroupStatus.STOPPED if deleting else GroupStatus.PENDING
+    if deleting or T.STOPPING in s:
+        return GroupStatus.STOPPING if s - TERMINAL else GroupStatus.STOPPED
+    if T.FAILED in s:
+        return GroupStatus.FAILED
+    if s == {T.RUNNING}:
+        return GroupStatus.RUNNING
+    if s <= {T.STOPPED}:
+        return GroupStatus.STOPPED
+    if s <= {T.COMPLETED, T.STOPPED}:
+        return GroupStatus.COMPLETED
+    if s & {T.SCHEDULED, T.STARTING, T.RUNNING}:
+        return GroupStatus.SCHEDULING
+    return GroupStatus.PENDING

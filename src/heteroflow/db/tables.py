@@ -1,0 +1,200 @@
+"""ORM tables. Rows never leave the service layer: the API returns wire schemas."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both SQLite (which stores naive) and PostgreSQL."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the database")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class PlatformSetting(Base):
+    """Cluster-wide values every server instance must share (e.g. the JWT secret)."""
+
+    __tablename__ = "platform_settings"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime]
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    username: Mapped[str] = mapped_column(String(128), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(256))
+    role: Mapped[str] = mapped_column(String(16))  # operator | member
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    created_at: Mapped[datetime]
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(253), unique=True)
+    address: Mapped[str] = mapped_column(String(255))
+    runtime: Mapped[str] = mapped_column(String(32))
+    gpus: Mapped[list[Any]] = mapped_column(default=list)
+    cpu_count: Mapped[int] = mapped_column(Integer, default=0)
+    memory_total_mb: Mapped[int] = mapped_column(Integer, default=0)
+    memory_available_mb: Mapped[int] = mapped_column(Integer, default=0)
+    cpu_percent: Mapped[float] = mapped_column(default=0.0)
+    memory_percent: Mapped[float] = mapped_column(default=0.0)
+    models: Mapped[list[Any]] = mapped_column(default=list)
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    registered_at: Mapped[datetime]
+    last_heartbeat_at: Mapped[datetime]
+
+
+class TaskGroup(Base):
+    __tablename__ = "task_groups"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    created_by: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(128))
+    model_name: Mapped[str] = mapped_column(String(256))
+    task_type: Mapped[str] = mapped_column(String(32))
+    parallelism: Mapped[str] = mapped_column(String(32))
+    world_size: Mapped[int] = mapped_column(Integer)
+    current_replicas: Mapped[int] = mapped_column(Integer)
+    min_replicas: Mapped[int] = mapped_column(Integer)
+    max_replicas: Mapped[int] = mapped_column(Integer)
+    enable_api: Mapped[bool] = mapped_column(Boolean)
+    endpoint_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    inference_templates: Mapped[list[Any]] = mapped_column(default=list)
+    current_generation: Mapped[int] = mapped_column(Integer, default=1)
+    rolling_update_state: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    rolling_update_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    idle_timeout_minutes: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_memory_utilization: Mapped[int] = mapped_column(Integer)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    health_check: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    scale_policy: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    schedule_window: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(String(32))
+    status_message: Mapped[str] = mapped_column(Text, default="")
+    deleted_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+    __table_args__ = (Index("ix_tasks_status_priority", "status", "priority", "created_at"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    group_id: Mapped[str] = mapped_column(ForeignKey("task_groups.id"), index=True)
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(160))
+    rank: Mapped[int] = mapped_column(Integer)
+    generation: Mapped[int] = mapped_column(Integer, default=1)
+    task_type: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(32))
+    status_message: Mapped[str] = mapped_column(Text, default="")
+    gpu_required: Mapped[int] = mapped_column(Integer)
+    gpu_type: Mapped[str] = mapped_column(String(64), default="")
+    gpu_ids: Mapped[list[Any]] = mapped_column(default=list)
+    node_id: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"), nullable=True, index=True)
+    model_path: Mapped[str] = mapped_column(Text, default="")
+    model_name: Mapped[str] = mapped_column(String(256), default="")
+    image: Mapped[str] = mapped_column(String(512), default="")
+    engine: Mapped[str] = mapped_column(String(32), default="")
+    engine_reason: Mapped[str] = mapped_column(Text, default="")
+    command: Mapped[list[Any]] = mapped_column(default=list)
+    engine_args: Mapped[list[Any]] = mapped_column(default=list)
+    env: Mapped[list[Any]] = mapped_column(default=list)
+    ports: Mapped[list[Any]] = mapped_column(default=list)
+    estimated_gpu_memory_mb: Mapped[int] = mapped_column(Integer, default=0)
+    memory_mb: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_memory_utilization: Mapped[int] = mapped_column(Integer)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    health_check: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class InferenceEndpoint(Base):
+    __tablename__ = "inference_endpoints"
+    __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_endpoint_tenant_name"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    group_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    port: Mapped[int] = mapped_column(Integer)
+    external_port: Mapped[int] = mapped_column(Integer, default=0)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_prefix: Mapped[str] = mapped_column(String(16))
+    created_by: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class ModelRoute(Base):
+    __tablename__ = "model_routes"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    group_id: Mapped[str] = mapped_column(String(32), index=True)
+    model_name: Mapped[str] = mapped_column(String(256))
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    weight: Mapped[int] = mapped_column(Integer, default=100)
+    version: Mapped[str] = mapped_column(String(64), default="v1")
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    algorithm: Mapped[str] = mapped_column(String(32), default="round_robin")
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Event(Base):
+    """One row per state transition (and other facts worth a timeline entry)."""
+
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    group_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    task_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    from_status: Mapped[str] = mapped_column(String(32), default="")
+    to_status: Mapped[str] = mapped_column(String(32), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime]

@@ -1,0 +1,129 @@
+"""OpenAI-shaped error responses of the gateway, and the ASGI type aliases it uses.
+
+Every error the gateway itself produces has OpenAI's body shape
+``{"error": {"message", "type", "param", "code"}}`` so that the official SDKs map it
+to their exception classes (401 -> ``AuthenticationError``, 404 -> ``NotFoundError``,
+...). Errors that come from a backend are relayed untouched and never pass through here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIError:
+    """One error response: HTTP status plus the four fields of OpenAI's error object."""
+
+    status: int
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+    def body(self) -> bytes:
+        return orjson.dumps(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.type,
+                    "param": self.param,
+                    "code": self.code,
+                }
+            }
+        )
+
+
+async def send_json(
+    send: Send,
+    status: int,
+    body: bytes,
+    extra_headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    """Send a complete JSON response in two ASGI messages."""
+    headers = [JSON_CONTENT_TYPE, (b"content-length", str(len(body)).encode()), *extra_headers]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(
+    send: Send, err: OpenAIError, extra_headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    await send_json(send, err.status, err.body(), extra_headers)
+
+
+def invalid_api_key(*, missing: bool) -> OpenAIError:
+    # The key itself is never echoed back (OpenAI shows a masked prefix; we show nothing).
+    message = (
+        "You didn't provide an API key. Provide it in the Authorization header "
+        "(Authorization: Bearer YOUR_KEY)."
+        if missing
+        else "Incorrect API key provided."
+    )
+    return OpenAIError(401, message, "invalid_request_error", None, "invalid_api_key")
+
+
+def invalid_request(message: str, param: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, "invalid_request_error", param, None)
+
+
+def model_not_found(model: str) -> OpenAIError:
+    return OpenAIError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        "invalid_request_error",
+        None,
+        "model_not_found",
+    )
+
+
+def no_healthy_backend(model: str) -> OpenAIError:
+    return OpenAIError(
+        503,
+        f"No healthy backend is available for model `{model}`. Please retry later.",
+        "service_unavailable",
+        None,
+        "no_healthy_backend",
+    )
+
+
+def upstream_error() -> OpenAIError:
+    return OpenAIError(
+        502, "The model backend could not be reached or failed.", "server_error", None,
+        "upstream_error",
+    )
+
+
+def upstream_timeout() -> OpenAIError:
+    return OpenAIError(
+        504, "The model backend did not answer in time.", "server_error", None,
+        "upstream_timeout",
+    )
+
+
+def payload_too_large(limit: int) -> OpenAIError:
+    return OpenAIError(
+        413, f"Request body is larger than {limit} bytes.", "invalid_request_error", None, None
+    )
+
+
+def invalid_url(method: str, path: str) -> OpenAIError:
+    # Same wording as OpenAI's answer for an unknown path.
+    return OpenAIError(404, f"Invalid URL ({method} {path})", "invalid_request_error", None, None)
+
+
+def method_not_allowed(method: str, path: str) -> OpenAIError:
+    return OpenAIError(
+        405, f"Method {method} is not allowed for {path}.", "invalid_request_error", None, None
+    )

@@ -1,0 +1,196 @@
+"""Connections to model backends: pooled aiohttp sessions, the /v1/models cache, retries.
+
+Owns everything the gateway does on the wire towards engines, so that ``app`` only
+routes and relays:
+
+* one ``aiohttp.ClientSession`` per event loop, created on first use, with an unlimited
+  keep-alive pool (a gateway must never queue requests behind a pool limit);
+* ``open()``: send one request, retrying once when a pooled connection turns out to be
+  stale (closed by the backend before any response byte), and mapping failures to
+  OpenAI-shaped 502/504 errors;
+* ``model_ids()``: each backend's ``GET /v1/models`` answer, cached for a TTL,
+  refreshed in the background once stale, and looked up once per backend at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from heteroflow.gateway import errors
+from heteroflow.gateway.snapshot import Backend
+
+logger = logging.getLogger(__name__)
+
+# uvicorn (so vLLM) and llama.cpp close idle keep-alive connections after 5 s; dropping
+# ours sooner means we rarely send on a connection the backend is closing. The rare race
+# left over is what the one retry in ``open()`` is for.
+_KEEPALIVE_S = 4.0
+_MODELS_LOOKUP_TIMEOUT_S = 10.0
+_FORWARD_HEADERS = {"Content-Type": "application/json"}
+# A retry is safe only when the request surely did not reach a live handler: the
+# connection was found closed or reset before any byte of the response arrived.
+_STALE_ERRORS = (
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientConnectionResetError,
+    aiohttp.ClientOSError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendModels:
+    """One backend's model ids as served by its /v1/models, in the backend's order."""
+
+    ids: frozenset[str]
+    first: str | None
+    expires: float  # time.monotonic() deadline
+
+
+class _LoopState:
+    """What must not cross event loops: the session and the lookup tasks."""
+
+    __slots__ = ("lookups", "session")
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self.lookups: dict[str, asyncio.Task[BackendModels | None]] = {}
+
+
+class Upstream:
+    def __init__(
+        self, *, models_cache_ttl_s: float, upstream_timeout_s: float, connect_timeout_s: float
+    ) -> None:
+        self._ttl = models_cache_ttl_s
+        # sock_read, not total: a stream may run for an hour; what must not pass
+        # upstream_timeout_s is the silence before the next byte (or the whole answer of
+        # a non-stream request, which arrives at once).
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout_s, sock_read=upstream_timeout_s
+        )
+        self._lookup_timeout = aiohttp.ClientTimeout(
+            total=_MODELS_LOOKUP_TIMEOUT_S, sock_connect=connect_timeout_s
+        )
+        self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._models: dict[str, BackendModels] = {}  # base_url -> ids (plain data)
+        self._failing: set[str] = set()  # base_urls whose last lookup failed (log once)
+
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        st = self._states.get(loop)
+        if st is None or st.session.closed:
+            for old in [lp for lp in self._states if lp.is_closed()]:
+                del self._states[old]
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S, ttl_dns_cache=300
+            )
+            session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                # Bytes are relayed untouched: never ask for or undo a content-encoding.
+                auto_decompress=False,
+                skip_auto_headers=("Accept-Encoding",),
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+            st = self._states[loop] = _LoopState(session)
+        return st
+
+    async def open(
+        self, url: str, body: bytes, backend: Backend
+    ) -> aiohttp.ClientResponse | errors.OpenAIError:
+        """POST ``body`` to ``url``; the response (headers read) or the error to answer."""
+        session = self._state().session
+        for attempt in (0, 1):
+            try:
+                return await session.post(url, data=body, headers=_FORWARD_HEADERS)
+            except TimeoutError:
+                logger.warning("backend %s (task %s): timed out", backend.base_url,
+                               backend.task_id)
+                return errors.upstream_timeout()
+            except aiohttp.ClientConnectorError as exc:
+                logger.warning("backend %s (task %s): cannot connect: %s", backend.base_url,
+                               backend.task_id, exc.os_error.strerror or type(exc).__name__)
+                return errors.upstream_error()
+            except _STALE_ERRORS as exc:
+                if attempt == 0:
+                    logger.debug("backend %s: stale connection (%s), retrying",
+                                 backend.base_url, type(exc).__name__)
+                    continue
+                logger.warning("backend %s (task %s): connection lost: %s", backend.base_url,
+                               backend.task_id, type(exc).__name__)
+                return errors.upstream_error()
+            except aiohttp.ClientError as exc:
+                logger.warning("backend %s (task %s): %s", backend.base_url, backend.task_id,
+                               type(exc).__name__)
+                return errors.upstream_error()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def model_ids(self, base_url: str) -> BackendModels | None:
+        """The backend's model ids, or None when they have never been obtained.
+
+        A fresh entry is returned at once; a stale one is returned too while one
+        background lookup refreshes it; with no entry the caller waits for the lookup.
+        """
+        st = self._state()
+        cached = self._models.get(base_url)
+        if cached is not None:
+            if cached.expires <= time.monotonic() and base_url not in st.lookups:
+                self._start_lookup(st, base_url)
+            return cached
+        task = st.lookups.get(base_url) or self._start_lookup(st, base_url)
+        # Shielded: one cancelled client must not cancel the lookup others wait for.
+        return await asyncio.shield(task)
+
+    def _start_lookup(self, st: _LoopState, base_url: str) -> asyncio.Task[BackendModels | None]:
+        task = asyncio.get_running_loop().create_task(self._lookup(st.session, base_url))
+        st.lookups[base_url] = task
+        task.add_done_callback(lambda _t: st.lookups.pop(base_url, None))
+        return task
+
+    async def _lookup(self, session: aiohttp.ClientSession, base_url: str) -> BackendModels | None:
+        try:
+            async with session.get(base_url + "/v1/models", timeout=self._lookup_timeout) as r:
+                raw = await r.read()
+                if r.status != 200:
+                    raise ValueError(f"HTTP {r.status}")
+            data = orjson.loads(raw)["data"]
+            ids = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+            # Not cached: the next request tries again. A stale entry, if any, stays.
+            level = logging.DEBUG if base_url in self._failing else logging.WARNING
+            logger.log(level, "backend %s: /v1/models lookup failed: %s", base_url,
+                       type(exc).__name__)
+            self._failing.add(base_url)
+            return self._models.get(base_url)
+        self._failing.discard(base_url)
+        entry = BackendModels(frozenset(ids), ids[0] if ids else None, time.monotonic() + self._ttl)
+        self._models[base_url] = entry
+        return entry
+
+    def retain(self, live_base_urls: Iterable[str]) -> None:
+        """Forget cached model ids of backends that left the routing snapshot."""
+        live = set(live_base_urls)
+        for url in [u for u in self._models if u not in live]:
+            del self._models[url]
+        self._failing &= live
+
+    async def aclose(self) -> None:
+        """Close every session; the one of the running loop is awaited."""
+        states, self._states = self._states, {}
+        current = asyncio.get_running_loop()
+        for loop, st in states.items():
+            if loop is current:
+                await _close_state(st)
+            elif not loop.is_closed():
+                asyncio.run_coroutine_threadsafe(_close_state(st), loop)
+
+
+async def _close_state(st: _LoopState) -> None:
+    for task in list(st.lookups.values()):
+        task.cancel()
+    await st.session.close()

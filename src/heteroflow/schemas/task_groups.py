@@ -1,0 +1,148 @@
+"""Wire schemas of task groups and tasks (create / read)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from heteroflow.core.engines import ENGINES
+from heteroflow.schemas.common import Strict
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?$"
+
+
+class PortMapping(Strict):
+    container_port: int = Field(ge=1, le=65535)
+    host_port: int = Field(default=0, ge=0, le=65535, description="0 = allocated from the pool")
+
+
+class HealthCheckIn(Strict):
+    type: Literal["http", "tcp"] = "http"
+    path: str = Field(default="/health", pattern=r"^/")
+    port: int | None = Field(default=None, ge=1, le=65535, description="container port")
+    interval_seconds: float = Field(default=10, gt=0, le=3600)
+    timeout_seconds: float = Field(default=3, gt=0, le=600)
+    unhealthy_threshold: int = Field(default=3, ge=1, le=100)
+    start_period_seconds: float = Field(default=60, ge=0, le=86400, description="0 means 30 s")
+
+
+class TaskSpec(Strict):
+    """Container-level fields: only here, never at the top level of a group."""
+
+    name: str | None = Field(default=None, pattern=NAME_PATTERN)
+    image: str = Field(min_length=1, max_length=512, pattern=IMAGE_PATTERN)
+    gpu_required: int = Field(default=1, ge=0, le=64, description="0 = CPU engine")
+    gpu_type: str = Field(default="", max_length=64)
+    engine: str = Field(default="")
+    model_path: str = Field(default="", max_length=4096)
+    ports: list[PortMapping] = Field(default_factory=list, max_length=16)
+    env: list[str] = Field(default_factory=list, max_length=256)
+    command: list[str] = Field(default_factory=list, max_length=256)
+    engine_args: list[str] = Field(default_factory=list, max_length=256)
+    memory_mb: int = Field(default=0, ge=0, le=16 * 1024 * 1024)
+    estimated_gpu_memory_mb: int = Field(default=0, ge=0, le=16 * 1024 * 1024)
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        if v and v not in ENGINES:
+            raise ValueError(f"unknown engine {v!r}; one of {', '.join(ENGINES)}")
+        return v
+
+    @field_validator("ports")
+    @classmethod
+    def _unique_ports(cls, v: list[PortMapping]) -> list[PortMapping]:
+        seen = [p.container_port for p in v]
+        if len(seen) != len(set(seen)):
+            raise ValueError("container_port values must be unique")
+        return v
+
+
+class TaskGroupCreate(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    model_name: str | None = Field(default=None, min_length=1, max_length=256)
+    task_type: Literal["inference", "training", "container"] | None = None
+    parallelism: Literal["single", "tensor_parallel", "split", "pipeline"] = "single"
+    world_size: int = Field(default=1, ge=1, le=64)
+    enable_api: bool = False
+    idle_timeout_minutes: int = Field(default=0, ge=0, le=525600)
+    gpu_memory_utilization: int = Field(default=90, ge=1, le=100)
+    priority: int = Field(default=0, ge=0, le=1000)
+    endpoint_name: str | None = Field(default=None, pattern=NAME_PATTERN)
+    endpoint_port: int | None = Field(default=None, ge=1, le=65535)
+    external_port: int = Field(default=0, ge=0, le=65535)
+    health_check: HealthCheckIn | None = None
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    task: TaskSpec
+
+
+class TaskRead(BaseModel):
+    id: str
+    group_id: str
+    name: str
+    rank: int
+    generation: int
+    task_type: str
+    status: str
+    status_message: str
+    gpu_required: int
+    gpu_type: str
+    gpu_ids: list[int]
+    node_id: str | None
+    model_path: str
+    image: str
+    engine: str
+    engine_reason: str
+    ports: list[dict[str, int]]
+    estimated_gpu_memory_mb: int
+    memory_mb: int
+    started_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class TaskGroupRead(BaseModel):
+    id: str
+    tenant_id: str
+    name: str
+    model_name: str
+    task_type: str
+    parallelism: str
+    world_size: int
+    current_replicas: int
+    min_replicas: int
+    max_replicas: int
+    enable_api: bool
+    endpoint: str | None
+    inference_templates: list[Any]
+    current_generation: int
+    rolling_update_state: str | None
+    rolling_update_message: str | None
+    idle_timeout_minutes: int
+    gpu_memory_utilization: int
+    priority: int
+    health_check: dict[str, Any]
+    labels: dict[str, Any]
+    status: str
+    status_message: str
+    created_at: datetime
+    updated_at: datetime
+    tasks: list[TaskRead] = Field(default_factory=list)
+
+
+class TaskGroupCreated(TaskGroupRead):
+    api_key: str | None = Field(default=None, description="plaintext, shown only in this response")
+    warnings: list[str] = Field(default_factory=list)
+
+
+class EventRead(BaseModel):
+    group_id: str | None
+    task_id: str | None
+    kind: str
+    from_status: str
+    to_status: str
+    message: str
+    created_at: datetime

@@ -1,0 +1,129 @@
+"""Composition root: builds the server (API + controllers + gateway) and runs processes.
+
+``ServerApp`` wires the database, services, the FastAPI app, the gateway and the
+controllers together; ``serve`` runs uvicorn on a socket we bind ourselves (so port 0
+works for tests) beside the controller loops, and stops everything on one event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import uvicorn
+
+from heteroflow.api.app import Dispatcher, create_api
+from heteroflow.api.context import ServerContext
+from heteroflow.controllers.base import run_loop
+from heteroflow.controllers.scheduler import Scheduler
+from heteroflow.controllers.snapshot import SnapshotPublisher
+from heteroflow.core.clock import Clock, SystemClock
+from heteroflow.db.engine import Database, migrate
+from heteroflow.gateway.app import GatewayApp
+from heteroflow.gateway.snapshot import SnapshotHolder
+from heteroflow.services.auth import Bootstrap, Tokens, bootstrap, shared_secret
+from heteroflow.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: our process owns SIGINT/SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class ServerApp:
+    def __init__(self, settings: ServerSettings, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.db = Database.from_url(settings.resolved_database_url())
+        migrate(self.db.engine)
+        self.bootstrap: Bootstrap = bootstrap(self.db, self.clock, settings.admin_password)
+        self.node_token = shared_secret(self.db, "node_token", settings.node_token)
+        self.gateway_token = shared_secret(self.db, "gateway_token", settings.gateway_token)
+        tokens = Tokens(
+            shared_secret(self.db, "jwt_secret", settings.jwt_secret),
+            settings.jwt_ttl_s,
+            self.clock,
+        )
+        self.holder = SnapshotHolder()
+        self.ctx = ServerContext(
+            settings=settings,
+            db=self.db,
+            clock=self.clock,
+            tokens=tokens,
+            holder=self.holder,
+            node_token=self.node_token,
+            gateway_token=self.gateway_token,
+        )
+        self.gateway = GatewayApp(
+            self.holder,
+            models_cache_ttl_s=settings.models_cache_ttl_s,
+            upstream_timeout_s=settings.upstream_timeout_s,
+        )
+        self.asgi = Dispatcher(self.gateway, create_api(self.ctx))
+        self.scheduler = Scheduler(
+            self.db,
+            self.clock,
+            interval_s=settings.scheduler_interval_s,
+            offline_after_s=settings.node_offline_after_s,
+            port_pool=range(settings.port_pool_start, settings.port_pool_end + 1),
+        )
+        self.publisher = SnapshotPublisher(
+            self.db, self.holder, interval_s=settings.snapshot_interval_s
+        )
+
+    async def serve(
+        self,
+        stop: asyncio.Event,
+        sock: socket.socket,
+        *,
+        extra: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] | None = None,
+    ) -> None:
+        config = uvicorn.Config(
+            self.asgi,
+            loop="asyncio",
+            http="httptools",
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=75,
+        )
+        server = _Uvicorn(config)
+        loops = [
+            asyncio.create_task(run_loop(self.scheduler, self.clock, stop)),
+            asyncio.create_task(run_loop(self.publisher, self.clock, stop)),
+        ]
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        extras = [asyncio.create_task(fn(stop)) for fn in (extra or [])]
+        await stop.wait()
+        # extras first (the in-process agent stops its engines while the API still answers)
+        await asyncio.gather(*extras, return_exceptions=True)
+        server.should_exit = True
+        await asyncio.gather(serving, *loops, return_exceptions=True)
+        await self.gateway.aclose()
+        self.db.dispose()
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)

@@ -1,0 +1,112 @@
+"""Inference endpoints (keys) and model routes after creation: list, update, rotate, delete."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from heteroflow.core.clock import Clock
+from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
+from heteroflow.core.ids import key_display_prefix, new_api_key
+from heteroflow.db.tables import InferenceEndpoint, ModelRoute, TaskGroup
+from heteroflow.gateway.snapshot import hash_key
+from heteroflow.schemas.gateway import (
+    EndpointRead,
+    EndpointUpdate,
+    EndpointUpdated,
+    ModelRouteRead,
+    ModelRouteUpdate,
+)
+from heteroflow.services.auth import Principal
+from heteroflow.services.views import endpoint_read, route_read
+
+ALGORITHMS = ("round_robin", "random", "least_connections", "engine_aware")
+
+
+def _visible_endpoint(s: Session, who: Principal, endpoint_id: str) -> InferenceEndpoint:
+    e = s.get(InferenceEndpoint, endpoint_id)
+    if e is None or (not who.is_operator and e.tenant_id != who.tenant_id):
+        raise NotFound(f"endpoint {endpoint_id!r} not found")
+    return e
+
+
+def list_endpoints(s: Session, who: Principal) -> list[EndpointRead]:
+    q = select(InferenceEndpoint).order_by(InferenceEndpoint.created_at)
+    if not who.is_operator:
+        q = q.where(InferenceEndpoint.tenant_id == who.tenant_id)
+    return [endpoint_read(e) for e in s.scalars(q)]
+
+
+def update_endpoint(
+    s: Session, who: Principal, clock: Clock, endpoint_id: str, req: EndpointUpdate
+) -> EndpointUpdated:
+    e = _visible_endpoint(s, who, endpoint_id)
+    if req.name is not None and req.name != e.name:
+        clash = s.scalar(
+            select(InferenceEndpoint.id).where(
+                InferenceEndpoint.tenant_id == e.tenant_id, InferenceEndpoint.name == req.name
+            )
+        )
+        if clash is not None:
+            raise Conflict(f"an endpoint named {req.name!r} already exists", field="name")
+        e.name = req.name
+    if req.external_port is not None:
+        e.external_port = req.external_port
+    key: str | None = None
+    if req.rotate_key:
+        key = new_api_key()
+        e.key_hash = hash_key(key)
+        e.key_prefix = key_display_prefix(key)
+    e.updated_at = clock.now()
+    s.flush()
+    return EndpointUpdated(**endpoint_read(e).model_dump(), api_key=key)
+
+
+def delete_endpoint(s: Session, who: Principal, endpoint_id: str) -> None:
+    e = _visible_endpoint(s, who, endpoint_id)
+    if e.group_id is not None:
+        g = s.get(TaskGroup, e.group_id)
+        if g is not None and g.endpoint_id == e.id:
+            g.endpoint_id = None  # no dangling reference (A1)
+    s.delete(e)
+
+
+def update_route(
+    s: Session, who: Principal, clock: Clock, route_id: str, req: ModelRouteUpdate
+) -> ModelRouteRead:
+    r = s.get(ModelRoute, route_id)
+    if r is None or (not who.is_operator and r.tenant_id != who.tenant_id):
+        raise NotFound(f"model route {route_id!r} not found")
+    if req.priority is not None:
+        if req.priority < 0 and not who.is_operator:
+            raise ValidationFailed(
+                "priority must be >= 0 (0 is the highest); negative values are for operators",
+                field="priority",
+            )
+        r.priority = req.priority
+    if req.weight is not None:
+        if not 0 <= req.weight <= 100:
+            raise ValidationFailed("weight must be between 0 and 100", field="weight")
+        r.weight = req.weight
+    if req.algorithm is not None:
+        if req.algorithm not in ALGORITHMS:
+            raise ValidationFailed(
+                f"algorithm must be one of {', '.join(ALGORITHMS)}", field="algorithm"
+            )
+        r.algorithm = req.algorithm
+    if req.version is not None:
+        r.version = req.version
+    if req.active is not None:
+        r.active = req.active
+    r.updated_at = clock.now()
+    s.flush()
+    return route_read(r)
+
+
+def list_routes(s: Session, who: Principal, group_id: str | None = None) -> list[ModelRouteRead]:
+    q = select(ModelRoute).order_by(ModelRoute.created_at)
+    if not who.is_operator:
+        q = q.where(ModelRoute.tenant_id == who.tenant_id)
+    if group_id:
+        q = q.where(ModelRoute.group_id == group_id)
+    return [route_read(r) for r in s.scalars(q)]

@@ -1,0 +1,140 @@
+"""Nodes and the agent protocol: heartbeat (register + desired tasks), claim, report."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from heteroflow.core.clock import Clock
+from heteroflow.core.errors import Conflict, NotFound
+from heteroflow.core.ids import new_id
+from heteroflow.core.states import TaskStatus
+from heteroflow.db.tables import Node, Task
+from heteroflow.schemas.nodes import (
+    GpuCardWire,
+    Heartbeat,
+    HeartbeatReply,
+    NodeRead,
+    TaskAssignment,
+    TaskReport,
+)
+from heteroflow.services.transitions import transition
+
+# What an agent is told about: tasks placed on it that it should be starting or running.
+DESIRED = (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING)
+
+
+def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
+    now = clock.now()
+    node = s.scalar(select(Node).where(Node.name == hb.name))
+    inv = hb.inventory
+    if node is None:
+        node = Node(id=new_id("node"), name=hb.name, registered_at=now)
+        s.add(node)
+    node.address = hb.address
+    node.runtime = hb.runtime
+    node.gpus = [g.model_dump() for g in inv.gpus]
+    node.cpu_count = inv.cpu_count
+    node.memory_total_mb = inv.memory_total_mb
+    node.memory_available_mb = inv.memory_available_mb
+    node.cpu_percent = inv.cpu_percent
+    node.memory_percent = inv.memory_percent
+    node.labels = dict(hb.labels)
+    node.models = list(hb.models)
+    node.last_heartbeat_at = now
+    s.flush()
+    tasks = s.scalars(
+        select(Task)
+        .where(Task.node_id == node.id, Task.status.in_([d.value for d in DESIRED]))
+        .order_by(Task.created_at)
+    )
+    return HeartbeatReply(node_id=node.id, tasks=[assignment(t) for t in tasks])
+
+
+def assignment(t: Task) -> TaskAssignment:
+    return TaskAssignment(
+        id=t.id,
+        group_id=t.group_id,
+        name=t.name,
+        status=t.status,
+        task_type=t.task_type,
+        model_name=t.model_name,
+        model_path=t.model_path,
+        image=t.image,
+        engine=t.engine,
+        command=list(t.command),
+        engine_args=list(t.engine_args),
+        env=list(t.env),
+        ports=list(t.ports),
+        gpu_ids=list(t.gpu_ids),
+        gpu_required=t.gpu_required,
+        memory_mb=t.memory_mb,
+        health_check=dict(t.health_check),
+    )
+
+
+def _task_on_node(s: Session, node_id: str, task_id: str) -> Task:
+    t = s.get(Task, task_id)
+    if t is None or t.node_id != node_id:
+        raise NotFound(f"task {task_id!r} is not placed on node {node_id!r}")
+    return t
+
+
+def claim(s: Session, clock: Clock, node_id: str, task_id: str) -> TaskAssignment:
+    """scheduled -> starting, by CAS: exactly one agent wins a task."""
+    t = _task_on_node(s, node_id, task_id)
+    if not transition(
+        s, clock, t.id, TaskStatus.SCHEDULED, TaskStatus.STARTING, "claimed by agent",
+        started_at=clock.now(),
+    ):
+        raise Conflict(f"task {task_id} is {t.status}, not scheduled")
+    s.refresh(t)
+    return assignment(t)
+
+
+# Which reported outcome moves a task from which state.
+_REPORT_FROM: dict[TaskStatus, tuple[TaskStatus, ...]] = {
+    TaskStatus.RUNNING: (TaskStatus.STARTING,),
+    TaskStatus.FAILED: (TaskStatus.STARTING, TaskStatus.RUNNING, TaskStatus.STOPPING),
+    TaskStatus.COMPLETED: (TaskStatus.STARTING, TaskStatus.RUNNING),
+    TaskStatus.STOPPED: (TaskStatus.STOPPING, TaskStatus.STARTING, TaskStatus.RUNNING),
+}
+
+
+def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport) -> str:
+    """Apply an agent's report; returns the task's status afterwards."""
+    t = _task_on_node(s, node_id, task_id)
+    to = TaskStatus(rep.status)
+    current = TaskStatus(t.status)
+    if current == to:
+        return current.value
+    if current not in _REPORT_FROM[to]:
+        raise Conflict(f"task {task_id} is {current}; cannot report {to}")
+    if not transition(s, clock, t.id, current, to, rep.message):
+        raise Conflict(f"task {task_id} changed concurrently; report again")
+    return to.value
+
+
+def list_nodes(s: Session, clock: Clock, offline_after_s: float) -> list[NodeRead]:
+    cutoff = clock.now() - timedelta(seconds=offline_after_s)
+    return [
+        NodeRead(
+            id=n.id,
+            name=n.name,
+            address=n.address,
+            runtime=n.runtime,
+            status="online" if n.last_heartbeat_at >= cutoff else "offline",
+            gpus=[GpuCardWire(**g) for g in n.gpus],
+            cpu_count=n.cpu_count,
+            memory_total_mb=n.memory_total_mb,
+            memory_available_mb=n.memory_available_mb,
+            cpu_percent=n.cpu_percent,
+            memory_percent=n.memory_percent,
+            labels=dict(n.labels),
+            registered_at=n.registered_at,
+            last_heartbeat_at=n.last_heartbeat_at,
+        )
+        for n in s.scalars(select(Node).order_by(Node.name))
+    ]

@@ -1,0 +1,69 @@
+"""Tenants and users (operators create both; members see only their own tenant)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from heteroflow.core.clock import Clock
+from heteroflow.core.errors import Conflict, Forbidden, NotFound
+from heteroflow.core.ids import new_id
+from heteroflow.db.tables import Tenant, User
+from heteroflow.schemas.auth import TenantCreate, TenantRead, UserCreate, UserRead
+from heteroflow.services.auth import Principal, hash_password
+
+
+def _tenant_read(t: Tenant) -> TenantRead:
+    return TenantRead(id=t.id, name=t.name, created_at=t.created_at)
+
+
+def _user_read(u: User) -> UserRead:
+    return UserRead(
+        id=u.id, username=u.username, role=u.role, tenant_id=u.tenant_id, created_at=u.created_at
+    )
+
+
+def create_tenant(s: Session, who: Principal, clock: Clock, req: TenantCreate) -> TenantRead:
+    if not who.is_operator:
+        raise Forbidden("only a platform operator creates tenants")
+    if s.scalar(select(Tenant).where(Tenant.name == req.name)) is not None:
+        raise Conflict(f"tenant {req.name!r} already exists", field="name")
+    t = Tenant(id=new_id("tn"), name=req.name, created_at=clock.now())
+    s.add(t)
+    s.flush()
+    return _tenant_read(t)
+
+
+def list_tenants(s: Session, who: Principal) -> list[TenantRead]:
+    q = select(Tenant).order_by(Tenant.created_at)
+    if not who.is_operator:
+        q = q.where(Tenant.id == who.tenant_id)
+    return [_tenant_read(t) for t in s.scalars(q)]
+
+
+def create_user(s: Session, who: Principal, clock: Clock, req: UserCreate) -> UserRead:
+    if not who.is_operator:
+        raise Forbidden("only a platform operator creates users")
+    tenant_id = req.tenant_id or who.tenant_id
+    if s.get(Tenant, tenant_id) is None:
+        raise NotFound(f"tenant {tenant_id!r} not found", field="tenant_id")
+    if s.scalar(select(User).where(User.username == req.username)) is not None:
+        raise Conflict(f"user {req.username!r} already exists", field="username")
+    u = User(
+        id=new_id("usr"),
+        username=req.username,
+        password_hash=hash_password(req.password),
+        role=req.role,
+        tenant_id=tenant_id,
+        created_at=clock.now(),
+    )
+    s.add(u)
+    s.flush()
+    return _user_read(u)
+
+
+def list_users(s: Session, who: Principal) -> list[UserRead]:
+    q = select(User).order_by(User.created_at)
+    if not who.is_operator:
+        q = q.where(User.tenant_id == who.tenant_id)
+    return [_user_read(u) for u in s.scalars(q)]

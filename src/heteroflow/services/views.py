@@ -1,0 +1,93 @@
+"""Row -> wire conversions (the API never returns ORM objects)."""
+
+from __future__ import annotations
+
+from heteroflow.db.tables import InferenceEndpoint, ModelRoute, Task, TaskGroup
+from heteroflow.schemas.gateway import EndpointRead, ModelRouteRead
+from heteroflow.schemas.task_groups import TaskGroupRead, TaskRead
+
+
+def task_read(t: Task) -> TaskRead:
+    return TaskRead(
+        id=t.id,
+        group_id=t.group_id,
+        name=t.name,
+        rank=t.rank,
+        generation=t.generation,
+        task_type=t.task_type,
+        status=t.status,
+        status_message=t.status_message,
+        gpu_required=t.gpu_required,
+        gpu_type=t.gpu_type,
+        gpu_ids=list(t.gpu_ids),
+        node_id=t.node_id,
+        model_path=t.model_path,
+        image=t.image,
+        engine=t.engine,
+        engine_reason=t.engine_reason,
+        ports=list(t.ports),
+        estimated_gpu_memory_mb=t.estimated_gpu_memory_mb,
+        memory_mb=t.memory_mb,
+        started_at=t.started_at,
+        created_at=t.created_at,
+        updated_at=t.updated_at,
+    )
+
+
+def group_read(g: TaskGroup, tasks: list[Task]) -> TaskGroupRead:
+    return TaskGroupRead(
+        id=g.id,
+        tenant_id=g.tenant_id,
+        name=g.name,
+        model_name=g.model_name,
+        task_type=g.task_type,
+        parallelism=g.parallelism,
+        world_size=g.world_size,
+        current_replicas=g.current_replicas,
+        min_replicas=g.min_replicas,
+        max_replicas=g.max_replicas,
+        enable_api=g.enable_api,
+        endpoint=g.endpoint_id,
+        inference_templates=list(g.inference_templates),
+        current_generation=g.current_generation,
+        rolling_update_state=g.rolling_update_state,
+        rolling_update_message=g.rolling_update_message,
+        idle_timeout_minutes=g.idle_timeout_minutes,
+        gpu_memory_utilization=g.gpu_memory_utilization,
+        priority=g.priority,
+        health_check=dict(g.health_check),
+        labels=dict(g.labels),
+        status=g.status,
+        status_message=g.status_message,
+        created_at=g.created_at,
+        updated_at=g.updated_at,
+        tasks=[task_read(t) for t in sorted(tasks, key=lambda t: (t.generation, t.rank))],
+    )
+
+
+def endpoint_read(e: InferenceEndpoint) -> EndpointRead:
+    return EndpointRead(
+        id=e.id,
+        tenant_id=e.tenant_id,
+        group_id=e.group_id,
+        name=e.name,
+        port=e.port,
+        external_port=e.external_port,
+        key_prefix=e.key_prefix,
+        created_at=e.created_at,
+        updated_at=e.updated_at,
+    )
+
+
+def route_read(r: ModelRoute) -> ModelRouteRead:
+    return ModelRouteRead(
+        id=r.id,
+        tenant_id=r.tenant_id,
+        group_id=r.group_id,
+        model_name=r.model_name,
+        priority=r.priority,
+        weight=r.weight,
+        version=r.version,
+        active=r.active,
+        algorithm=r.algorithm,
+    )

@@ -1,0 +1,75 @@
+"""Settings for every process, read from the environment (prefix ``HETEROFLOW_``).
+
+Every interval and timeout carries its unit in its name (``_s``) and is shortened by
+the tests; nothing else in the code hard-codes a duration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".heteroflow"
+
+
+class ServerSettings(BaseSettings):
+    """The control plane: API, controllers, the routing snapshot and (all-in-one) gateway."""
+
+    model_config = SettingsConfigDict(env_prefix="HETEROFLOW_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    # SQLAlchemy URL; empty = SQLite (WAL) file in data_dir.
+    database_url: str = ""
+    host: str = "127.0.0.1"
+    port: int = 3333
+    # Secret that signs JWTs; empty = generated once and kept in data_dir (mode 0600).
+    jwt_secret: str = ""
+    jwt_ttl_s: float = 12 * 3600
+    admin_password: str = ""
+    # Shared secret an agent presents to register and heartbeat (the node token).
+    node_token: str = ""
+    # Token a separate gateway presents to read the routing snapshot.
+    gateway_token: str = ""
+
+    scheduler_interval_s: float = 1.0
+    snapshot_interval_s: float = 0.5
+    node_offline_after_s: float = 20.0
+    # Host ports given to tasks whose mapping says host_port 0.
+    port_pool_start: int = 20000
+    port_pool_end: int = 29999
+
+    models_cache_ttl_s: float = 30.0
+    upstream_timeout_s: float = 600.0
+
+    def sqlite_path(self) -> Path:
+        return self.data_dir / "heteroflow.db"
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.sqlite_path()}"
+
+
+class AgentSettings(BaseSettings):
+    """One node daemon."""
+
+    model_config = SettingsConfigDict(env_prefix="HETEROFLOW_AGENT_", extra="ignore")
+
+    server_url: str = "http://127.0.0.1:3333"
+    node_token: str = ""
+    node_name: str = ""
+    # Address the gateway uses to reach engines on this node; 127.0.0.1 on a single node.
+    address: str = "127.0.0.1"
+    # JSON/TOML-free config file (JSON) with declared cards, volume allow/deny prefixes.
+    config_file: Path | None = None
+    work_dir: Path = Field(default_factory=lambda: default_data_dir() / "agent")
+
+    heartbeat_interval_s: float = 5.0
+    request_timeout_s: float = 10.0
+    stop_timeout_s: float = 10.0
+    # Engine threads for CPU llama.cpp; 0 = let the launcher choose.
+    cpu_threads: int = 0

@@ -1,0 +1,130 @@
+"""A fake NVML module for tests: the ``pynvml`` functions ``agent.inventory`` uses.
+
+``FakeNvml`` is configured with ``FakeCard`` entries and can be told to fail at
+initialisation, or per card and per call, with the same kind of exceptions real ``pynvml``
+raises (``NVMLError`` and its ``NVMLError_NotSupported`` subclass). It records whether
+``nvmlShutdown`` was called. It is test support only: production code never imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_UNKNOWN = 999
+NVML_TEMPERATURE_GPU = 0
+
+
+class NVMLError(Exception):
+    """Fake of ``pynvml.NVMLError``: carries the NVML return code in ``value``."""
+
+    def __init__(self, value: int, message: str = "") -> None:
+        super().__init__(message or f"NVML error {value}")
+        self.value = value
+
+
+class NVMLError_NotSupported(NVMLError):  # pynvml's own spelling
+    """Fake of ``pynvml.NVMLError_NotSupported``."""
+
+    def __init__(self, message: str = "Not Supported") -> None:
+        super().__init__(NVML_ERROR_NOT_SUPPORTED, message)
+
+
+@dataclass(frozen=True)
+class FakeMemoryInfo:
+    """Bytes, like ``pynvml.c_nvmlMemory_t``."""
+
+    total: int
+    used: int
+    free: int
+
+
+@dataclass
+class FakeCard:
+    """One fake device. ``fail`` maps a pynvml function name to the exception it raises."""
+
+    name: str = "NVIDIA A10"
+    uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
+    memory_total_mb: int = 24576
+    memory_used_mb: int = 0
+    compute_capability: tuple[int, int] = (8, 6)
+    mig_supported: bool = False
+    temperature_c: int = 40
+    fail: dict[str, Exception] = field(default_factory=dict)
+
+
+class FakeNvml:
+    """Stands in for the ``pynvml`` module (pass it to ``NvmlDiscovery``)."""
+
+    NVMLError = NVMLError
+    NVMLError_NotSupported = NVMLError_NotSupported
+    NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
+
+    def __init__(self, cards: list[FakeCard] | None = None,
+                 init_error: Exception | None = None) -> None:
+        self.cards = list(cards or [])
+        self.init_error = init_error
+        self.initialised = False
+        self.shutdown_calls = 0
+
+    def _card(self, handle: object, call: str) -> FakeCard:
+        if not self.initialised:
+            raise NVMLError(1, "Uninitialized")
+        if not isinstance(handle, FakeCard):
+            raise NVMLError(2, "Invalid Argument")
+        if call in handle.fail:
+            raise handle.fail[call]
+        return handle
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+        self.initialised = True
+
+    def nvmlShutdown(self) -> None:
+        if not self.initialised:
+            raise NVMLError(1, "Uninitialized")
+        self.initialised = False
+        self.shutdown_calls += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        if not self.initialised:
+            raise NVMLError(1, "Uninitialized")
+        return len(self.cards)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeCard:
+        if not self.initialised:
+            raise NVMLError(1, "Uninitialized")
+        card = self.cards[index]
+        if "nvmlDeviceGetHandleByIndex" in card.fail:
+            raise card.fail["nvmlDeviceGetHandleByIndex"]
+        return card
+
+    def nvmlDeviceGetName(self, handle: object) -> str:
+        return self._card(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetUUID(self, handle: object) -> str:
+        return self._card(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> FakeMemoryInfo:
+        card = self._card(handle, "nvmlDeviceGetMemoryInfo")
+        total, used = card.memory_total_mb * MIB, card.memory_used_mb * MIB
+        return FakeMemoryInfo(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: object) -> tuple[int, int]:
+        return self._card(handle, "nvmlDeviceGetCudaComputeCapability").compute_capability
+
+    def nvmlDeviceGetMigMode(self, handle: object) -> list[int]:
+        card = self._card(handle, "nvmlDeviceGetMigMode")
+        if not card.mig_supported:
+            raise NVMLError_NotSupported()
+        return [0, 0]
+
+    def nvmlDeviceGetTemperature(self, handle: object, sensor: int) -> int:
+        card = self._card(handle, "nvmlDeviceGetTemperature")
+        if sensor != NVML_TEMPERATURE_GPU:
+            raise NVMLError(2, "Invalid Argument")
+        return card.temperature_c

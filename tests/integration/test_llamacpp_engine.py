@@ -1,0 +1,184 @@
+"""The llama.cpp launcher as a real subprocess serving the tiny model over OpenAI's HTTP API."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from heteroflow.engines.llamacpp_server import READY_PREFIX
+from heteroflow.models.tiny_gguf import write_tiny_gguf
+
+LAUNCHER = [sys.executable, "-m", "heteroflow.engines.llamacpp_server"]
+ALIAS = "heteroflow-tiny"
+CHAT = {"messages": [{"role": "user", "content": "Hello"}], "temperature": 0, "max_tokens": 8}
+
+
+@dataclass
+class Engine:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start(model: Path, log: Path, *extra: str) -> Engine:
+    port = _free_port()
+    argv = [*LAUNCHER, "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--alias", ALIAS, "-np", "2", "-t", "1", *extra]
+    # stderr goes to a file: llama.cpp logs every request and a full pipe would stall it.
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=sink)
+    engine = Engine(proc, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"launcher exited with {proc.returncode}: {log.read_text()}")
+        try:
+            if httpx.get(f"{engine.url}/health", timeout=1).status_code == 200:
+                return engine
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"launcher not ready within 30 s: {log.read_text()}")
+
+
+def _stop(engine: Engine, sig: signal.Signals = signal.SIGTERM) -> int:
+    engine.proc.send_signal(sig)
+    return engine.proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("models") / "heteroflow-tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    log = tmp_path_factory.mktemp("logs") / "engine.log"
+    running = _start(tiny_model, log, "--embeddings", "--metrics")
+    yield running
+    if running.proc.poll() is None:
+        running.proc.kill()
+        running.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def client(engine: Engine) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=engine.url, timeout=10) as http:
+        yield http
+
+
+def test_ready_line_names_the_address(engine: Engine) -> None:
+    assert f"{READY_PREFIX}{engine.url}" in engine.log.read_text()
+
+
+def test_models_lists_the_alias(client: httpx.Client) -> None:
+    body = client.get("/v1/models").json()
+    assert [model["id"] for model in body["data"]] == [ALIAS]
+
+
+def _chat(client: httpx.Client) -> str:
+    response = client.post("/v1/chat/completions", json={**CHAT, "model": ALIAS})
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert response.json()["usage"]["completion_tokens"] == 8
+    content = choice["message"]["content"]
+    assert isinstance(content, str)
+    return content
+
+
+def test_chat_completion_is_deterministic_printable_text(client: httpx.Client) -> None:
+    first = _chat(client)
+    assert len(first) == 8 and first.isascii() and first.isprintable()
+    assert _chat(client) == first
+
+
+def test_chat_completion_streams_sse_until_done(client: httpx.Client) -> None:
+    expected = _chat(client)
+    lines: list[str] = []
+    with client.stream(
+        "POST", "/v1/chat/completions", json={**CHAT, "model": ALIAS, "stream": True}
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
+    assert text == expected
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_text_completion(client: httpx.Client) -> None:
+    body = {"model": ALIAS, "prompt": "Once upon", "temperature": 0, "max_tokens": 8}
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert len(choice["text"]) == 8 and choice["text"].isprintable()
+
+
+def test_embeddings_return_one_vector_per_input(client: httpx.Client) -> None:
+    response = client.post("/v1/embeddings", json={"model": ALIAS, "input": ["alpha", "beta"]})
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    assert [item["index"] for item in data] == [0, 1]
+    assert {len(item["embedding"]) for item in data} == {64}
+    assert data[0]["embedding"] != data[1]["embedding"]
+
+
+def test_metrics_endpoint(client: httpx.Client) -> None:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert "llamacpp:prompt_tokens_total" in response.text
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_stops_promptly_with_status_0(
+    tiny_model: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    engine = _start(tiny_model, tmp_path / "engine.log")
+    # Without --embeddings the route exists but refuses, as llama-server does.
+    assert httpx.post(f"{engine.url}/v1/embeddings", json={"input": "x"}).status_code == 501
+    started = time.monotonic()
+    assert _stop(engine, sig) == 0
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.feature("H4")
+def test_unknown_flag_exits_2_naming_it(tiny_model: Path) -> None:
+    done = subprocess.run(
+        [*LAUNCHER, "-m", str(tiny_model), "--no-such-flag"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert "--no-such-flag" in done.stderr
+
+
+def test_missing_model_exits_1(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*LAUNCHER, "-m", str(tmp_path / "absent.gguf"), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1
+    assert "absent.gguf" in done.stderr
