@@ -12,13 +12,14 @@ import itertools
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 
 import httpx
 import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from heteroflow.gateway.app import GatewayApp
 from heteroflow.gateway.errors import Receive, Scope, Send
@@ -40,17 +41,22 @@ KEY_MODELS = frozenset(
     {"chat-model", "text-model", "embed-model", "empty-model", "fo-model", "unrouted-model"}
 )
 _versions = itertools.count(1)
+MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 def _target(rid: str, *urls: str, priority: int = 0, weight: int = 1) -> RouteTarget:
     backends = tuple(Backend(task_id=f"task-{rid}-{i}", base_url=u) for i, u in enumerate(urls))
-    return RouteTarget(route_id=rid, group_id=f"group-{rid}", priority=priority, weight=weight,
-                       backends=backends)
+    return RouteTarget(
+        route_id=rid, group_id=f"group-{rid}", priority=priority, weight=weight, backends=backends
+    )
 
 
-def _snapshot(routes: dict[str, tuple[RouteTarget, ...]], *, with_key: bool = True,
-              tenant_routes: dict[tuple[str, str], tuple[RouteTarget, ...]] | None = None,
-              ) -> RoutingSnapshot:
+def _snapshot(
+    routes: dict[str, tuple[RouteTarget, ...]],
+    *,
+    with_key: bool = True,
+    tenant_routes: dict[tuple[str, str], tuple[RouteTarget, ...]] | None = None,
+) -> RoutingSnapshot:
     keys = {hash_key(KEY): KeyEntry("endpoint-1", TENANT, None, KEY_MODELS)} if with_key else {}
     all_routes = {(TENANT, m): ts for m, ts in routes.items()}
     all_routes.update(tenant_routes or {})
@@ -71,8 +77,12 @@ class Env:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    clients: list[openai.OpenAI] = field(default_factory=list)
+
     def client(self, key: str = KEY) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url, api_key=key, max_retries=0, timeout=10.0)
+        client = openai.OpenAI(base_url=self.url, api_key=key, max_retries=0, timeout=10.0)
+        self.clients.append(client)  # closed after the test: no leaked sockets
+        return client
 
     def base_routes(self) -> dict[str, tuple[RouteTarget, ...]]:
         return {
@@ -102,9 +112,11 @@ def env() -> Iterator[Env]:
 
 
 @pytest.fixture
-def gw(env: Env) -> Env:
+def gw(env: Env) -> Iterator[Env]:
     env.holder.publish(_snapshot(env.base_routes()))
-    return env
+    yield env
+    while env.clients:
+        env.clients.pop().close()
 
 
 def _post(env: Env, path: str, content: bytes, key: str | None = KEY) -> httpx.Response:
@@ -124,9 +136,7 @@ def _wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:
 @pytest.mark.feature("M1")
 @pytest.mark.feature("M6")
 def test_chat_non_stream_is_relayed_with_the_model_remapped(gw: Env) -> None:
-    resp = gw.client().chat.completions.create(
-        model="chat-model", messages=[{"role": "user", "content": "hi"}]
-    )
+    resp = gw.client().chat.completions.create(model="chat-model", messages=MSG)
     assert resp.choices[0].message.content == "tok tok tok"
     assert resp.id.startswith("a-")
     # The engine serves "engine-a", not the route's name: the gateway renamed it, and
@@ -139,7 +149,9 @@ def test_chat_non_stream_is_relayed_with_the_model_remapped(gw: Env) -> None:
 @pytest.mark.feature("M6")
 def test_chat_stream_arrives_chunk_by_chunk(gw: Env) -> None:
     stream = gw.client().chat.completions.create(
-        model="chat-model", messages=[{"role": "user", "content": "hi"}], stream=True,
+        model="chat-model",
+        messages=MSG,
+        stream=True,
         extra_body={"fake_chunks": 4},
     )
     chunks = list(stream)
@@ -156,8 +168,11 @@ def test_completion_stream_and_non_stream(gw: Env) -> None:
     resp = client.completions.create(model="text-model", prompt="say")
     assert resp.choices[0].text == "tok tok tok"
     assert resp.model == "engine-a"
-    parts = [c.choices[0].text for c in client.completions.create(
-        model="text-model", prompt="say", stream=True) if c.choices]
+    parts = [
+        c.choices[0].text
+        for c in client.completions.create(model="text-model", prompt="say", stream=True)
+        if c.choices
+    ]
     assert "".join(parts) == "tok tok tok"
 
 
@@ -172,9 +187,15 @@ def test_embeddings(gw: Env) -> None:
 @pytest.mark.feature("M1")
 def test_models_lists_only_what_the_key_may_call(gw: Env) -> None:
     other = _target("other", gw.a_url)
-    gw.holder.publish(_snapshot(gw.base_routes(),
-                                tenant_routes={(TENANT, "not-on-key"): (other,),
-                                               ("tenant-2", "chat-model-2"): (other,)}))
+    gw.holder.publish(
+        _snapshot(
+            gw.base_routes(),
+            tenant_routes={
+                (TENANT, "not-on-key"): (other,),
+                ("tenant-2", "chat-model-2"): (other,),
+            },
+        )
+    )
     client = gw.client()
     ids = [m.id for m in client.models.list()]
     assert ids == ["chat-model", "embed-model", "empty-model", "fo-model", "text-model"]
@@ -188,8 +209,7 @@ def test_models_lists_only_what_the_key_may_call(gw: Env) -> None:
 @pytest.mark.feature("M1")
 def test_wrong_or_missing_key_is_401(gw: Env) -> None:
     with pytest.raises(openai.AuthenticationError) as info:
-        gw.client("sk-not-a-key").chat.completions.create(
-            model="chat-model", messages=[{"role": "user", "content": "hi"}])
+        gw.client("sk-not-a-key").chat.completions.create(model="chat-model", messages=MSG)
     assert info.value.code == "invalid_api_key"
     resp = _post(gw, "/chat/completions", b'{"model":"chat-model"}', key=None)
     assert resp.status_code == 401
@@ -199,29 +219,30 @@ def test_wrong_or_missing_key_is_401(gw: Env) -> None:
 @pytest.mark.feature("M1")
 @pytest.mark.parametrize("model", ["no-such-model", "unrouted-model", "not-on-key"])
 def test_unknown_or_forbidden_model_is_404(gw: Env, model: str) -> None:
-    gw.holder.publish(_snapshot(gw.base_routes(), tenant_routes={
-        (TENANT, "not-on-key"): (_target("nk", gw.a_url),)}))
+    gw.holder.publish(
+        _snapshot(
+            gw.base_routes(), tenant_routes={(TENANT, "not-on-key"): (_target("nk", gw.a_url),)}
+        )
+    )
     with pytest.raises(openai.NotFoundError) as info:
-        gw.client().chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "hi"}])
+        gw.client().chat.completions.create(model=model, messages=MSG)
     assert info.value.code == "model_not_found"
     assert info.value.message.endswith(
-        f"The model `{model}` does not exist or you do not have access to it.")
+        f"The model `{model}` does not exist or you do not have access to it."
+    )
 
 
 @pytest.mark.feature("M12")
 def test_route_without_backend_is_503(gw: Env) -> None:
     with pytest.raises(openai.APIStatusError) as info:
-        gw.client().chat.completions.create(
-            model="empty-model", messages=[{"role": "user", "content": "hi"}])
+        gw.client().chat.completions.create(model="empty-model", messages=MSG)
     assert info.value.status_code == 503
     assert info.value.code == "no_healthy_backend"
 
 
 @pytest.mark.feature("M12")
 def test_priority_failover_to_the_next_level(gw: Env) -> None:
-    resp = gw.client().chat.completions.create(
-        model="fo-model", messages=[{"role": "user", "content": "hi"}])
+    resp = gw.client().chat.completions.create(model="fo-model", messages=MSG)
     assert resp.id.startswith("b-")
 
 
@@ -231,29 +252,28 @@ def test_weights_spread_requests_and_zero_weight_is_fallback(gw: Env) -> None:
     routes["chat-model"] = (_target("wa", gw.a_url, weight=3), _target("wb", gw.b_url, weight=1))
     gw.holder.publish(_snapshot(routes))
     client = gw.client()
-    served = [client.chat.completions.create(
-        model="chat-model", messages=[{"role": "user", "content": "x"}]).id[0] for _ in range(8)]
+    served = [
+        client.chat.completions.create(model="chat-model", messages=MSG).id[0] for _ in range(8)
+    ]
     assert served.count("a") == 6 and served.count("b") == 2
     routes["chat-model"] = (_target("za"), _target("zb", gw.b_url, weight=0))
     gw.holder.publish(_snapshot(routes))
-    resp = client.chat.completions.create(
-        model="chat-model", messages=[{"role": "user", "content": "x"}])
+    resp = client.chat.completions.create(model="chat-model", messages=MSG)
     assert resp.id.startswith("b-")
 
 
 @pytest.mark.feature("M12")
 def test_published_snapshot_applies_to_the_next_request(gw: Env) -> None:
     client = gw.client()
-    msg = [{"role": "user", "content": "x"}]
-    assert client.chat.completions.create(model="chat-model", messages=msg).id.startswith("a-")
+    assert client.chat.completions.create(model="chat-model", messages=MSG).id.startswith("a-")
     routes = gw.base_routes()
     routes["chat-model"] = (_target("moved", gw.b_url),)
     gw.holder.publish(_snapshot(routes))
-    resp = client.chat.completions.create(model="chat-model", messages=msg)
+    resp = client.chat.completions.create(model="chat-model", messages=MSG)
     assert resp.id.startswith("b-") and resp.model == "engine-b"
     gw.holder.publish(_snapshot(routes, with_key=False))
     with pytest.raises(openai.AuthenticationError):
-        client.chat.completions.create(model="chat-model", messages=msg)
+        client.chat.completions.create(model="chat-model", messages=MSG)
 
 
 @pytest.mark.feature("M6")
@@ -279,12 +299,11 @@ def test_failed_models_lookup_keeps_the_name_and_is_retried(gw: Env) -> None:
     routes["chat-model"] = (_target("flaky", url),)
     gw.holder.publish(_snapshot(routes))
     client = gw.client()
-    msg = [{"role": "user", "content": "x"}]
-    assert client.chat.completions.create(model="chat-model", messages=msg).model == "chat-model"
+    assert client.chat.completions.create(model="chat-model", messages=MSG).model == "chat-model"
     flaky.models_status = 200
-    assert client.chat.completions.create(model="chat-model", messages=msg).model == "engine-flaky"
+    assert client.chat.completions.create(model="chat-model", messages=MSG).model == "engine-flaky"
     lookups = flaky.models_requests
-    client.chat.completions.create(model="chat-model", messages=msg)
+    client.chat.completions.create(model="chat-model", messages=MSG)
     assert flaky.models_requests == lookups  # cached now
 
 
@@ -304,8 +323,13 @@ def test_failed_models_lookup_keeps_the_name_and_is_retried(gw: Env) -> None:
 def test_bad_requests_get_openai_shaped_errors(
     gw: Env, method: str, path: str, body: bytes, status: int, param: str | None
 ) -> None:
-    resp = httpx.request(method, f"{gw.url}{path}", content=body,
-                         headers={"authorization": f"Bearer {KEY}"}, timeout=10.0)
+    resp = httpx.request(
+        method,
+        f"{gw.url}{path}",
+        content=body,
+        headers={"authorization": f"Bearer {KEY}"},
+        timeout=10.0,
+    )
     assert resp.status_code == status
     err = resp.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
@@ -315,18 +339,29 @@ def test_bad_requests_get_openai_shaped_errors(
 @pytest.mark.feature("M1")
 def test_client_disconnect_cancels_the_upstream_stream(gw: Env) -> None:
     before = gw.a.stream_disconnects
-    body = orjson.dumps({"model": "chat-model", "stream": True, "fake_chunks": 200,
-                         "fake_delay_ms": 20, "messages": []})
-    with httpx.Client(timeout=10.0) as http, http.stream(
-        "POST", f"{gw.url}/chat/completions", content=body,
-        headers={"authorization": f"Bearer {KEY}"},
-    ) as resp:
+    body = orjson.dumps(
+        {
+            "model": "chat-model",
+            "stream": True,
+            "fake_chunks": 200,
+            "fake_delay_ms": 20,
+            "messages": [],
+        }
+    )
+    with (
+        httpx.Client(timeout=10.0) as http,
+        http.stream(
+            "POST",
+            f"{gw.url}/chat/completions",
+            content=body,
+            headers={"authorization": f"Bearer {KEY}"},
+        ) as resp,
+    ):
         assert resp.status_code == 200
         next(resp.iter_raw())
     _wait_for(lambda: gw.a.stream_disconnects == before + 1)
     # The gateway is still fine afterwards.
-    assert gw.client().chat.completions.create(
-        model="chat-model", messages=[{"role": "user", "content": "x"}]).id.startswith("a-")
+    assert gw.client().chat.completions.create(model="chat-model", messages=MSG).id.startswith("a-")
 
 
 class _DropsReusedConnections:
@@ -345,18 +380,23 @@ class _DropsReusedConnections:
                 if served:
                     self.dropped += 1
                     return
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                raw = await reader.readexactly(length) if length else b""
+                raw = await _read_body(reader, head)
                 if head.startswith(b"GET /v1/models"):
-                    out = orjson.dumps({"object": "list", "data": [{"id": "engine-s"}]})
+                    out = _MODELS_S
                 else:
-                    out = orjson.dumps({"id": "s-1", "object": "chat.completion", "created": 0,
-                                        "model": orjson.loads(raw)["model"], "choices": []})
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\n\r\n%s" % (len(out), out))
+                    out = orjson.dumps(
+                        {
+                            "id": "s-1",
+                            "object": "chat.completion",
+                            "created": 0,
+                            "model": orjson.loads(raw)["model"],
+                            "choices": [],
+                        }
+                    )
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(out), out)
+                )
                 await writer.drain()
                 served += 1
         except asyncio.IncompleteReadError:
@@ -365,10 +405,49 @@ class _DropsReusedConnections:
             writer.close()
 
 
+_MODELS_S = orjson.dumps({"object": "list", "data": [{"id": "engine-s"}]})
+
+
+async def _read_body(reader: asyncio.StreamReader, head: bytes) -> bytes:
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return await reader.readexactly(int(line.split(b":", 1)[1]))
+    return b""
+
+
+async def _breaks_streams(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers /v1/models, and every stream with one event and then a dead connection."""
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            await _read_body(reader, head)
+            if head.startswith(b"GET /v1/models"):
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(_MODELS_S), _MODELS_S)
+                )
+                await writer.drain()
+                continue
+            event = (
+                b'data: {"id":"s","object":"chat.completion.chunk","created":0,'
+                b'"model":"engine-s","choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+            )
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(event), event)
+            )
+            await writer.drain()
+            return
+    except asyncio.IncompleteReadError:
+        pass
+    finally:
+        writer.close()
+
+
 @pytest.mark.feature("M1")
 def test_stale_pooled_connection_is_retried_once(gw: Env) -> None:
     srv = _DropsReusedConnections()
-    server = gw.thread.call(_start_server(srv))
+    server = gw.thread.call(_start_server(srv.handle))
     port = server.sockets[0].getsockname()[1]
     routes = gw.base_routes()
     routes["chat-model"] = (_target("stale", f"http://127.0.0.1:{port}"),)
@@ -383,8 +462,30 @@ def test_stale_pooled_connection_is_retried_once(gw: Env) -> None:
         server.close()
 
 
-async def _start_server(srv: _DropsReusedConnections) -> asyncio.Server:
-    return await asyncio.start_server(srv.handle, "127.0.0.1", 0)
+async def _start_server(
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> asyncio.Server:
+    return await asyncio.start_server(handler, "127.0.0.1", 0)
+
+
+@pytest.mark.feature("M1")
+def test_broken_upstream_stream_ends_with_an_sse_error_event(gw: Env) -> None:
+    server = gw.thread.call(_start_server(_breaks_streams))
+    port = server.sockets[0].getsockname()[1]
+    routes = gw.base_routes()
+    routes["chat-model"] = (_target("broken", f"http://127.0.0.1:{port}"),)
+    gw.holder.publish(_snapshot(routes))
+    try:
+        stream = gw.client().chat.completions.create(model="chat-model", messages=MSG, stream=True)
+        received = []
+        with pytest.raises(openai.APIError) as info:
+            for chunk in stream:
+                received.append(chunk.choices[0].delta.content)
+        assert received == ["tok"]  # what arrived before the break was relayed
+        assert isinstance(info.value.body, dict)
+        assert info.value.body["code"] == "upstream_error"
+    finally:
+        server.close()
 
 
 @pytest.mark.feature("M1")
@@ -403,9 +504,12 @@ def test_unreachable_and_slow_backends_give_502_and_504(gw: Env) -> None:
     impatient = GatewayApp(holder, upstream_timeout_s=0.3)
     port = gw.thread.serve(impatient)
     try:
-        resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                          headers={"authorization": f"Bearer {KEY}"}, timeout=10.0,
-                          content=b'{"model":"chat-model","messages":[],"fake_delay_ms":2000}')
+        resp = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            headers={"authorization": f"Bearer {KEY}"},
+            timeout=10.0,
+            content=b'{"model":"chat-model","messages":[],"fake_delay_ms":1000}',
+        )
         assert resp.status_code == 504
         assert resp.json()["error"]["code"] == "upstream_timeout"
     finally:
@@ -431,8 +535,13 @@ class _SnapshotServer:
             status, body = self.fail_with, b"{}"
         elif headers.get(b"if-none-match") == etag:
             status, body = 304, b""
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"etag", etag), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"etag", etag), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 

@@ -16,7 +16,10 @@ def _target(route_id: str, priority: int, weight: int, n_backends: int) -> Route
         for i in range(n_backends)
     )
     return RouteTarget(
-        route_id=route_id, group_id=f"g-{route_id}", priority=priority, weight=weight,
+        route_id=route_id,
+        group_id=f"g-{route_id}",
+        priority=priority,
+        weight=weight,
         backends=backends,
     )
 

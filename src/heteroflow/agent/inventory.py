@@ -131,6 +131,7 @@ class NvmlDiscovery:
     def __init__(self, nvml: NvmlModule | None = None, *, platform: str = sys.platform) -> None:
         self._nvml = nvml
         self._platform = platform
+        self._said_unavailable = False  # say it once per agent, not every heartbeat
 
     def _load(self) -> NvmlModule | None:
         if self._nvml is None:
@@ -155,7 +156,9 @@ class NvmlDiscovery:
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
-            logger.info("NVML unavailable (%s); no NVIDIA discovery", exc)
+            level = logging.DEBUG if self._said_unavailable else logging.INFO
+            self._said_unavailable = True
+            logger.log(level, "NVML unavailable (%s); no NVIDIA discovery", exc)
             return None
         try:
             try:

@@ -65,7 +65,7 @@ def _admin(app: ServerApp) -> Principal:
         return Principal(u.id, u.username, u.tenant_id, u.role)
 
 
-def _deploy_demo(app: ServerApp, model: Path, kind: str, threads: int) -> tuple[str, str, str]:
+def _deploy_demo(app: ServerApp, model: Path, kind: str) -> tuple[str, str, str]:
     """(group id, model name, api key): reuse a running demo (rotating its key), else create."""
     who = _admin(app)
     model_name = "gemma-3-270m" if kind == "gemma" else "heteroflow-tiny"
@@ -172,7 +172,7 @@ async def run_up(opts: UpOptions) -> int:
     print(f"HeteroFlow server on {base} (data: {opts.data_dir}, models: {opts.models_dir})")
     if picked is not None:
         group_id, model_name, key = await asyncio.to_thread(
-            _deploy_demo, app, picked[0], picked[1], opts.threads
+            _deploy_demo, app, picked[0], picked[1]
         )
         print(f"deploying {model_name} from {picked[0]} ...", flush=True)
         status = await _wait_running(app, group_id, stop)

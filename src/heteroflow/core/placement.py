@@ -1,9 +1,11 @@
 """Scheduler v1 placement: pure filters and a scorer over plain values (no I/O).
 
-Capacity of a card (B3): available = total - max(reported used, committed by our tasks)
-- reservation, where reservation = fixed (default 500 MB) + ratio (default 10%) of total.
-A task's demand per card is its ``estimated_gpu_memory_mb`` when known, else its
-``gpu_memory_utilization`` share of the card. CPU tasks (``gpu_required: 0``) are placed
+A card admits a GPU task only if (a) the memory commitments (``gpu_memory_utilization``,
+percent of the card) of the tasks on it, this one included, sum to at most 100, and
+(b) when the task's memory estimate is known, it fits the card's available memory (B3):
+total - max(reported used, estimates of our tasks on it) - reservation, where
+reservation = fixed (default 500 MB) + ratio (default 10%) of total. An unknown
+estimate skips (b), as the create-time precheck does. CPU tasks (``gpu_required: 0``) are placed
 by node memory and CPU count. Host ports with ``host_port: 0`` come from the port pool.
 
 The full pipeline (type/locality/engine preferences, load threshold, scoring plugins,
@@ -35,6 +37,7 @@ class CardView:
     memory_total_mb: int
     memory_used_mb: int = 0
     committed_mb: int = 0
+    committed_pct: int = 0
 
     def available_mb(self, reservation: Reservation) -> int:
         used = max(self.memory_used_mb, self.committed_mb)
@@ -71,6 +74,7 @@ class Placement:
     per_card_mb: int
     memory_mb: int
     host_ports: tuple[int, ...]
+    per_card_pct: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +82,13 @@ class Unplaced:
     reason: str
 
 
-def per_card_demand(task: TaskDemand, card_total_mb: int) -> int:
-    if task.estimated_gpu_memory_mb:
-        return task.estimated_gpu_memory_mb
-    return card_total_mb * task.gpu_memory_utilization // 100
+def admits(card: CardView, task: TaskDemand, res: Reservation) -> str:
+    """"" when the card admits the task, else why not (a reason key)."""
+    if card.committed_pct + task.gpu_memory_utilization > 100:
+        return "commitment_full"
+    if task.estimated_gpu_memory_mb and task.estimated_gpu_memory_mb > card.available_mb(res):
+        return "vram_short"
+    return ""
 
 
 def _ports(task: TaskDemand, node: NodeView, pool: range) -> tuple[int, ...] | None:
@@ -110,9 +117,11 @@ def _fit_gpu(task: TaskDemand, node: NodeView, res: Reservation) -> tuple[list[C
     cards = [c for c in node.cards if not task.gpu_type or c.model == task.gpu_type]
     if not cards:
         return [], "gpu_type_mismatch"
-    fitting = [c for c in cards if c.available_mb(res) >= per_card_demand(task, c.memory_total_mb)]
+    verdicts = [(c, admits(c, task, res)) for c in cards]
+    fitting = [c for c, why in verdicts if not why]
     if len(fitting) < task.gpu_required:
-        return [], "vram_short"
+        whys = {why for _, why in verdicts if why}
+        return [], "vram_short" if "vram_short" in whys else "commitment_full"
     # binpack inside the node: fullest cards that still fit first, keeping whole cards free
     fitting.sort(key=lambda c: (c.available_mb(res), c.index))
     return fitting[: task.gpu_required], ""
@@ -145,9 +154,15 @@ def place(
             if why:
                 counts[why] = counts.get(why, 0) + 1
                 continue
-            per_card = max(per_card_demand(task, c.memory_total_mb) for c in cards)
             score = -sum(c.available_mb(res) for c in cards)  # binpack across nodes
-            cand = Placement(node.id, tuple(c.index for c in cards), per_card, 0, ports)
+            cand = Placement(
+                node.id,
+                tuple(c.index for c in cards),
+                task.estimated_gpu_memory_mb,
+                0,
+                ports,
+                per_card_pct=task.gpu_memory_utilization,
+            )
         if best is None or score > best[0]:
             best = (score, cand)
     if best is not None:
@@ -162,8 +177,10 @@ def _reason(task: TaskDemand, nodes: list[NodeView], counts: dict[str, int]) -> 
     labels = {
         "offline": "offline",
         "gpu_type_mismatch": f"no card of type {task.gpu_type!r}",
-        "vram_short": f"fewer than {task.gpu_required} card(s) with enough free memory "
-        f"({_demand_text(task)} each after the reservation)",
+        "vram_short": f"fewer than {task.gpu_required} card(s) with "
+        f"{task.estimated_gpu_memory_mb} MB free after the reservation",
+        "commitment_full": f"fewer than {task.gpu_required} card(s) with "
+        f"{task.gpu_memory_utilization}% of memory commitment left",
         "memory_short": f"not {task.memory_mb or DEFAULT_CPU_TASK_MEMORY_MB} MB of free "
         "memory for a CPU task",
         "ports": "requested host port in use or port pool exhausted",
@@ -173,16 +190,11 @@ def _reason(task: TaskDemand, nodes: list[NodeView], counts: dict[str, int]) -> 
     return f"InsufficientResources: 0/{len(nodes)} nodes fit — " + "; ".join(parts)
 
 
-def _demand_text(task: TaskDemand) -> str:
-    if task.estimated_gpu_memory_mb:
-        return f"{task.estimated_gpu_memory_mb} MB"
-    return f"{task.gpu_memory_utilization}% of the card"
-
-
 def commit(node: NodeView, placement: Placement) -> None:
     """Book a placement into the in-memory views so the same round does not double-book."""
     for c in node.cards:
         if c.index in placement.gpu_ids:
             c.committed_mb += placement.per_card_mb
+            c.committed_pct += placement.per_card_pct
     node.memory_committed_mb += placement.memory_mb
     node.ports_in_use.update(placement.host_ports)

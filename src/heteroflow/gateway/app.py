@@ -140,20 +140,23 @@ class GatewayApp:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            await errors.send_error(send, errors.invalid_request(
-                "We could not parse the JSON body of your request. The body must be valid JSON."
-            ))
+            await errors.send_error(
+                send,
+                errors.invalid_request(
+                    "We could not parse the JSON body of your request. The body must be valid JSON."
+                ),
+            )
             return
         if not isinstance(body, dict):
-            await errors.send_error(send, errors.invalid_request(
-                "The request body must be a JSON object."
-            ))
+            await errors.send_error(
+                send, errors.invalid_request("The request body must be a JSON object.")
+            )
             return
         model = body.get("model")
         if not isinstance(model, str):
-            await errors.send_error(send, errors.invalid_request(
-                "You must provide a model parameter.", "model"
-            ))
+            await errors.send_error(
+                send, errors.invalid_request("You must provide a model parameter.", "model")
+            )
             return
         targets = snap.routes.get((entry.tenant_id, model)) if model in entry.models else None
         if targets is None:
@@ -218,8 +221,9 @@ async def _relay(resp: aiohttp.ClientResponse, send: Send, watch: _Watch, base_u
             await errors.send_error(send, errors.upstream_timeout())
             return
         except aiohttp.ClientError as exc:
-            logger.warning("backend %s: reading the answer failed: %s", base_url,
-                           type(exc).__name__)
+            logger.warning(
+                "backend %s: reading the answer failed: %s", base_url, type(exc).__name__
+            )
             watch.finished = True
             await errors.send_error(send, errors.upstream_error())
             return
@@ -237,8 +241,13 @@ async def _relay(resp: aiohttp.ClientResponse, send: Send, watch: _Watch, base_u
         # Headers are gone already; an SSE error event is how OpenAI clients learn that
         # the stream broke (the SDK raises APIError on it) instead of a silent truncation.
         logger.warning("backend %s: stream broke: %s", base_url, type(exc).__name__)
-        err = errors.OpenAIError(502, "The model backend's stream ended unexpectedly.",
-                                 "server_error", None, _SSE_ERROR_CODE)
+        err = errors.OpenAIError(
+            502,
+            "The model backend's stream ended unexpectedly.",
+            "server_error",
+            None,
+            _SSE_ERROR_CODE,
+        )
         tail = b"data: " + err.body() + b"\n\n"
     watch.finished = True
     await send({"type": "http.response.body", "body": tail, "more_body": False})

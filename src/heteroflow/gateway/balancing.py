@@ -48,8 +48,10 @@ class Balancer:
             target = level[0]
         else:
             weighted = [t for t in level if t.weight > 0]
-            target = self._pick_weighted(weighted, True) if weighted else self._pick_weighted(
-                level, False
+            target = (
+                self._pick_weighted(weighted, True)
+                if weighted
+                else self._pick_weighted(level, False)
             )
         return self._next_backend(target)
 

@@ -100,14 +100,20 @@ def no_healthy_backend(model: str) -> OpenAIError:
 
 def upstream_error() -> OpenAIError:
     return OpenAIError(
-        502, "The model backend could not be reached or failed.", "server_error", None,
+        502,
+        "The model backend could not be reached or failed.",
+        "server_error",
+        None,
         "upstream_error",
     )
 
 
 def upstream_timeout() -> OpenAIError:
     return OpenAIError(
-        504, "The model backend did not answer in time.", "server_error", None,
+        504,
+        "The model backend did not answer in time.",
+        "server_error",
+        None,
         "upstream_timeout",
     )
 

@@ -53,8 +53,10 @@ class SnapshotPoller:
                     self._report_failure(str(exc))
                 else:
                     if self._failing_since is not None:
-                        logger.info("routing snapshot: server reachable again (version %d)",
-                                    self._holder.current.version)
+                        logger.info(
+                            "routing snapshot: server reachable again (version %d)",
+                            self._holder.current.version,
+                        )
                         self._failing_since = None
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self._interval)
@@ -103,5 +105,7 @@ class SnapshotPoller:
         self._last_warning = now
         logger.warning(
             "routing snapshot poll failed (%s); keeping version %d, failing for %.0f s",
-            message, self._holder.current.version, now - self._failing_since,
+            message,
+            self._holder.current.version,
+            now - self._failing_since,
         )

@@ -109,24 +109,38 @@ class Upstream:
             try:
                 return await session.post(url, data=body, headers=_FORWARD_HEADERS)
             except TimeoutError:
-                logger.warning("backend %s (task %s): timed out", backend.base_url,
-                               backend.task_id)
+                logger.warning("backend %s (task %s): timed out", backend.base_url, backend.task_id)
                 return errors.upstream_timeout()
             except aiohttp.ClientConnectorError as exc:
-                logger.warning("backend %s (task %s): cannot connect: %s", backend.base_url,
-                               backend.task_id, exc.os_error.strerror or type(exc).__name__)
+                logger.warning(
+                    "backend %s (task %s): cannot connect: %s",
+                    backend.base_url,
+                    backend.task_id,
+                    exc.os_error.strerror or type(exc).__name__,
+                )
                 return errors.upstream_error()
             except _STALE_ERRORS as exc:
                 if attempt == 0:
-                    logger.debug("backend %s: stale connection (%s), retrying",
-                                 backend.base_url, type(exc).__name__)
+                    logger.debug(
+                        "backend %s: stale connection (%s), retrying",
+                        backend.base_url,
+                        type(exc).__name__,
+                    )
                     continue
-                logger.warning("backend %s (task %s): connection lost: %s", backend.base_url,
-                               backend.task_id, type(exc).__name__)
+                logger.warning(
+                    "backend %s (task %s): connection lost: %s",
+                    backend.base_url,
+                    backend.task_id,
+                    type(exc).__name__,
+                )
                 return errors.upstream_error()
             except aiohttp.ClientError as exc:
-                logger.warning("backend %s (task %s): %s", backend.base_url, backend.task_id,
-                               type(exc).__name__)
+                logger.warning(
+                    "backend %s (task %s): %s",
+                    backend.base_url,
+                    backend.task_id,
+                    type(exc).__name__,
+                )
                 return errors.upstream_error()
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -163,8 +177,9 @@ class Upstream:
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             # Not cached: the next request tries again. A stale entry, if any, stays.
             level = logging.DEBUG if base_url in self._failing else logging.WARNING
-            logger.log(level, "backend %s: /v1/models lookup failed: %s", base_url,
-                       type(exc).__name__)
+            logger.log(
+                level, "backend %s: /v1/models lookup failed: %s", base_url, type(exc).__name__
+            )
             self._failing.add(base_url)
             return self._models.get(base_url)
         self._failing.discard(base_url)

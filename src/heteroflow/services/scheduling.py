@@ -17,7 +17,6 @@ from heteroflow.core.placement import (
     Reservation,
     TaskDemand,
     commit,
-    per_card_demand,
     place,
 )
 from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus
@@ -64,9 +63,8 @@ def node_views(s: Session, clock: Clock, offline_after_s: float) -> dict[str, No
             continue
         for c in view.cards:
             if c.index in t.gpu_ids:
-                c.committed_mb += t.estimated_gpu_memory_mb or per_card_demand(
-                    _demand(t), c.memory_total_mb
-                )
+                c.committed_mb += t.estimated_gpu_memory_mb
+                c.committed_pct += t.gpu_memory_utilization
         if t.gpu_required == 0:
             view.memory_committed_mb += t.memory_mb
         view.ports_in_use.update(int(p["host_port"]) for p in t.ports if p.get("host_port"))
@@ -100,7 +98,6 @@ def _apply(s: Session, clock: Clock, t: Task, p: Placement, node_name: str) -> b
         node_id=p.node_id,
         gpu_ids=list(p.gpu_ids),
         ports=ports,
-        estimated_gpu_memory_mb=t.estimated_gpu_memory_mb or p.per_card_mb,
         memory_mb=p.memory_mb,
     )
 

@@ -59,8 +59,10 @@ class FakeOpenAIBackend:
             if self.models_status != 200:
                 await _json(send, self.models_status, {"error": {"message": "unavailable"}})
                 return
-            data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"}
-                    for m in self.model_ids]
+            data = [
+                {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
+                for m in self.model_ids
+            ]
             await _json(send, 200, {"object": "list", "data": data})
             return
         if method != "POST":
@@ -75,10 +77,20 @@ class FakeOpenAIBackend:
         rid = f"{self.name}-{next(self._ids)}"
         if path == "/v1/embeddings":
             inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
-            data = [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}
-                    for i in range(len(inputs))]
-            await _json(send, 200, {"object": "list", "data": data, "model": model,
-                                    "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+            data = [
+                {"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}
+                for i in range(len(inputs))
+            ]
+            await _json(
+                send,
+                200,
+                {
+                    "object": "list",
+                    "data": data,
+                    "model": model,
+                    "usage": {"prompt_tokens": 1, "total_tokens": 1},
+                },
+            )
             return
         chat = path == "/v1/chat/completions"
         if path not in ("/v1/chat/completions", "/v1/completions"):
@@ -90,18 +102,33 @@ class FakeOpenAIBackend:
         await asyncio.sleep(delay)
         text = " ".join(["tok"] * n)
         choice: dict[str, Any] = (
-            {"index": 0, "message": {"role": "assistant", "content": text},
-             "finish_reason": "stop"} if chat
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            if chat
             else {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
         )
-        await _json(send, 200, {
-            "id": rid, "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice],
-            "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
-        })
+        await _json(
+            send,
+            200,
+            {
+                "id": rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [choice],
+                "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
+            },
+        )
 
-    async def _stream(self, receive: Receive, send: Send, chat: bool, rid: str,
-                      model: object, n: int, delay: float) -> None:
+    async def _stream(
+        self,
+        receive: Receive,
+        send: Send,
+        chat: bool,
+        rid: str,
+        model: object,
+        n: int,
+        delay: float,
+    ) -> None:
         left = asyncio.Event()
 
         async def watch() -> None:
@@ -120,25 +147,51 @@ class FakeOpenAIBackend:
                     self.stream_disconnects += 1
                     return
                 piece = "tok" if i == 0 else " tok"
-                choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None}
-                          if chat else {"index": 0, "text": piece, "finish_reason": None})
-                event = {"id": rid, "object": obj, "created": 0, "model": model,
-                         "choices": [choice]}
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": b"data: " + orjson.dumps(event) + b"\n\n"})
-            fin = ({"index": 0, "delta": {}, "finish_reason": "stop"} if chat
-                   else {"index": 0, "text": "", "finish_reason": "stop"})
+                choice = (
+                    {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                    if chat
+                    else {"index": 0, "text": piece, "finish_reason": None}
+                )
+                event = {
+                    "id": rid,
+                    "object": obj,
+                    "created": 0,
+                    "model": model,
+                    "choices": [choice],
+                }
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "more_body": True,
+                        "body": b"data: " + orjson.dumps(event) + b"\n\n",
+                    }
+                )
+            fin = (
+                {"index": 0, "delta": {}, "finish_reason": "stop"}
+                if chat
+                else {"index": 0, "text": "", "finish_reason": "stop"}
+            )
             last = {"id": rid, "object": obj, "created": 0, "model": model, "choices": [fin]}
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": b"data: " + orjson.dumps(last) + b"\n\ndata: [DONE]\n\n"})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "more_body": False,
+                    "body": b"data: " + orjson.dumps(last) + b"\n\ndata: [DONE]\n\n",
+                }
+            )
         finally:
             watcher.cancel()
 
 
 async def _json(send: Send, status: int, obj: object) -> None:
     body = orjson.dumps(obj)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [_JSON, (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [_JSON, (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -169,9 +222,15 @@ class UvicornThread:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
-        config = uvicorn.Config(app, loop="asyncio", http="httptools", lifespan="off",
-                                log_level="warning", access_log=False,
-                                timeout_keep_alive=int(keepalive_s))
+        config = uvicorn.Config(
+            app,
+            loop="asyncio",
+            http="httptools",
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=int(keepalive_s),
+        )
         server = uvicorn.Server(config)
         fut = asyncio.run_coroutine_threadsafe(_serve(server, sock), self.loop)
         self._servers.append((server, fut))

@@ -1,0 +1,102 @@
+"""An in-process server (real database, real ASGI app) and helpers to drive it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from heteroflow.core.clock import FakeClock
+from heteroflow.server import ServerApp
+from heteroflow.settings import ServerSettings
+
+ADMIN_PASSWORD = "admin-pass-for-tests"
+NODE_TOKEN = "node-token-for-tests"
+
+
+@dataclass
+class Api:
+    app: ServerApp
+    client: TestClient
+    clock: FakeClock
+
+    def login(self, username: str = "admin", password: str = ADMIN_PASSWORD) -> dict[str, str]:
+        r = self.client.post(
+            "/api/v1/auth/login", json={"username": username, "password": password}
+        )
+        assert r.status_code == 200, r.text
+        return {"Authorization": f"Bearer {r.json()['access_token']}"}
+
+    def member(self, admin: dict[str, str], tenant: str, username: str) -> dict[str, str]:
+        t = self.client.post("/api/v1/tenants", json={"name": tenant}, headers=admin)
+        assert t.status_code == 201, t.text
+        u = self.client.post(
+            "/api/v1/users",
+            json={"username": username, "password": "member-pass-1", "tenant_id": t.json()["id"]},
+            headers=admin,
+        )
+        assert u.status_code == 201, u.text
+        return self.login(username, "member-pass-1")
+
+    def heartbeat(self, name: str = "node-a", gpus: list[dict[str, Any]] | None = None,
+                  memory_mb: int = 16384) -> str:
+        r = self.client.post(
+            "/api/v1/agent/heartbeat",
+            json={
+                "name": name,
+                "address": "127.0.0.1",
+                "inventory": {
+                    "gpus": gpus or [],
+                    "cpu_count": 4,
+                    "memory_total_mb": memory_mb,
+                    "memory_available_mb": memory_mb,
+                },
+            },
+            headers={"Authorization": f"Bearer {NODE_TOKEN}"},
+        )
+        assert r.status_code == 200, r.text
+        return str(r.json()["node_id"])
+
+    def agent_post(self, node_id: str, path: str, body: dict[str, Any]) -> Any:
+        return self.client.post(
+            path,
+            json=body,
+            headers={"Authorization": f"Bearer {NODE_TOKEN}", "X-Heteroflow-Node": node_id},
+        )
+
+
+def service_body(**over: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": "svc",
+        "task": {
+            "image": "ghcr.io/ggml-org/llama.cpp:server",
+            "gpu_required": 0,
+            "model_path": "/models/tiny.gguf",
+        },
+    }
+    task_over = over.pop("task", {})
+    body.update(over)
+    body["task"].update(task_over)
+    return body
+
+
+@pytest.fixture
+def api(db_url: str, tmp_path: Path) -> Iterator[Api]:
+    settings = ServerSettings(
+        data_dir=tmp_path / "data",
+        database_url=db_url,
+        admin_password=ADMIN_PASSWORD,
+        node_token=NODE_TOKEN,
+        gateway_token="gw-token-for-tests",
+        port_pool_start=21000,
+        port_pool_end=21009,
+    )
+    clock = FakeClock()
+    app = ServerApp(settings, clock=clock)
+    with TestClient(app.asgi) as client:
+        yield Api(app=app, client=client, clock=clock)
+    app.db.dispose()
