@@ -41,7 +41,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not terminalreporter.config.getoption("--features"):
         return
     terminalreporter.section("FEATURES.md rows with tests")
-    for fid in sorted(_feature_results, key=lambda f: (f[0], int("".join(c for c in f[1:] if c.isdigit()) or 0))):
+    for fid in sorted(
+        _feature_results, key=lambda f: (f[0], int("".join(c for c in f[1:] if c.isdigit()) or 0))
+    ):
         res = _feature_results[fid]
         ok = res.count("passed")
         terminalreporter.write_line(f"{fid:5} {ok}/{len(res)} passing")

@@ -42,8 +42,9 @@ class Api:
         assert u.status_code == 201, u.text
         return self.login(username, "member-pass-1")
 
-    def heartbeat(self, name: str = "node-a", gpus: list[dict[str, Any]] | None = None,
-                  memory_mb: int = 16384) -> str:
+    def heartbeat(
+        self, name: str = "node-a", gpus: list[dict[str, Any]] | None = None, memory_mb: int = 16384
+    ) -> str:
         r = self.client.post(
             "/api/v1/agent/heartbeat",
             json={

@@ -14,8 +14,9 @@ def test_rotate_key_returns_a_new_key_once(api: Api) -> None:
     eps = api.client.get("/api/v1/gateway/endpoints", headers=admin).json()
     assert [e["id"] for e in eps] == [g["endpoint"]]
     assert eps[0]["key_prefix"] == g["api_key"][:7] + "…"
-    r = api.client.put(f"/api/v1/gateway/endpoints/{g['endpoint']}",
-                       json={"rotate_key": True}, headers=admin)
+    r = api.client.put(
+        f"/api/v1/gateway/endpoints/{g['endpoint']}", json={"rotate_key": True}, headers=admin
+    )
     assert r.status_code == 200
     new = r.json()["api_key"]
     assert new.startswith("sk-") and new != g["api_key"]
@@ -27,16 +28,25 @@ def test_rotate_key_returns_a_new_key_once(api: Api) -> None:
 def test_deleting_the_endpoint_clears_the_group_reference(api: Api) -> None:
     admin = api.login()
     g = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).json()
-    assert api.client.delete(
-        f"/api/v1/gateway/endpoints/{g['endpoint']}", headers=admin
-    ).status_code == 204
-    assert api.client.get(f"/api/v1/task-groups/{g['id']}", headers=admin).json()["endpoint"] is None
+    assert (
+        api.client.delete(f"/api/v1/gateway/endpoints/{g['endpoint']}", headers=admin).status_code
+        == 204
+    )
+    assert (
+        api.client.get(f"/api/v1/task-groups/{g['id']}", headers=admin).json()["endpoint"] is None
+    )
 
 
 @pytest.mark.feature("A4")
-@pytest.mark.parametrize(("body", "field"), [({"weight": 101}, "weight"), ({"weight": -1}, "weight"),
-                                             ({"algorithm": "fastest"}, "algorithm"),
-                                             ({"priority": -1}, "priority")])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"weight": 101}, "weight"),
+        ({"weight": -1}, "weight"),
+        ({"algorithm": "fastest"}, "algorithm"),
+        ({"priority": -1}, "priority"),
+    ],
+)
 def test_route_update_validation_for_members(api: Api, body: dict, field: str) -> None:
     admin = api.login()
     member = api.member(admin, "team-r", "rita")
@@ -51,9 +61,11 @@ def test_operator_may_set_negative_priority_and_weights_apply(api: Api) -> None:
     admin = api.login()
     g = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).json()
     route = api.client.get("/api/v1/model-routes", headers=admin).json()[0]
-    r = api.client.put(f"/api/v1/model-routes/{route['id']}",
-                       json={"priority": -5, "weight": 0, "version": "canary",
-                             "algorithm": "least_connections"}, headers=admin)
+    r = api.client.put(
+        f"/api/v1/model-routes/{route['id']}",
+        json={"priority": -5, "weight": 0, "version": "canary", "algorithm": "least_connections"},
+        headers=admin,
+    )
     assert r.status_code == 200, r.text
     assert (r.json()["priority"], r.json()["weight"], r.json()["version"]) == (-5, 0, "canary")
     assert g["id"] == r.json()["group_id"]
@@ -72,27 +84,42 @@ def test_members_see_only_their_tenant(api: Api) -> None:
     assert api.client.post(f"/api/v1/tasks/{task_id}/stop", headers=bob).status_code == 404
     assert api.client.get("/api/v1/task-groups", headers=bob).json() == []
     assert api.client.get("/api/v1/gateway/endpoints", headers=bob).json() == []
-    r = api.client.put(f"/api/v1/gateway/endpoints/{ga['endpoint']}",
-                       json={"rotate_key": True}, headers=bob)
+    r = api.client.put(
+        f"/api/v1/gateway/endpoints/{ga['endpoint']}", json={"rotate_key": True}, headers=bob
+    )
     assert r.status_code == 404
     # the operator sees everything
-    assert [g["id"] for g in api.client.get("/api/v1/task-groups", headers=admin).json()] == [ga["id"]]
+    assert [g["id"] for g in api.client.get("/api/v1/task-groups", headers=admin).json()] == [
+        ga["id"]
+    ]
     # members cannot create tenants or users
     assert api.client.post("/api/v1/tenants", json={"name": "x"}, headers=bob).status_code == 403
-    assert api.client.post("/api/v1/users", json={"username": "eve", "password": "12345678"},
-                           headers=bob).status_code == 403
+    assert (
+        api.client.post(
+            "/api/v1/users", json={"username": "eve", "password": "12345678"}, headers=bob
+        ).status_code
+        == 403
+    )
     assert [t["name"] for t in api.client.get("/api/v1/tenants", headers=bob).json()] == ["team-b"]
 
 
 @pytest.mark.feature("N1")
 def test_auth_is_required_and_checked(api: Api) -> None:
     assert api.client.get("/api/v1/task-groups").status_code == 401
-    assert api.client.get("/api/v1/task-groups",
-                          headers={"Authorization": "Bearer not-a-jwt"}).status_code == 401
+    assert (
+        api.client.get(
+            "/api/v1/task-groups", headers={"Authorization": "Bearer not-a-jwt"}
+        ).status_code
+        == 401
+    )
     r = api.client.post("/api/v1/auth/login", json={"username": "admin", "password": "wrong"})
     assert r.status_code == 401
-    assert api.client.post("/api/v1/agent/heartbeat", json={},
-                           headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert (
+        api.client.post(
+            "/api/v1/agent/heartbeat", json={}, headers={"Authorization": "Bearer wrong"}
+        ).status_code
+        == 401
+    )
     # an expired token stops working
     admin = api.login()
     api.clock.advance(api.app.settings.jwt_ttl_s + 1)
@@ -103,16 +130,28 @@ def test_auth_is_required_and_checked(api: Api) -> None:
 def test_duplicate_tenant_and_user_are_409(api: Api) -> None:
     admin = api.login()
     api.member(admin, "team-d", "dave")
-    assert api.client.post("/api/v1/tenants", json={"name": "team-d"}, headers=admin).status_code == 409
-    r = api.client.post("/api/v1/users", json={"username": "dave", "password": "12345678"},
-                        headers=admin)
+    assert (
+        api.client.post("/api/v1/tenants", json={"name": "team-d"}, headers=admin).status_code
+        == 409
+    )
+    r = api.client.post(
+        "/api/v1/users", json={"username": "dave", "password": "12345678"}, headers=admin
+    )
     assert r.status_code == 409 and r.json()["error"]["field"] == "username"
 
 
 def test_openapi_document_lists_the_routes(api: Api) -> None:
     doc = api.client.get("/api/v1/openapi.json").json()
-    for path in ("/api/v1/task-groups", "/api/v1/task-groups/{group_id}",
-                 "/api/v1/tasks/{task_id}/stop", "/api/v1/gateway/endpoints",
-                 "/api/v1/gateway/endpoints/{endpoint_id}", "/api/v1/model-routes/{route_id}",
-                 "/api/v1/nodes", "/api/v1/auth/login", "/api/v1/tenants", "/api/v1/users"):
+    for path in (
+        "/api/v1/task-groups",
+        "/api/v1/task-groups/{group_id}",
+        "/api/v1/tasks/{task_id}/stop",
+        "/api/v1/gateway/endpoints",
+        "/api/v1/gateway/endpoints/{endpoint_id}",
+        "/api/v1/model-routes/{route_id}",
+        "/api/v1/nodes",
+        "/api/v1/auth/login",
+        "/api/v1/tenants",
+        "/api/v1/users",
+    ):
         assert path in doc["paths"], path

@@ -26,8 +26,9 @@ def test_create_returns_ids_pending_endpoint_and_key_once(api: Api) -> None:
     g = r.json()
     assert g["id"].startswith("tg-") and g["status"] == "pending"
     assert g["endpoint"].startswith("ep-")
-    assert re.fullmatch(r"sk-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
-                        g["api_key"])
+    assert re.fullmatch(
+        r"sk-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", g["api_key"]
+    )
     assert g["tasks"][0]["id"].startswith("task-")
     # the key is never shown again
     again = api.client.get(f"/api/v1/task-groups/{g['id']}", headers=admin).json()
@@ -105,7 +106,8 @@ def test_body_that_is_not_an_object_is_400(api: Api) -> None:
     admin = api.login()
     for raw in ("[1,2]", "null", "not json"):
         r = api.client.post(
-            "/api/v1/task-groups", content=raw,
+            "/api/v1/task-groups",
+            content=raw,
             headers={**admin, "Content-Type": "application/json"},
         )
         assert r.status_code == 400, (raw, r.text)
@@ -136,7 +138,10 @@ def test_gpu_zero_needs_a_cpu_engine(api: Api) -> None:
 @pytest.mark.feature("A3")
 def test_duplicate_endpoint_name_is_409_before_anything_is_written(api: Api) -> None:
     admin = api.login()
-    assert api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).status_code == 201
+    assert (
+        api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).status_code
+        == 201
+    )
     before = [count(api, t) for t in (TaskGroup, Task, ModelRoute, InferenceEndpoint)]
     r = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin)
     assert r.status_code == 409
@@ -148,8 +153,14 @@ def test_duplicate_endpoint_name_is_409_before_anything_is_written(api: Api) -> 
 def test_same_endpoint_name_in_another_tenant_is_fine(api: Api) -> None:
     admin = api.login()
     member = api.member(admin, "team-b", "bob")
-    assert api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).status_code == 201
-    assert api.client.post("/api/v1/task-groups", json=service_body(), headers=member).status_code == 201
+    assert (
+        api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).status_code
+        == 201
+    )
+    assert (
+        api.client.post("/api/v1/task-groups", json=service_body(), headers=member).status_code
+        == 201
+    )
 
 
 @pytest.mark.feature("A3")
@@ -165,7 +176,8 @@ def test_only_hash_and_prefix_are_stored(api: Api) -> None:
         assert ep.key_hash == hashlib.sha256(key.encode()).hexdigest()
         assert ep.key_prefix == key[:7] + "…"
         dump = " ".join(
-            str(row) for table in ("inference_endpoints", "task_groups", "events")
+            str(row)
+            for table in ("inference_endpoints", "task_groups", "events")
             for row in s.execute(text(f"SELECT * FROM {table}"))  # noqa: S608
         )
     assert key not in dump and key[8:] not in dump
@@ -201,8 +213,11 @@ def test_tensor_parallel_is_one_task_with_world_size_cards(api: Api) -> None:
     admin = api.login()
     g = api.client.post(
         "/api/v1/task-groups",
-        json=service_body(parallelism="tensor_parallel", world_size=2,
-                          task={"image": "vllm/vllm-openai:v0.11.2", "gpu_required": 1}),
+        json=service_body(
+            parallelism="tensor_parallel",
+            world_size=2,
+            task={"image": "vllm/vllm-openai:v0.11.2", "gpu_required": 1},
+        ),
         headers=admin,
     ).json()
     assert len(g["tasks"]) == 1 and g["tasks"][0]["gpu_required"] == 2
@@ -220,7 +235,10 @@ def test_delete_removes_group_routes_endpoint_and_stops_tasks(api: Api) -> None:
     task = api.client.get(f"/api/v1/tasks/{g['tasks'][0]['id']}", headers=admin).json()
     assert task["status"] == "stopped"
     # the name is free again
-    assert api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).status_code == 201
+    assert (
+        api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).status_code
+        == 201
+    )
 
 
 def test_unknown_ids_are_404(api: Api) -> None:
@@ -235,3 +253,19 @@ def test_unknown_ids_are_404(api: Api) -> None:
         r = api.client.request(method, path, headers=admin)
         assert r.status_code == 404, (method, path, r.text)
         assert r.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("args", [["-m", "/etc/passwd"], ["--host", "0.0.0.0"], ["--port=1"]])
+def test_engine_args_may_not_set_platform_owned_flags(api: Api, args: list[str]) -> None:
+    admin = api.login()
+    r = api.client.post(
+        "/api/v1/task-groups", json=service_body(task={"engine_args": args}), headers=admin
+    )
+    assert r.status_code == 400 and r.json()["error"]["field"] == "task.engine_args"
+
+
+def test_model_name_may_not_hold_commas_or_spaces(api: Api) -> None:
+    admin = api.login()
+    for bad in ("a,b", "a b", ""):
+        r = api.client.post("/api/v1/task-groups", json=service_body(model_name=bad), headers=admin)
+        assert r.status_code == 400 and r.json()["error"]["field"] == "model_name"

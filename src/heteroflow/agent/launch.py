@@ -15,6 +15,7 @@ from pathlib import Path
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.models import ModelPathError, resolve_model_file
 from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec
+from heteroflow.core.engines import LLAMACPP_AGENT_FLAGS, owned_flag_in
 from heteroflow.schemas.nodes import TaskAssignment
 
 # Variables the agent owns: user values with these names are dropped (FEATURES C3).
@@ -73,6 +74,11 @@ def build_launch(
             f"engine {t.engine or '(none)'} needs a container runtime; this node runs the "
             "process runtime, which can start llama.cpp only"
         )
+    clash = owned_flag_in(t.engine_args, LLAMACPP_AGENT_FLAGS)
+    if clash:
+        raise LaunchFailed(f"engine_args may not set {clash}: the agent sets it")
+    if "," in t.model_name:
+        raise LaunchFailed("model name may not contain ',' (llama-server reads a list)")
     try:
         model = resolve_model_file(
             t.model_path, config.allowed_volume_prefixes, config.denied_volume_prefixes

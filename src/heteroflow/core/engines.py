@@ -11,6 +11,17 @@ ENGINES = ("vllm", "sglang", "llamacpp", "trtllm", "mindie", "vllm-mtt")
 # Engines that can run without a GPU (gpu_required: 0).
 CPU_CAPABLE = frozenset({"llamacpp"})
 
+# llama-server flags the platform sets itself; a task may not override them through
+# engine_args (the launcher's last occurrence wins, so an override would bypass the
+# model allow-list, the 127.0.0.1 bind and the allocated port).
+LLAMACPP_AGENT_FLAGS = frozenset({"-m", "--model", "--host", "--port", "-a", "--alias"})
+
+
+def owned_flag_in(args: list[str], owned: frozenset[str]) -> str | None:
+    """The first argument that sets one of ``owned`` (also as ``--flag=value``)."""
+    return next((a for a in args if a in owned or a.split("=", 1)[0] in owned), None)
+
+
 # Order matters: "vllm-mtt" images contain "vllm"; trtllm before anything generic.
 _IMAGE_KEYWORDS: tuple[tuple[str, str], ...] = (
     ("tensorrt-llm", "trtllm"),

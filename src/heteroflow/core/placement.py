@@ -114,6 +114,8 @@ def _ports(task: TaskDemand, node: NodeView, pool: range) -> tuple[int, ...] | N
 
 
 def _fit_gpu(task: TaskDemand, node: NodeView, res: Reservation) -> tuple[list[CardView], str]:
+    if not node.cards:
+        return [], "no_gpus"
     cards = [c for c in node.cards if not task.gpu_type or c.model == task.gpu_type]
     if not cards:
         return [], "gpu_type_mismatch"
@@ -176,6 +178,7 @@ def _reason(task: TaskDemand, nodes: list[NodeView], counts: dict[str, int]) -> 
     parts = []
     labels = {
         "offline": "offline",
+        "no_gpus": "no GPU cards",
         "gpu_type_mismatch": f"no card of type {task.gpu_type!r}",
         "vram_short": f"fewer than {task.gpu_required} card(s) with "
         f"{task.estimated_gpu_memory_mb} MB free after the reservation",

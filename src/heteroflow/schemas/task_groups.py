@@ -11,6 +11,8 @@ from heteroflow.core.engines import ENGINES
 from heteroflow.schemas.common import Strict
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+# What callers put in "model": no spaces or commas (engines read comma lists of aliases).
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$"
 IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?$"
 
 
@@ -63,7 +65,7 @@ class TaskSpec(Strict):
 
 class TaskGroupCreate(Strict):
     name: str = Field(pattern=NAME_PATTERN)
-    model_name: str | None = Field(default=None, min_length=1, max_length=256)
+    model_name: str | None = Field(default=None, pattern=MODEL_NAME_PATTERN)
     task_type: Literal["inference", "training", "container"] | None = None
     parallelism: Literal["single", "tensor_parallel", "split", "pipeline"] = "single"
     world_size: int = Field(default=1, ge=1, le=64)

@@ -9,7 +9,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.engines import CPU_CAPABLE, resolve_engine
+from heteroflow.core.engines import (
+    CPU_CAPABLE,
+    LLAMACPP_AGENT_FLAGS,
+    owned_flag_in,
+    resolve_engine,
+)
 from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
 from heteroflow.core.ids import key_display_prefix, new_api_key, new_id
 from heteroflow.core.states import GroupStatus, TaskStatus
@@ -85,6 +90,14 @@ def create_group(
             f"can do; engine is {engine or 'unresolved'}",
             field="task.gpu_required",
         )
+    if engine == "llamacpp":
+        clash = owned_flag_in(spec.engine_args, LLAMACPP_AGENT_FLAGS)
+        if clash:
+            raise ValidationFailed(
+                f"engine_args may not set {clash}: the platform sets the model, host, port "
+                "and alias itself",
+                field="task.engine_args",
+            )
     for i, item in enumerate(spec.env):
         if "=" in item and not item.split("=", 1)[0]:
             raise ValidationFailed(f"env[{i}] has an empty name", field=f"task.env[{i}]")

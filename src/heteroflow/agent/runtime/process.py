@@ -29,7 +29,13 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on the port now.
+
+    SO_REUSEADDR as engines set it: connections in TIME_WAIT from a stopped engine do
+    not block a new listener, so they must not count as "in use" either.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

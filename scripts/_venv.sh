@@ -1,0 +1,38 @@
+# Sourced by scripts/up and scripts/test: make .venv with Python >= 3.11 and install into it.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${HETEROFLOW_VENV:-$ROOT/.venv}"
+
+pick_python() {
+  for py in python3.11 python3.12 python3.13 python3; do
+    if command -v "$py" >/dev/null 2>&1 &&
+       "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+      echo "$py"; return 0
+    fi
+  done
+  echo "HeteroFlow needs Python 3.11 or newer (apt-get install python3)" >&2
+  return 1
+}
+
+ensure_venv() {  # $1: pip extras, e.g. "test" or "demo"
+  local extras="$1" py stamp
+  if [ ! -x "$VENV/bin/python" ]; then
+    py="$(pick_python)"
+    if ! "$py" -m venv "$VENV" 2>/dev/null; then
+      # Debian ships venv separately; install it when we may, else say what to do.
+      if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+        rm -rf "$VENV"; "$py" -m venv "$VENV"
+      else
+        echo "python venv module missing: sudo apt-get install python3-venv" >&2; return 1
+      fi
+    fi
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+  fi
+  # reinstall only when the dependency list changed
+  stamp="$VENV/.heteroflow-$extras-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+  if [ ! -e "$stamp" ]; then
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]"
+    touch "$stamp"
+  fi
+}

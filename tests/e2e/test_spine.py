@@ -1,0 +1,132 @@
+"""The spine end to end: API -> scheduler -> agent -> llama.cpp -> gateway -> OpenAI SDK."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import openai
+import pytest
+
+from .conftest import Stack, engine_pid, pid_gone, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def sdk(base_url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def wait_routable(st: Stack, key: str, model: str, base: str | None = None) -> None:
+    client = sdk(base or st.gateway_url, key)
+
+    def answers() -> bool:
+        try:
+            client.completions.create(model=model, prompt="x", max_tokens=1)
+        except openai.APIStatusError as exc:
+            if exc.status_code not in (401, 503):  # key or backend not in the snapshot yet
+                raise
+            return False
+        return True
+
+    # the gateway's snapshot is fresh within 2 s of the task turning running
+    wait_for(answers, 5, f"{model} routable via {base or st.gateway_url}", 0.1)
+
+
+@pytest.mark.feature("M1", "A6", "C1", "C13", "P1", "M6", "M12")
+def test_a_model_file_becomes_an_endpoint_the_openai_sdk_calls(stack: Stack) -> None:
+    g = stack.create_service("chat")
+    key, model = g["api_key"], "chat-model"
+    g = stack.wait_status(g["id"], "running")
+    task = g["tasks"][0]
+    assert task["node_id"] and task["ports"][0]["host_port"] > 0
+    wait_routable(stack, key, model)
+    client = sdk(stack.gateway_url, key)
+
+    assert [m.id for m in client.models.list()] == [model]
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=8, temperature=0
+    )
+    assert chat.choices[0].message.content
+    assert chat.usage is not None and chat.usage.completion_tokens == 8
+
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == chat.choices[0].message.content  # deterministic at temperature 0
+
+    comp = client.completions.create(model=model, prompt="once upon", max_tokens=6, temperature=0)
+    assert comp.choices[0].text
+
+    emb = client.embeddings.create(model=model, input=["a b c", "hello"])
+    assert len(emb.data) == 2 and len(emb.data[0].embedding) == 64
+
+    # the all-in-one port serves /v1 too
+    same = sdk(stack.server_url, key).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=8, temperature=0
+    )
+    assert same.choices[0].message.content == chat.choices[0].message.content
+
+    with pytest.raises(openai.AuthenticationError) as bad_key:
+        sdk(stack.gateway_url, "sk-00000000-0000-0000-0000-000000000000").models.list()
+    assert bad_key.value.status_code == 401
+    assert bad_key.value.code == "invalid_api_key"
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "x"}], max_tokens=2
+        )
+    assert unknown.value.code == "model_not_found"
+
+
+@pytest.mark.feature("D1", "C2")
+def test_a_killed_engine_is_detected_and_the_task_fails_with_a_reason(stack: Stack) -> None:
+    g = stack.create_service("victim")
+    g = stack.wait_status(g["id"], "running")
+    task = g["tasks"][0]
+    pid = engine_pid(task["ports"][0]["host_port"])
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    g = stack.wait_status(g["id"], "failed", timeout_s=15)
+    t = stack.api("GET", f"/api/v1/tasks/{task['id']}").json()
+    assert t["status"] == "failed"
+    assert "exited with code -9" in t["status_message"]
+
+
+@pytest.mark.feature("A6", "M1")
+def test_deleting_a_service_stops_its_engine_frees_it_and_kills_its_key(stack: Stack) -> None:
+    g = stack.create_service("doomed")
+    key = g["api_key"]
+    g = stack.wait_status(g["id"], "running")
+    task = g["tasks"][0]
+    pid = engine_pid(task["ports"][0]["host_port"])
+    assert pid is not None
+    wait_routable(stack, key, "doomed-model")
+
+    assert stack.api("DELETE", f"/api/v1/task-groups/{g['id']}").status_code == 204
+    wait_for(lambda: pid_gone(pid), 15, f"engine pid {pid} to exit")
+    wait_for(
+        lambda: stack.api("GET", f"/api/v1/tasks/{task['id']}").json()["status"] == "stopped",
+        10,
+        "task stopped",
+    )
+    client = sdk(stack.gateway_url, key)
+
+    def rejected() -> bool:
+        try:
+            client.models.list()
+        except openai.AuthenticationError:
+            return True
+        return False
+
+    wait_for(rejected, 5, "the deleted service's key to stop working", 0.1)
+    # its host port went back to the pool: a new service may take it
+    g2 = stack.create_service("reuse")
+    g2 = stack.wait_status(g2["id"], "running")
+    assert g2["tasks"][0]["ports"][0]["host_port"] == task["ports"][0]["host_port"]

@@ -1,0 +1,86 @@
+"""``heteroflow up``: one command, a served model, instructions printed, clean Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import psutil
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def engines_under(path: Path) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "heteroflow.engines.llamacpp_server" in cmd and str(path) in cmd:
+            out.append(int(p.info["pid"]))
+    return out
+
+
+@pytest.mark.feature("P1", "M1")
+def test_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "heteroflow.cli",
+            "up",
+            "--demo",
+            "tiny",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path),
+            "--threads",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ},
+    )
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    out = b""
+    deadline = time.monotonic() + 60
+    try:
+        while b"Press Ctrl-C" not in out and time.monotonic() < deadline:
+            if sel.select(timeout=0.5):
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                out += chunk
+        text = out.decode()
+        assert "Press Ctrl-C" in text, text
+        key = re.search(r"API key \(shown once\): (sk-[0-9a-f-]{36})", text)
+        base = re.search(r"gateway on (http://127\.0\.0\.1:\d+)", text)
+        assert key and base, text
+        assert "curl " in text and "from openai import OpenAI" in text
+        assert re.search(r"admin password \(shown once\): \S+", text)
+
+        client = openai.OpenAI(
+            base_url=base.group(1) + "/v1", api_key=key.group(1), max_retries=3, timeout=30
+        )
+        reply = client.chat.completions.create(
+            model="heteroflow-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert reply.choices[0].message.content
+        assert engines_under(tmp_path), "the demo engine should be running"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(30)
+    assert code == 0
+    assert engines_under(tmp_path) == []
+    # the admin password and the key went to the terminal only, never into a log file
+    for log in tmp_path.rglob("*.log"):
+        assert key.group(1) not in log.read_text(errors="replace")

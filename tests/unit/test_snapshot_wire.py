@@ -1,0 +1,164 @@
+"""Routing snapshot wire form: to_wire -> JSON -> from_wire is lossless; key hashing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import orjson
+import pytest
+
+from heteroflow.gateway.snapshot import (
+    EMPTY_SNAPSHOT,
+    Backend,
+    KeyEntry,
+    RouteTarget,
+    RoutingSnapshot,
+    SnapshotHolder,
+    hash_key,
+)
+
+
+def sample() -> RoutingSnapshot:
+    keys = {
+        hash_key("sk-one"): KeyEntry(
+            endpoint_id="ep-1",
+            tenant_id="tenant-a",
+            group_id="g-1",
+            models=frozenset({"gemma", "qwen", "llama"}),
+        ),
+        hash_key("sk-two"): KeyEntry(
+            endpoint_id="ep-2", tenant_id="tenant-b", group_id=None, models=frozenset()
+        ),
+    }
+    routes = {
+        ("tenant-a", "gemma"): (
+            RouteTarget(
+                route_id="r-1",
+                group_id="g-1",
+                priority=0,
+                weight=3,
+                backends=(
+                    Backend("t-1", "http://127.0.0.1:30001"),
+                    Backend("t-2", "http://10.0.0.2:30002"),
+                    Backend("t-3", "http://10.0.0.3:30003"),
+                ),
+            ),
+            RouteTarget(route_id="r-2", group_id="g-2", priority=1, weight=1, backends=()),
+            RouteTarget(
+                route_id="r-3",
+                group_id="g-3",
+                priority=5,
+                weight=7,
+                backends=(Backend("t-9", "http://[::1]:30009"),),
+            ),
+        ),
+        ("tenant-b", "gemma"): (
+            RouteTarget(
+                route_id="r-4",
+                group_id="g-4",
+                priority=0,
+                weight=1,
+                backends=(Backend("t-4", "http://127.0.0.1:30004"),),
+            ),
+        ),
+        ("tenant-a", "qwen/Qwen2.5-0.5B"): (),
+    }
+    return RoutingSnapshot(version=42, keys=keys, routes=routes)
+
+
+def roundtrip_orjson(s: RoutingSnapshot) -> RoutingSnapshot:
+    data: dict[str, Any] = orjson.loads(orjson.dumps(s.to_wire()))
+    return RoutingSnapshot.from_wire(data)
+
+
+def roundtrip_json(s: RoutingSnapshot) -> RoutingSnapshot:
+    data: dict[str, Any] = json.loads(json.dumps(s.to_wire()))
+    return RoutingSnapshot.from_wire(data)
+
+
+@pytest.mark.parametrize("roundtrip", [roundtrip_orjson, roundtrip_json])
+def test_roundtrip_is_equal(roundtrip: Any) -> None:
+    original = sample()
+    back = roundtrip(original)
+    assert back == original
+    assert back.version == 42
+    assert back.keys == original.keys
+    assert back.routes == original.routes
+
+
+def test_roundtrip_keeps_target_and_backend_order() -> None:
+    back = roundtrip_orjson(sample())
+    targets = back.routes[("tenant-a", "gemma")]
+    assert [t.route_id for t in targets] == ["r-1", "r-2", "r-3"]
+    assert [b.task_id for b in targets[0].backends] == ["t-1", "t-2", "t-3"]
+    assert targets[0].backends[1].base_url == "http://10.0.0.2:30002"
+    assert targets[1].backends == ()
+    assert isinstance(targets, tuple)
+    assert isinstance(targets[0].backends, tuple)
+
+
+def test_roundtrip_keeps_key_entries() -> None:
+    back = roundtrip_orjson(sample())
+    one = back.keys[hash_key("sk-one")]
+    assert one.models == frozenset({"gemma", "qwen", "llama"})
+    assert isinstance(one.models, frozenset)
+    assert one.group_id == "g-1"
+    assert back.keys[hash_key("sk-two")].group_id is None
+
+
+def test_routes_with_same_model_different_tenants_stay_separate() -> None:
+    back = roundtrip_orjson(sample())
+    assert back.routes[("tenant-b", "gemma")][0].route_id == "r-4"
+    assert back.routes[("tenant-a", "qwen/Qwen2.5-0.5B")] == ()
+
+
+def test_wire_form_is_plain_json_types() -> None:
+    wire = sample().to_wire()
+    assert json.loads(json.dumps(wire)) == wire  # no tuples, sets or dataclasses survive
+    assert wire["keys"][hash_key("sk-one")]["models"] == ["gemma", "llama", "qwen"]
+    assert isinstance(wire["routes"], list)
+
+
+def test_empty_snapshot_roundtrips() -> None:
+    assert roundtrip_orjson(EMPTY_SNAPSHOT) == EMPTY_SNAPSHOT
+    assert EMPTY_SNAPSHOT.to_wire() == {"version": 0, "keys": {}, "routes": []}
+
+
+def test_from_wire_tolerates_missing_group_id() -> None:
+    data = {
+        "version": "7",
+        "keys": {"h": {"endpoint_id": "e", "tenant_id": "t", "models": ["m"]}},
+        "routes": [],
+    }
+    snap = RoutingSnapshot.from_wire(data)
+    assert snap.version == 7
+    assert snap.keys["h"].group_id is None
+
+
+def test_different_snapshots_differ_after_roundtrip() -> None:
+    a = sample()
+    b = RoutingSnapshot(version=a.version, keys=a.keys, routes={**a.routes, ("x", "y"): ()})
+    assert roundtrip_orjson(a) != roundtrip_orjson(b)
+
+
+@pytest.mark.parametrize("plaintext", ["", "sk-abc", "ключ-🙂"])
+def test_hash_key_is_sha256_hex(plaintext: str) -> None:
+    h = hash_key(plaintext)
+    assert h == hashlib.sha256(plaintext.encode("utf-8")).hexdigest()
+    assert len(h) == 64
+    assert set(h) <= set("0123456789abcdef")
+
+
+def test_hash_key_known_vector() -> None:
+    assert hash_key("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert hash_key("sk-one") != hash_key("sk-two")
+
+
+def test_holder_publish_swaps_snapshot() -> None:
+    holder = SnapshotHolder()
+    assert holder.current is EMPTY_SNAPSHOT
+    s = sample()
+    holder.publish(s)
+    assert holder.current is s
