@@ -196,3 +196,22 @@ def test_snapshot_route_needs_gateway_token_or_operator(api: Api) -> None:
         headers={"Authorization": "Bearer gw-token-for-tests", "If-None-Match": etag},
     )
     assert r2.status_code == 304
+
+
+@pytest.mark.feature("A7")
+def test_an_exit_while_stopping_counts_as_stopped(api: Api) -> None:
+    admin = api.login()
+    node_id = api.heartbeat()
+    g = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).json()
+    task_id = g["tasks"][0]["id"]
+    api.app.scheduler.run_round()
+    api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/claim", {})
+    api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/report", {"status": "running"})
+    api.client.delete(f"/api/v1/task-groups/{g['id']}", headers=admin)
+    r = api.agent_post(
+        node_id,
+        f"/api/v1/agent/tasks/{task_id}/report",
+        {"status": "failed", "message": "engine exited with code -15"},
+    )
+    assert r.status_code == 200 and r.json()["status"] == "stopped"
+    assert api.client.get(f"/api/v1/tasks/{task_id}", headers=admin).json()["status"] == "stopped"

@@ -121,9 +121,10 @@ class Agent:
         self.local[t.id] = Local(task=t, tracker=tracker, health=health, port=port)
 
     async def _stop(self, task_id: str, status: str, message: str) -> None:
+        # Out of `local` first: the watcher must not take the exit we cause for a crash.
+        self.local.pop(task_id, None)
         await asyncio.to_thread(self.runtime.stop, task_id, self.settings.stop_timeout_s)
         self.runtime.forget(task_id)
-        self.local.pop(task_id, None)
         await self._report(task_id, status, message)
 
     async def _report(self, task_id: str, status: str, message: str) -> None:
@@ -147,6 +148,8 @@ class Agent:
     # -- watching engines ----------------------------------------------------------
     async def watch_once(self) -> None:
         for task_id, loc in list(self.local.items()):
+            if self.local.get(task_id) is not loc:
+                continue  # stopped (or replaced) while this round awaited
             code = self.runtime.exit_code(task_id)
             if code is not None:
                 tail = self.runtime.log_tail(task_id, 20)

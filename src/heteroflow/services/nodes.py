@@ -108,6 +108,8 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
     t = _task_on_node(s, node_id, task_id)
     to = TaskStatus(rep.status)
     current = TaskStatus(t.status)
+    if current == TaskStatus.STOPPING and to == TaskStatus.FAILED:
+        to = TaskStatus.STOPPED  # it was asked to stop; an exit on the way is still a stop
     if current == to:
         return current.value
     if current not in _REPORT_FROM[to]:
