@@ -12,7 +12,8 @@ from typing import Any
 
 
 def main(path: str) -> None:
-    rows = [json.loads(line) for line in open(path) if line.strip()]
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
     by = {(r["target"], r["cell"]): r for r in rows}
     cells = sorted({r["cell"] for r in rows})
     out: dict[str, Any] = {}
