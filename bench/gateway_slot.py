@@ -10,8 +10,7 @@ harness's fake backend). Only the snapshot source differs from production.
 from __future__ import annotations
 
 import argparse
-
-import uvicorn
+import asyncio
 
 from heteroflow.gateway.app import GatewayApp
 from heteroflow.gateway.snapshot import (
@@ -22,6 +21,7 @@ from heteroflow.gateway.snapshot import (
     SnapshotHolder,
     hash_key,
 )
+from heteroflow.server import bind, http_server
 
 
 def main() -> None:
@@ -41,17 +41,9 @@ def main() -> None:
             )
         },
     )
-    uvicorn.run(
-        GatewayApp(SnapshotHolder(snap)),
-        host="127.0.0.1",
-        port=a.port,
-        loop="asyncio",
-        http="httptools",
-        lifespan="on",
-        log_level="warning",
-        access_log=False,
-        timeout_keep_alive=75,
-    )
+    # the same uvicorn settings the server and the standalone gateway use
+    server = http_server(GatewayApp(SnapshotHolder(snap)))
+    asyncio.run(server.serve(sockets=[bind("127.0.0.1", a.port)]))
 
 
 if __name__ == "__main__":

@@ -87,22 +87,17 @@ def _agent(a: argparse.Namespace) -> int:
 
 
 async def _run_gateway(server_url: str, token: str, host: str, port: int) -> None:
-    import uvicorn
-
     from heteroflow.gateway.app import GatewayApp
     from heteroflow.gateway.poller import SnapshotPoller
     from heteroflow.gateway.snapshot import SnapshotHolder
-    from heteroflow.server import _Uvicorn, bind, install_stop_signals
+    from heteroflow.server import bind, http_server, install_stop_signals
 
     holder = SnapshotHolder()
     app = GatewayApp(holder)
     sock = bind(host, port)
     stop = asyncio.Event()
     install_stop_signals(stop)
-    server = _Uvicorn(
-        uvicorn.Config(app, loop="asyncio", http="httptools", lifespan="off",
-                       log_level="warning", access_log=False, timeout_keep_alive=75)
-    )
+    server = http_server(app, lifespan="off")
     poller = asyncio.create_task(SnapshotPoller(server_url, token, holder).run(stop))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     print(f"HeteroFlow gateway listening on http://{host}:{sock.getsockname()[1]}", flush=True)

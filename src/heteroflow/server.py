@@ -13,7 +13,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 
@@ -38,6 +38,26 @@ class _Uvicorn(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def http_server(app: Any, *, lifespan: Literal["on", "off"] = "on") -> _Uvicorn:
+    """uvicorn as every HeteroFlow process runs it.
+
+    The stock asyncio loop (uvloop starved accept() under connection bursts in the
+    gateway bench), httptools, no access log (the hot path must not log per request),
+    and keep-alive longer than the gateway's 4 s upstream idle timeout.
+    """
+    return _Uvicorn(
+        uvicorn.Config(
+            app,
+            loop="asyncio",
+            http="httptools",
+            lifespan=lifespan,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=75,
+        )
+    )
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -98,16 +118,7 @@ class ServerApp:
         *,
         extra: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] | None = None,
     ) -> None:
-        config = uvicorn.Config(
-            self.asgi,
-            loop="asyncio",
-            http="httptools",
-            lifespan="on",
-            log_level="warning",
-            access_log=False,
-            timeout_keep_alive=75,
-        )
-        server = _Uvicorn(config)
+        server = http_server(self.asgi)
         loops = [
             asyncio.create_task(run_loop(self.scheduler, self.clock, stop)),
             asyncio.create_task(run_loop(self.publisher, self.clock, stop)),

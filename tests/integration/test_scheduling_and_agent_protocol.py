@@ -9,6 +9,17 @@ from .conftest import Api, service_body
 A10 = {"index": 0, "vendor": "nvidia", "model": "A10", "memory_total_mb": 24576}
 
 
+def running_service(api: Api, admin: dict[str, str], node_id: str) -> tuple[dict, str]:
+    """A service whose only task was placed, claimed and reported running."""
+    g = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).json()
+    task_id = g["tasks"][0]["id"]
+    api.app.scheduler.run_round()
+    assert api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/claim", {}).status_code == 200
+    r = api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/report", {"status": "running"})
+    assert r.status_code == 200
+    return g, task_id
+
+
 def gpu_service(name: str = "gsvc", **task: object) -> dict:
     return service_body(
         name=name,
@@ -151,11 +162,7 @@ def test_claim_is_compare_and_set_and_reports_drive_the_group(api: Api) -> None:
 def test_stop_moves_a_running_task_to_stopping_then_the_agent_confirms(api: Api) -> None:
     admin = api.login()
     node_id = api.heartbeat()
-    g = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).json()
-    task_id = g["tasks"][0]["id"]
-    api.app.scheduler.run_round()
-    api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/claim", {})
-    api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/report", {"status": "running"})
+    _, task_id = running_service(api, admin, node_id)
     r = api.client.post(f"/api/v1/tasks/{task_id}/stop", headers=admin)
     assert r.json()["status"] == "stopping"
     # no longer in the agent's desired list
@@ -202,11 +209,7 @@ def test_snapshot_route_needs_gateway_token_or_operator(api: Api) -> None:
 def test_an_exit_while_stopping_counts_as_stopped(api: Api) -> None:
     admin = api.login()
     node_id = api.heartbeat()
-    g = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).json()
-    task_id = g["tasks"][0]["id"]
-    api.app.scheduler.run_round()
-    api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/claim", {})
-    api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/report", {"status": "running"})
+    g, task_id = running_service(api, admin, node_id)
     api.client.delete(f"/api/v1/task-groups/{g['id']}", headers=admin)
     r = api.agent_post(
         node_id,
