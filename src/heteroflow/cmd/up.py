@@ -21,7 +21,7 @@ from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.db.tables import InferenceEndpoint, TaskGroup, User
-from heteroflow.models.demo import DemoModelUnavailable, ensure_demo_model
+from heteroflow.models.demo import GEMMA_CHAT_TEMPLATE, DemoModelUnavailable, ensure_demo_model
 from heteroflow.schemas.task_groups import TaskGroupCreate
 from heteroflow.server import ServerApp, bind, install_stop_signals
 from heteroflow.services import endpoints, task_groups
@@ -69,6 +69,7 @@ def _deploy_demo(app: ServerApp, model: Path, kind: str) -> tuple[str, str, str]
     """(group id, model name, api key): reuse a running demo (rotating its key), else create."""
     who = _admin(app)
     model_name = "gemma-3-270m" if kind == "gemma" else "heteroflow-tiny"
+    template = ["--chat-template", GEMMA_CHAT_TEMPLATE] if kind == "gemma" else []
     with app.db.session() as s:
         old = s.scalar(
             select(TaskGroup).where(TaskGroup.name == DEMO_NAME, TaskGroup.deleted_at.is_(None))
@@ -96,7 +97,7 @@ def _deploy_demo(app: ServerApp, model: Path, kind: str) -> tuple[str, str, str]
                         "gpu_required": 0,
                         "model_path": str(model),
                         "memory_mb": 1024,
-                        "engine_args": ["-np", "2", "-c", "4096", "--embeddings"],
+                        "engine_args": ["-np", "2", "-c", "4096", "--embeddings", *template],
                     },
                 }
             ),
@@ -130,7 +131,7 @@ def _instructions(base: str, model_name: str, key: str) -> str:
             -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
             -d '{{"model": "{model_name}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
 
-          python3 -c 'from openai import OpenAI
+          {sys.executable} -c 'from openai import OpenAI
         c = OpenAI(base_url="{base}/v1", api_key="{key}")
         print(c.chat.completions.create(model="{model_name}", max_tokens=32,
               messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)'

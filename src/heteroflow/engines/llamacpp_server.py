@@ -83,6 +83,7 @@ class LaunchConfig:
     ui: bool | None = None
     metrics: bool = False
     verbosity: int | None = None
+    chat_template: str | None = None
 
 
 Converter = Callable[[str, str], object]
@@ -181,6 +182,9 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option(("--no-ui", "--no-webui"), "ui", None, constant=False),
     _Option(("--metrics",), "metrics", None),
     _Option(("-lv", "--verbosity", "--log-verbosity"), "verbosity", _int(0), "N"),
+    # a Jinja template; unlike llama-server, xllamacpp does not resolve built-in names
+    # such as 'gemma' (it would render the word itself), so pass the template text
+    _Option(("--chat-template",), "chat_template", lambda _f, raw: raw, "JINJA_TEMPLATE"),
 )
 # Spellings build_argv writes, keyed by each option's first spelling (default: its last one).
 _EMIT = {"-m": "-m", "-np": "-np", "-ngl": "-ngl", "-ts": "-ts", "--ui": "--webui"}
@@ -302,6 +306,8 @@ def build_params(config: LaunchConfig) -> Any:
     )
     params.embedding = config.embedding
     params.endpoint_metrics = config.metrics
+    if config.chat_template is not None:
+        params.chat_template = config.chat_template
     for field, attr in _PLAIN_PARAMS.items():
         if (value := getattr(config, field)) is not None:
             setattr(params, attr, value)
