@@ -98,7 +98,10 @@ async def _run_gateway(server_url: str, token: str, host: str, port: int) -> Non
     stop = asyncio.Event()
     install_stop_signals(stop)
     server = http_server(app, lifespan="off")
-    poller = asyncio.create_task(SnapshotPoller(server_url, token, holder).run(stop))
+    interval = ServerSettings().gateway_poll_interval_s
+    poller = asyncio.create_task(
+        SnapshotPoller(server_url, token, holder, interval_s=interval).run(stop)
+    )
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     print(f"HeteroFlow gateway listening on http://{host}:{sock.getsockname()[1]}", flush=True)
     await stop.wait()

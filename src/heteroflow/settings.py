@@ -44,6 +44,9 @@ class ServerSettings(BaseSettings):
 
     models_cache_ttl_s: float = 30.0
     upstream_timeout_s: float = 600.0
+    # A separate gateway's snapshot poll; with snapshot_interval_s it bounds how fast a
+    # deleted key stops working (0.5 + 1.0 s < the 2 s promise).
+    gateway_poll_interval_s: float = 1.0
 
     def sqlite_path(self) -> Path:
         return self.data_dir / "heteroflow.db"
@@ -69,6 +72,9 @@ class AgentSettings(BaseSettings):
     work_dir: Path = Field(default_factory=lambda: default_data_dir() / "agent")
 
     heartbeat_interval_s: float = 5.0
+    # How often engines are checked for exit and due health probes (each check has its
+    # own interval_seconds; this is only the resolution of the watcher).
+    watch_interval_s: float = 0.2
     request_timeout_s: float = 10.0
     stop_timeout_s: float = 10.0
     # Engine threads for CPU llama.cpp; 0 = let the launcher choose.

@@ -31,7 +31,6 @@ from heteroflow.schemas.nodes import GpuCardWire, Heartbeat, InventoryWire, Task
 from heteroflow.settings import AgentSettings
 
 log = logging.getLogger(__name__)
-WATCH_INTERVAL_S = 0.2
 
 
 @dataclass
@@ -208,7 +207,7 @@ class Agent:
                 await self.watch_once()
             except Exception:
                 log.exception("watch round failed")
-            if await interruptible_sleep(stop, WATCH_INTERVAL_S):
+            if await interruptible_sleep(stop, self.settings.watch_interval_s):
                 return
 
     async def shutdown(self) -> None:
