@@ -269,3 +269,24 @@ def test_model_name_may_not_hold_commas_or_spaces(api: Api) -> None:
     for bad in ("a,b", "a b", ""):
         r = api.client.post("/api/v1/task-groups", json=service_body(model_name=bad), headers=admin)
         assert r.status_code == 400 and r.json()["error"]["field"] == "model_name"
+
+
+def test_endpoint_failure_does_not_fail_the_group(
+    api: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import heteroflow.services.task_groups as svc
+
+    def broken_key() -> str:
+        raise RuntimeError("key generator down")
+
+    monkeypatch.setattr(svc, "new_api_key", broken_key)
+    admin = api.login()
+    r = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin)
+    assert r.status_code == 201, r.text
+    g = r.json()
+    assert g["api_key"] is None and g["endpoint"] is None
+    assert any("endpoint" in w for w in g["warnings"])
+    assert "endpoint for group" in caplog.text
+    # the group, its task and its route were kept
+    assert count(api, TaskGroup) == 1 and count(api, Task) == 1 and count(api, ModelRoute) == 1
+    assert count(api, InferenceEndpoint) == 0
