@@ -113,7 +113,8 @@ class ServerApp:
             self.clock,
             interval_s=settings.scheduler_interval_s,
             offline_after_s=settings.node_offline_after_s,
-            port_pool=range(settings.port_pool_start, settings.port_pool_end + 1),
+            port_pool=settings.port_pool(),
+            reservation=settings.reservation(),
         )
         self.publisher = SnapshotPublisher(
             self.db, self.holder, interval_s=settings.snapshot_interval_s

@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from heteroflow.core.placement import Reservation
+
 
 def default_data_dir() -> Path:
     return Path.home() / ".heteroflow"
@@ -38,6 +40,9 @@ class ServerSettings(BaseSettings):
     scheduler_interval_s: float = 1.0
     snapshot_interval_s: float = 0.5
     node_offline_after_s: float = 20.0
+    # VRAM kept free on every card (B3): fixed MB + a share of the card.
+    vram_reserve_fixed_mb: int = 500
+    vram_reserve_ratio: float = 0.10
     # Host ports given to tasks whose mapping says host_port 0.
     port_pool_start: int = 20000
     port_pool_end: int = 29999
@@ -47,6 +52,12 @@ class ServerSettings(BaseSettings):
     # A separate gateway's snapshot poll; with snapshot_interval_s it bounds how fast a
     # deleted key stops working (0.5 + 1.0 s < the 2 s promise).
     gateway_poll_interval_s: float = 1.0
+
+    def reservation(self) -> Reservation:
+        return Reservation(self.vram_reserve_fixed_mb, self.vram_reserve_ratio)
+
+    def port_pool(self) -> range:
+        return range(self.port_pool_start, self.port_pool_end + 1)
 
     def sqlite_path(self) -> Path:
         return self.data_dir / "heteroflow.db"

@@ -49,8 +49,11 @@ class ServerClient:
             await self._post(f"/api/v1/agent/tasks/{task_id}/claim", {})
         )
 
-    async def report(self, task_id: str, status: str, message: str = "") -> str:
-        data = await self._post(
-            f"/api/v1/agent/tasks/{task_id}/report", {"status": status, "message": message[:8000]}
-        )
+    async def report(
+        self, task_id: str, status: str, message: str = "", argv: list[str] | None = None
+    ) -> str:
+        body: dict[str, Any] = {"status": status, "message": message[:8000]}
+        if argv is not None:
+            body["argv"] = argv
+        data = await self._post(f"/api/v1/agent/tasks/{task_id}/report", body)
         return str(data["status"])

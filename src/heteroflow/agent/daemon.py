@@ -12,6 +12,7 @@ Reports that cannot be delivered are kept and retried; nothing is silently lost.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import socket
 from dataclasses import dataclass
@@ -33,12 +34,18 @@ from heteroflow.settings import AgentSettings
 log = logging.getLogger(__name__)
 
 
+def process_engines() -> dict[str, str]:
+    """Engines this node's process runtime can start: llama.cpp when its wheel is here."""
+    return {"llamacpp": ""} if importlib.util.find_spec("xllamacpp") is not None else {}
+
+
 @dataclass
 class Local:
     task: TaskAssignment
     tracker: HealthTracker
     health: HealthCheckConfig
     port: int
+    argv: tuple[str, ...] = ()
     reported_running: bool = False
 
 
@@ -61,7 +68,9 @@ class Agent:
         )
         self.name = settings.node_name or socket.gethostname()
         self.local: dict[str, Local] = {}
-        self.outbox: dict[str, tuple[str, str]] = {}  # task id -> (status, message)
+        self.engines = process_engines()
+        # task id -> (status, message, argv as launched or None)
+        self.outbox: dict[str, tuple[str, str, list[str] | None]] = {}
         self._http: aiohttp.ClientSession | None = None
 
     # -- heartbeat and convergence -------------------------------------------------
@@ -79,6 +88,7 @@ class Agent:
                 memory_percent=inv.memory_percent,
             ),
             labels=dict(self.config.labels),
+            engines=self.engines,
         )
 
     async def tick(self) -> None:
@@ -117,7 +127,9 @@ class Agent:
             await self._report(t.id, "failed", f"launch failed: {exc}")
             return
         tracker = HealthTracker(health, started_at=self.clock.monotonic())
-        self.local[t.id] = Local(task=t, tracker=tracker, health=health, port=port)
+        self.local[t.id] = Local(
+            task=t, tracker=tracker, health=health, port=port, argv=spec.argv
+        )
 
     async def _stop(self, task_id: str, status: str, message: str) -> None:
         # Out of `local` first: the watcher must not take the exit we cause for a crash.
@@ -126,14 +138,16 @@ class Agent:
         self.runtime.forget(task_id)
         await self._report(task_id, status, message)
 
-    async def _report(self, task_id: str, status: str, message: str) -> None:
-        self.outbox[task_id] = (status, message)
+    async def _report(
+        self, task_id: str, status: str, message: str, argv: list[str] | None = None
+    ) -> None:
+        self.outbox[task_id] = (status, message, argv)
         await self._flush_outbox()
 
     async def _flush_outbox(self) -> None:
-        for task_id, (status, message) in list(self.outbox.items()):
+        for task_id, (status, message, argv) in list(self.outbox.items()):
             try:
-                await self.client.report(task_id, status, message)
+                await self.client.report(task_id, status, message, argv)
             except ServerError as exc:
                 if exc.status in (404, 409):  # the server moved on; nothing to deliver
                     log.info("report %s for %s dropped: %s", status, task_id, exc)
@@ -158,7 +172,10 @@ class Agent:
                     await self._report(task_id, "completed", "exited with code 0")
                 else:
                     await self._report(
-                        task_id, "failed", f"engine exited with code {code}; last output:\n{tail}"
+                        task_id,
+                        "failed",
+                        f"engine exited with code {code}; last output:\n{tail}",
+                        list(loc.argv),
                     )
                 continue
             now = self.clock.monotonic()
@@ -168,7 +185,9 @@ class Agent:
             verdict = loc.tracker.record(ok, self.clock.monotonic(), detail)
             if verdict == HealthVerdict.HEALTHY_FIRST and not loc.reported_running:
                 loc.reported_running = True
-                await self._report(task_id, "running", "health check passed")
+                await self._report(
+                    task_id, "running", "health check passed", list(loc.argv)
+                )
             elif verdict == HealthVerdict.IGNORED_IN_START_PERIOD:
                 log.debug("task %s: health check failed in start period: %s", task_id, detail)
             elif verdict == HealthVerdict.FAILING:
@@ -222,7 +241,7 @@ class Agent:
         for i in ids:
             self.runtime.forget(i)
             self.local.pop(i, None)
-            self.outbox[i] = ("failed", "agent shut down; engine stopped")
+            self.outbox[i] = ("failed", "agent shut down; engine stopped", None)
         try:
             await asyncio.wait_for(self._flush_outbox(), timeout=3)
         except Exception:

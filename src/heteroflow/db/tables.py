@@ -82,6 +82,8 @@ class Node(Base):
     cpu_percent: Mapped[float] = mapped_column(default=0.0)
     memory_percent: Mapped[float] = mapped_column(default=0.0)
     models: Mapped[list[Any]] = mapped_column(default=list)
+    # engine -> the exact image ref (or "" for a process engine) the node reports available
+    engines: Mapped[dict[str, Any]] = mapped_column(default=dict)
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     registered_at: Mapped[datetime]
     last_heartbeat_at: Mapped[datetime]
@@ -146,7 +148,11 @@ class Task(Base):
     env: Mapped[list[Any]] = mapped_column(default=list)
     ports: Mapped[list[Any]] = mapped_column(default=list)
     estimated_gpu_memory_mb: Mapped[int] = mapped_column(Integer, default=0)
+    estimate_detail: Mapped[str] = mapped_column(Text, default="")
     memory_mb: Mapped[int] = mapped_column(Integer, default=0)
+    kv_offload_gb: Mapped[int] = mapped_column(Integer, default=0)
+    # the engine command as the agent built it (argv), shown once the task launched
+    launch_argv: Mapped[list[Any]] = mapped_column(default=list)
     gpu_memory_utilization: Mapped[int] = mapped_column(Integer)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     health_check: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -40,6 +40,8 @@ class Heartbeat(Strict):
     inventory: InventoryWire
     labels: dict[str, str] = Field(default_factory=dict)
     models: list[dict[str, Any]] = Field(default_factory=list)
+    # engine -> exact image ref ("" for an engine the process runtime runs itself)
+    engines: dict[str, str] = Field(default_factory=dict)
 
 
 class TaskAssignment(BaseModel):
@@ -61,6 +63,9 @@ class TaskAssignment(BaseModel):
     gpu_ids: list[int]
     gpu_required: int
     memory_mb: int
+    kv_offload_gb: int = 0
+    gpu_memory_utilization: int = 90
+    parallelism: str = "single"
     health_check: dict[str, Any]
 
 
@@ -72,6 +77,7 @@ class HeartbeatReply(BaseModel):
 class TaskReport(Strict):
     status: Literal["running", "failed", "stopped", "completed"]
     message: str = Field(default="", max_length=8192)
+    argv: list[str] | None = Field(default=None, max_length=4096, description="as launched")
 
 
 class NodeRead(BaseModel):
@@ -87,5 +93,12 @@ class NodeRead(BaseModel):
     cpu_percent: float
     memory_percent: float
     labels: dict[str, Any]
+    engines: dict[str, str]
     registered_at: datetime
     last_heartbeat_at: datetime
+
+
+class TemplateRead(BaseModel):
+    engine: str
+    image: str
+    reason: str

@@ -46,6 +46,12 @@ class TaskSpec(Strict):
     engine_args: list[str] = Field(default_factory=list, max_length=256)
     memory_mb: int = Field(default=0, ge=0, le=16 * 1024 * 1024)
     estimated_gpu_memory_mb: int = Field(default=0, ge=0, le=16 * 1024 * 1024)
+    kv_offload_gb: int = Field(
+        default=0,
+        ge=0,
+        le=4096,
+        description="vLLM CPU KV-cache offload, GiB per instance (1-4096; 0 = off)",
+    )
 
     @field_validator("engine")
     @classmethod
@@ -100,7 +106,10 @@ class TaskRead(BaseModel):
     engine_reason: str
     ports: list[dict[str, int]]
     estimated_gpu_memory_mb: int
+    estimate_detail: str
     memory_mb: int
+    kv_offload_gb: int
+    launch_argv: list[str]
     started_at: datetime | None
     created_at: datetime
     updated_at: datetime
@@ -148,3 +157,42 @@ class EventRead(BaseModel):
     to_status: str
     message: str
     created_at: datetime
+
+
+class ContainerPlanRead(BaseModel):
+    name: str
+    image: str
+    entrypoint: list[str] | None
+    command: list[str]
+    env: dict[str, str]
+    ports: list[dict[str, Any]]
+    mounts: list[dict[str, Any]]
+    ipc_mode: str | None
+    shm_size: str | None
+    network_mode: str | None
+    gpu: dict[str, Any] | None
+
+
+class PlannedTask(BaseModel):
+    rank: int
+    gpu_required: int
+    placement: dict[str, Any] | None = Field(description="node, cards, host ports; null if none")
+    pending_reason: str | None
+    container: ContainerPlanRead | None = Field(description="null when it cannot be built")
+    command_error: str | None = None
+
+
+class DryRunPlan(BaseModel):
+    dry_run: bool = True
+    name: str
+    model_name: str
+    task_type: str
+    parallelism: str
+    engine: str
+    engine_reason: str
+    image: str
+    estimated_gpu_memory_mb: int
+    memory_mb: int
+    estimate_detail: str | None
+    tasks: list[PlannedTask]
+    warnings: list[str]

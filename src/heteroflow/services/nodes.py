@@ -8,10 +8,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
+from heteroflow.core.engines.selection import NodeEngines
+from heteroflow.core.engines.templates import inference_templates as templates_for
 from heteroflow.core.errors import Conflict, NotFound
 from heteroflow.core.ids import new_id
 from heteroflow.core.states import TaskStatus
-from heteroflow.db.tables import Node, Task
+from heteroflow.db.tables import Node, Task, TaskGroup
 from heteroflow.schemas.nodes import (
     GpuCardWire,
     Heartbeat,
@@ -19,6 +21,7 @@ from heteroflow.schemas.nodes import (
     NodeRead,
     TaskAssignment,
     TaskReport,
+    TemplateRead,
 )
 from heteroflow.services.transitions import transition
 
@@ -43,17 +46,19 @@ def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
     node.memory_percent = inv.memory_percent
     node.labels = dict(hb.labels)
     node.models = list(hb.models)
+    node.engines = dict(hb.engines)
     node.last_heartbeat_at = now
     s.flush()
-    tasks = s.scalars(
-        select(Task)
+    rows = s.execute(
+        select(Task, TaskGroup.parallelism)
+        .join(TaskGroup, TaskGroup.id == Task.group_id)
         .where(Task.node_id == node.id, Task.status.in_([d.value for d in DESIRED]))
         .order_by(Task.created_at)
     )
-    return HeartbeatReply(node_id=node.id, tasks=[assignment(t) for t in tasks])
+    return HeartbeatReply(node_id=node.id, tasks=[assignment(t, p) for t, p in rows])
 
 
-def assignment(t: Task) -> TaskAssignment:
+def assignment(t: Task, parallelism: str) -> TaskAssignment:
     return TaskAssignment(
         id=t.id,
         group_id=t.group_id,
@@ -71,6 +76,9 @@ def assignment(t: Task) -> TaskAssignment:
         gpu_ids=list(t.gpu_ids),
         gpu_required=t.gpu_required,
         memory_mb=t.memory_mb,
+        kv_offload_gb=t.kv_offload_gb,
+        gpu_memory_utilization=t.gpu_memory_utilization,
+        parallelism=parallelism,
         health_check=dict(t.health_check),
     )
 
@@ -91,7 +99,8 @@ def claim(s: Session, clock: Clock, node_id: str, task_id: str) -> TaskAssignmen
     ):
         raise Conflict(f"task {task_id} is {t.status}, not scheduled")
     s.refresh(t)
-    return assignment(t)
+    group = s.get(TaskGroup, t.group_id)
+    return assignment(t, group.parallelism if group else "single")
 
 
 # Which reported outcome moves a task from which state.
@@ -110,6 +119,8 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
     current = TaskStatus(t.status)
     if current == TaskStatus.STOPPING and to == TaskStatus.FAILED:
         to = TaskStatus.STOPPED  # it was asked to stop; an exit on the way is still a stop
+    if rep.argv is not None:
+        t.launch_argv = list(rep.argv)
     if current == to:
         return current.value
     if current not in _REPORT_FROM[to]:
@@ -135,8 +146,31 @@ def list_nodes(s: Session, clock: Clock, offline_after_s: float) -> list[NodeRea
             cpu_percent=n.cpu_percent,
             memory_percent=n.memory_percent,
             labels=dict(n.labels),
+            engines={str(k): str(v) for k, v in n.engines.items()},
             registered_at=n.registered_at,
             last_heartbeat_at=n.last_heartbeat_at,
         )
         for n in s.scalars(select(Node).order_by(Node.name))
+    ]
+
+
+def node_engines(n: Node) -> NodeEngines:
+    vendors = {str(g.get("vendor", "")) for g in n.gpus}
+    vendor = sorted(vendors)[0] if len(vendors) == 1 else ("nvidia" if "nvidia" in vendors else "")
+    return NodeEngines(
+        vendor=vendor,
+        compute_capabilities=tuple(
+            str(g["compute_capability"]) for g in n.gpus if g.get("compute_capability")
+        ),
+        available={str(k): str(v) for k, v in n.engines.items()},
+    )
+
+
+def inference_templates(s: Session, node_id: str) -> list[TemplateRead]:
+    n = s.get(Node, node_id)
+    if n is None:
+        raise NotFound(f"node {node_id!r} not found")
+    return [
+        TemplateRead(engine=t.engine, image=t.image, reason=t.reason)
+        for t in templates_for(node_engines(n))
     ]

@@ -9,150 +9,62 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.engines import (
-    CPU_CAPABLE,
-    LLAMACPP_AGENT_FLAGS,
-    owned_flag_in,
-    resolve_engine,
-)
-from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
+from heteroflow.core.errors import Conflict, NotFound
 from heteroflow.core.ids import key_display_prefix, new_api_key, new_id
+from heteroflow.core.placement import Reservation
 from heteroflow.core.states import GroupStatus, TaskStatus
 from heteroflow.db.tables import Event, InferenceEndpoint, ModelRoute, Task, TaskGroup
 from heteroflow.gateway.snapshot import hash_key
 from heteroflow.schemas.task_groups import (
-    HealthCheckIn,
     TaskGroupCreate,
     TaskGroupCreated,
     TaskGroupRead,
     TaskRead,
 )
 from heteroflow.services.auth import Principal
+from heteroflow.services.planning import GroupPlan, plan_group
+from heteroflow.services.scheduling import node_views
 from heteroflow.services.transitions import refresh_group_status, transition
 from heteroflow.services.views import group_read, task_read
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONTAINER_PORT = 8000
-
-
-def infer_task_type(req: TaskGroupCreate, engine: str) -> str:
-    """Explicit wins; else inference when model_path, enable_api or an engine image says so."""
-    if req.task_type:
-        return req.task_type
-    if req.task.model_path or req.enable_api or engine:
-        return "inference"
-    return "container"
-
-
-def _replica_shape(req: TaskGroupCreate) -> tuple[int, int]:
-    """(number of tasks, GPUs per task) for the requested parallelism."""
-    gpus = req.task.gpu_required
-    if req.parallelism == "pipeline":
-        raise ValidationFailed(
-            "parallelism 'pipeline' needs gang placement across nodes, which this release "
-            "does not have yet; use single, tensor_parallel or split",
-            field="parallelism",
-        )
-    if req.parallelism == "tensor_parallel":
-        if req.world_size < 2:
-            raise ValidationFailed("tensor_parallel needs world_size >= 2", field="world_size")
-        return 1, req.world_size
-    if req.parallelism == "split":
-        return req.world_size, gpus
-    return 1, gpus
-
-
 def create_group(
-    s: Session, who: Principal, clock: Clock, req: TaskGroupCreate
+    s: Session,
+    who: Principal,
+    clock: Clock,
+    req: TaskGroupCreate,
+    reservation: Reservation | None = None,
 ) -> TaskGroupCreated:
-    spec = req.task
-    engine, engine_reason = resolve_engine(
-        spec.engine, req.labels.get("heteroflow.engine", ""), spec.image
-    )
-    task_type = infer_task_type(req, engine)
-    enable_api = req.enable_api or bool(spec.model_path)
-    ports = [p.model_dump() for p in spec.ports] or [
-        {"container_port": DEFAULT_CONTAINER_PORT, "host_port": 0}
-    ]
-    container_ports = [p["container_port"] for p in ports]
-    replicas, gpus_per_task = _replica_shape(req)
+    nodes = list(node_views(s, clock, offline_after_s=0).values())
+    plan = plan_group(s, who, req, nodes, reservation or Reservation())
+    return _write(s, who, clock, plan)
 
-    if task_type == "inference" and not spec.model_path and not spec.command:
-        raise ValidationFailed(
-            "an inference service needs task.model_path (or a custom task.command); "
-            "without it every engine fails to start",
-            field="task.model_path",
-        )
-    if gpus_per_task == 0 and task_type == "inference" and engine not in CPU_CAPABLE:
-        raise ValidationFailed(
-            f"gpu_required 0 runs on the CPU, which only {', '.join(sorted(CPU_CAPABLE))} "
-            f"can do; engine is {engine or 'unresolved'}",
-            field="task.gpu_required",
-        )
-    if engine == "llamacpp":
-        clash = owned_flag_in(spec.engine_args, LLAMACPP_AGENT_FLAGS)
-        if clash:
-            raise ValidationFailed(
-                f"engine_args may not set {clash}: the platform sets the model, host, port "
-                "and alias itself",
-                field="task.engine_args",
-            )
-    for i, item in enumerate(spec.env):
-        if "=" in item and not item.split("=", 1)[0]:
-            raise ValidationFailed(f"env[{i}] has an empty name", field=f"task.env[{i}]")
-    endpoint_port = req.endpoint_port or container_ports[0]
-    if req.endpoint_port and not who.is_operator and req.endpoint_port not in container_ports:
-        raise ValidationFailed(
-            f"endpoint_port {req.endpoint_port} is not one of the group's container ports "
-            f"{container_ports}",
-            field="endpoint_port",
-        )
-    health = (req.health_check or HealthCheckIn()).model_dump()
-    if health["port"] is None:
-        health["port"] = container_ports[0]
-    elif health["port"] not in container_ports:
-        raise ValidationFailed(
-            f"health_check.port {health['port']} is not a container port {container_ports}",
-            field="health_check.port",
-        )
 
-    endpoint_name = req.endpoint_name or req.name
-    if enable_api:
-        clash = s.scalar(
-            select(InferenceEndpoint.id).where(
-                InferenceEndpoint.tenant_id == who.tenant_id,
-                InferenceEndpoint.name == endpoint_name,
-            )
-        )
-        if clash is not None:
-            raise Conflict(
-                f"an endpoint named {endpoint_name!r} already exists in this tenant",
-                field="endpoint_name" if req.endpoint_name else "name",
-            )
-
+def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGroupCreated:
+    req, spec = plan.req, plan.req.task
     now = clock.now()
-    model_name = req.model_name or req.name
+    model_name = plan.model_name
     group = TaskGroup(
         id=new_id("tg"),
         tenant_id=who.tenant_id,
         created_by=who.user_id,
         name=req.name,
         model_name=model_name,
-        task_type=task_type,
+        task_type=plan.task_type,
         parallelism=req.parallelism,
-        world_size=replicas * gpus_per_task if req.parallelism != "split" else req.world_size,
-        current_replicas=replicas,
-        min_replicas=replicas,
-        max_replicas=replicas,
-        enable_api=enable_api,
+        world_size=plan.world_size,
+        current_replicas=plan.replicas,
+        min_replicas=plan.replicas,
+        max_replicas=plan.replicas,
+        enable_api=plan.enable_api,
         endpoint_id=None,
         inference_templates=[],
         current_generation=1,
         idle_timeout_minutes=req.idle_timeout_minutes,
         gpu_memory_utilization=req.gpu_memory_utilization,
         priority=req.priority,
-        health_check=health,
+        health_check=plan.health,
         scale_policy={},
         schedule_window={},
         labels=dict(req.labels),
@@ -171,35 +83,37 @@ def create_group(
             name=spec.name or f"{req.name}-{rank}",
             rank=rank,
             generation=1,
-            task_type=task_type,
+            task_type=plan.task_type,
             status=TaskStatus.PENDING.value,
             status_message="waiting for the scheduler",
-            gpu_required=gpus_per_task,
+            gpu_required=plan.gpus_per_task,
             gpu_type=spec.gpu_type,
             gpu_ids=[],
             model_path=spec.model_path,
             model_name=model_name,
             image=spec.image,
-            engine=engine,
-            engine_reason=engine_reason,
+            engine=plan.engine,
+            engine_reason=plan.engine_reason,
             command=list(spec.command),
             engine_args=list(spec.engine_args),
             env=list(spec.env),
-            ports=[dict(p) for p in ports],
-            estimated_gpu_memory_mb=spec.estimated_gpu_memory_mb,
-            memory_mb=spec.memory_mb,
+            ports=[dict(p) for p in plan.ports],
+            estimated_gpu_memory_mb=plan.estimated_gpu_memory_mb,
+            estimate_detail=plan.estimate.detail if plan.estimate else "",
+            memory_mb=plan.memory_mb,
+            kv_offload_gb=spec.kv_offload_gb,
             gpu_memory_utilization=req.gpu_memory_utilization,
             priority=req.priority,
-            health_check=health,
+            health_check=plan.health,
             created_at=now,
             updated_at=now,
         )
-        for rank in range(replicas)
+        for rank in range(plan.replicas)
     ]
     s.add_all(tasks)
     s.flush()
 
-    warnings: list[str] = []
+    warnings: list[str] = list(plan.warnings)
     api_key: str | None = None
     try:
         with s.begin_nested():
@@ -221,7 +135,7 @@ def create_group(
     except Exception:
         log.warning("model route for group %s not created", group.id, exc_info=True)
         warnings.append("the model route could not be created; add one later")
-    if enable_api:
+    if plan.enable_api:
         try:
             with s.begin_nested():
                 api_key = new_api_key()
@@ -229,8 +143,8 @@ def create_group(
                     id=new_id("ep"),
                     tenant_id=who.tenant_id,
                     group_id=group.id,
-                    name=endpoint_name,
-                    port=endpoint_port,
+                    name=plan.endpoint_name,
+                    port=plan.endpoint_port,
                     external_port=req.external_port,
                     key_hash=hash_key(api_key),
                     key_prefix=key_display_prefix(api_key),

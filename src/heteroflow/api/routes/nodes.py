@@ -11,6 +11,7 @@ from heteroflow.schemas.nodes import (
     NodeRead,
     TaskAssignment,
     TaskReport,
+    TemplateRead,
 )
 from heteroflow.services import nodes
 
@@ -21,6 +22,12 @@ router = APIRouter(prefix="/api/v1", tags=["nodes"])
 def list_nodes(ctx: Ctx, s: DB, who: Who) -> list[NodeRead]:
     # Nodes are shared infrastructure: every signed-in user may see the fleet.
     return nodes.list_nodes(s, ctx.clock, ctx.settings.node_offline_after_s)
+
+
+@router.get("/nodes/{node_id}/inference-template", response_model=list[TemplateRead])
+def inference_template(node_id: str, ctx: Ctx, s: DB, who: Who) -> list[TemplateRead]:
+    """The engines this node can run a one-click service with, recommended first ([] if none)."""
+    return nodes.inference_templates(s, node_id)
 
 
 @router.post("/agent/heartbeat", response_model=HeartbeatReply, tags=["agent"])

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Response
 
 from heteroflow.api.deps import DB, Ctx, Who
 from heteroflow.schemas.task_groups import (
+    DryRunPlan,
     EventRead,
     TaskGroupCreate,
     TaskGroupCreated,
@@ -15,13 +16,33 @@ from heteroflow.schemas.task_groups import (
     TaskRead,
 )
 from heteroflow.services import task_groups
+from heteroflow.services.dry_run import dry_run as plan_dry_run
 
 router = APIRouter(prefix="/api/v1", tags=["task-groups"])
 
 
-@router.post("/task-groups", response_model=TaskGroupCreated, status_code=201)
-def create_group(req: TaskGroupCreate, ctx: Ctx, s: DB, who: Who) -> TaskGroupCreated:
-    return task_groups.create_group(s, who, ctx.clock, req)
+@router.post(
+    "/task-groups",
+    response_model=TaskGroupCreated | DryRunPlan,
+    status_code=201,
+    responses={200: {"model": DryRunPlan, "description": "dry_run=true: the plan only"}},
+)
+def create_group(
+    req: TaskGroupCreate, ctx: Ctx, s: DB, who: Who, response: Response, dry_run: bool = False
+) -> TaskGroupCreated | DryRunPlan:
+    settings = ctx.settings
+    if dry_run:
+        response.status_code = 200
+        return plan_dry_run(
+            s,
+            who,
+            ctx.clock,
+            req,
+            offline_after_s=settings.node_offline_after_s,
+            reservation=settings.reservation(),
+            port_pool=settings.port_pool(),
+        )
+    return task_groups.create_group(s, who, ctx.clock, req, settings.reservation())
 
 
 @router.get("/task-groups", response_model=list[TaskGroupRead])

@@ -1,0 +1,151 @@
+"""The engines HeteroFlow can launch, as data: one frozen :class:`EngineSpec` per engine.
+
+Owns what is true of an engine regardless of the node it runs on: which GPU vendors it
+runs on, the upstream image its docs name, the port and health path our command lines
+make it use, the Prometheus names of its load metrics, and which deployment shapes
+(FEATURES G1) it supports. Selection (``selection.py``), templates (``templates.py``) and
+command lines (``commands.py``) read these records instead of hard-coding engine names.
+
+Sources (stored copies read through the search tool):
+
+* Metric names. vLLM: ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` /
+  ``vllm:kv_cache_usage_perc`` (vLLM's PrometheusStatLogger; older releases exported the
+  last one as ``vllm:gpu_cache_usage_perc``). SGLang: ``sglang:num_running_reqs`` /
+  ``sglang:num_queue_reqs`` / ``sglang:token_usage``. llama.cpp: ``llamacpp:requests_processing``
+  / ``llamacpp:requests_deferred`` from ``tools/server`` (served only with ``--metrics``;
+  current llama-server no longer exports a KV-cache usage gauge, so none is listed).
+  TensorRT-LLM and MindIE: no Prometheus names we rely on, hence empty.
+* Health paths: ``/health`` for vLLM, SGLang, llama-server (tools/server/README.md) and
+  trtllm-serve; MindIE answers readiness on ``/v2/health/ready`` of its management port,
+  which our generated config puts on the service port (MindIE-LLM docs, "单IP单端口").
+* Maturity (spec 已知边界 2-3): TensorRT-LLM, MindIE and vLLM-MTT have no end-to-end run on
+  real hardware, hence ``verified_on_hardware=False``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+ALL_SHAPES = frozenset({"single", "tensor_parallel", "split", "pipeline"})
+NO_PIPELINE = frozenset({"single", "tensor_parallel", "split"})
+
+# Every engine's command line sets the port explicitly, so one container port for all.
+DEFAULT_CONTAINER_PORT = 8000
+
+_VLLM_METRICS = MappingProxyType(
+    {
+        "running": "vllm:num_requests_running",
+        "waiting": "vllm:num_requests_waiting",
+        "kv_cache_usage": "vllm:kv_cache_usage_perc",
+    }
+)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine is; ``commands.build_command`` decides how it is started.
+
+    ``default_image`` is documentation only: a node runs the exact image ref its probe
+    reported (C9), and no code path may substitute this value for a missing one.
+    TensorRT-LLM (``trtllm``) serves a customer-built engine directory baked into the
+    customer's image: nothing is mounted from the host for it (H3), it runs on NVIDIA
+    only, and it is ``explicit_only`` (never chosen by a chain or a template).
+    """
+
+    name: str
+    vendors: frozenset[str]
+    default_image: str
+    container_port: int
+    health_path: str
+    metrics: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    supports_sleep: bool = False
+    explicit_only: bool = False
+    cpu_capable: bool = False
+    shapes: frozenset[str] = ALL_SHAPES
+    verified_on_hardware: bool = True
+
+
+_SPECS = (
+    EngineSpec(
+        name="vllm",
+        vendors=frozenset({"nvidia", "amd", "hygon"}),
+        default_image="vllm/vllm-openai:latest",
+        container_port=DEFAULT_CONTAINER_PORT,
+        health_path="/health",
+        metrics=_VLLM_METRICS,
+        supports_sleep=True,
+    ),
+    EngineSpec(
+        name="sglang",
+        vendors=frozenset({"nvidia", "amd"}),
+        default_image="lmsysorg/sglang:latest",
+        container_port=DEFAULT_CONTAINER_PORT,
+        health_path="/health",
+        metrics=MappingProxyType(
+            {
+                "running": "sglang:num_running_reqs",
+                "waiting": "sglang:num_queue_reqs",
+                "kv_cache_usage": "sglang:token_usage",
+            }
+        ),
+    ),
+    EngineSpec(
+        name="llamacpp",
+        # "cpu": runs without any GPU (gpu_required 0), the only engine that can.
+        vendors=frozenset({"nvidia", "amd", "hygon", "musa", "cpu"}),
+        default_image="ghcr.io/ggml-org/llama.cpp:server",
+        container_port=DEFAULT_CONTAINER_PORT,
+        health_path="/health",
+        metrics=MappingProxyType(
+            {"running": "llamacpp:requests_processing", "waiting": "llamacpp:requests_deferred"}
+        ),
+        cpu_capable=True,
+        # llama.cpp splits layers over the cards of one process; no cross-node stages.
+        shapes=NO_PIPELINE,
+    ),
+    EngineSpec(
+        name="trtllm",
+        vendors=frozenset({"nvidia"}),
+        default_image="nvcr.io/nvidia/tensorrt-llm/release:latest",
+        container_port=DEFAULT_CONTAINER_PORT,
+        health_path="/health",
+        explicit_only=True,
+        shapes=NO_PIPELINE,
+        verified_on_hardware=False,
+    ),
+    EngineSpec(
+        name="mindie",
+        vendors=frozenset({"ascend"}),
+        default_image=(
+            "swr.cn-south-1.myhuaweicloud.com/ascendhub/mindie:"
+            "2.2.RC1-800I-A2-py311-openeuler24.03-lts"
+        ),
+        container_port=DEFAULT_CONTAINER_PORT,
+        health_path="/v2/health/ready",
+        # G2: MindIE has no pipeline / cross-node rendezvous shape.
+        shapes=NO_PIPELINE,
+        verified_on_hardware=False,
+    ),
+    EngineSpec(
+        name="vllm-mtt",
+        vendors=frozenset({"musa"}),
+        default_image="registry.mthreads.com/mcconline/inference/vllm/vllm-openai:v0.28.0",
+        container_port=DEFAULT_CONTAINER_PORT,
+        health_path="/health",
+        metrics=_VLLM_METRICS,
+        supports_sleep=True,
+        verified_on_hardware=False,
+    ),
+)
+
+ENGINES: Mapping[str, EngineSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """The spec of engine ``name``; ValueError naming it (and the known ones) if unknown."""
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}; one of {', '.join(ENGINES)}") from None

@@ -1,0 +1,232 @@
+"""Validating a task-group request into a plan, shared by create and dry run.
+
+``plan_group`` checks every rule that needs no write (engine, shape, ports, health
+check, kv offload, endpoint-name clash, the create-time memory precheck) and returns
+the derived values; ``create_group`` writes them and ``dry_run`` shows them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from heteroflow.core.engines import CPU_CAPABLE, LLAMACPP_AGENT_FLAGS, owned_flag_in, resolve_engine
+from heteroflow.core.errors import Conflict, ValidationFailed
+from heteroflow.core.estimate import MemoryEstimate
+from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
+from heteroflow.db.tables import InferenceEndpoint
+from heteroflow.models.estimate import estimate_model_path
+from heteroflow.schemas.task_groups import HealthCheckIn, TaskGroupCreate
+from heteroflow.services.auth import Principal
+
+DEFAULT_CONTAINER_PORT = 8000
+KV_OFFLOAD_ENGINES = frozenset({"vllm"})
+
+
+@dataclass
+class GroupPlan:
+    req: TaskGroupCreate
+    engine: str
+    engine_reason: str
+    task_type: str
+    enable_api: bool
+    model_name: str
+    ports: list[dict[str, int]]
+    replicas: int
+    gpus_per_task: int
+    endpoint_name: str
+    endpoint_port: int
+    health: dict[str, Any]
+    memory_mb: int
+    estimated_gpu_memory_mb: int
+    estimate: MemoryEstimate | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        if self.req.parallelism == "split":
+            return self.req.world_size
+        return self.replicas * self.gpus_per_task
+
+    def demand(self) -> TaskDemand:
+        return TaskDemand(
+            task_id="",
+            gpu_required=self.gpus_per_task,
+            gpu_type=self.req.task.gpu_type,
+            gpu_memory_utilization=self.req.gpu_memory_utilization,
+            estimated_gpu_memory_mb=self.estimated_gpu_memory_mb,
+            memory_mb=self.memory_mb,
+            host_ports=tuple(p["host_port"] for p in self.ports),
+        )
+
+
+def infer_task_type(req: TaskGroupCreate, engine: str) -> str:
+    """Explicit wins; else inference when model_path, enable_api or an engine image says so."""
+    if req.task_type:
+        return req.task_type
+    if req.task.model_path or req.enable_api or engine:
+        return "inference"
+    return "container"
+
+
+def _replica_shape(req: TaskGroupCreate) -> tuple[int, int]:
+    """(number of tasks, GPUs per task) for the requested parallelism."""
+    if req.parallelism == "pipeline":
+        raise ValidationFailed(
+            "parallelism 'pipeline' needs gang placement across nodes, which this release "
+            "does not have yet; use single, tensor_parallel or split",
+            field="parallelism",
+        )
+    if req.parallelism == "tensor_parallel":
+        if req.world_size < 2:
+            raise ValidationFailed("tensor_parallel needs world_size >= 2", field="world_size")
+        return 1, req.world_size
+    if req.parallelism == "split":
+        return req.world_size, req.task.gpu_required
+    return 1, req.task.gpu_required
+
+
+def _check_kv_offload(req: TaskGroupCreate, engine: str, task_type: str) -> None:
+    """C12, API side: vLLM inference only, no pipeline, no custom command."""
+    if not req.task.kv_offload_gb:
+        return
+    why = ""
+    if task_type != "inference":
+        why = f"it is for inference services, not {task_type}"
+    elif req.parallelism == "pipeline":
+        why = "pipeline parallelism does not support it"
+    elif req.task.command:
+        why = "a custom command sets its own engine flags"
+    elif engine not in KV_OFFLOAD_ENGINES:
+        why = f"only vLLM supports it; the engine is {engine or 'not resolved (name it)'}"
+    if why:
+        raise ValidationFailed(f"kv_offload_gb: {why}", field="task.kv_offload_gb")
+
+
+def _check_fields(req: TaskGroupCreate, who: Principal, engine: str, task_type: str,
+                  gpus: int, container_ports: list[int]) -> None:
+    spec = req.task
+    if task_type == "inference" and not spec.model_path and not spec.command:
+        raise ValidationFailed(
+            "an inference service needs task.model_path (or a custom task.command); "
+            "without it every engine fails to start",
+            field="task.model_path",
+        )
+    if gpus == 0 and task_type == "inference" and engine not in CPU_CAPABLE:
+        raise ValidationFailed(
+            f"gpu_required 0 runs on the CPU, which only {', '.join(sorted(CPU_CAPABLE))} "
+            f"can do; engine is {engine or 'unresolved'}",
+            field="task.gpu_required",
+        )
+    if engine == "llamacpp":
+        clash = owned_flag_in(spec.engine_args, LLAMACPP_AGENT_FLAGS)
+        if clash:
+            raise ValidationFailed(
+                f"engine_args may not set {clash}: the platform sets the model, host, port "
+                "and alias itself",
+                field="task.engine_args",
+            )
+    for i, item in enumerate(spec.env):
+        if "=" in item and not item.split("=", 1)[0]:
+            raise ValidationFailed(f"env[{i}] has an empty name", field=f"task.env[{i}]")
+    if req.endpoint_port and not who.is_operator and req.endpoint_port not in container_ports:
+        raise ValidationFailed(
+            f"endpoint_port {req.endpoint_port} is not one of the group's container ports "
+            f"{container_ports}",
+            field="endpoint_port",
+        )
+    _check_kv_offload(req, engine, task_type)
+
+
+def _health(req: TaskGroupCreate, container_ports: list[int]) -> dict[str, Any]:
+    health = (req.health_check or HealthCheckIn()).model_dump()
+    if health["port"] is None:
+        health["port"] = container_ports[0]
+    elif health["port"] not in container_ports:
+        raise ValidationFailed(
+            f"health_check.port {health['port']} is not a container port {container_ports}",
+            field="health_check.port",
+        )
+    return health
+
+
+def _estimate(req: TaskGroupCreate) -> MemoryEstimate | None:
+    """The model's memory need when the server can read the model (else None: skipped)."""
+    path = req.task.model_path
+    if not path or not Path(path).is_absolute():
+        return None
+    return estimate_model_path(Path(path))
+
+
+def plan_group(
+    s: Session,
+    who: Principal,
+    req: TaskGroupCreate,
+    nodes: list[NodeView],
+    reservation: Reservation,
+) -> GroupPlan:
+    spec = req.task
+    engine, engine_reason = resolve_engine(
+        spec.engine, req.labels.get("heteroflow.engine", ""), spec.image
+    )
+    task_type = infer_task_type(req, engine)
+    ports = [p.model_dump() for p in spec.ports] or [
+        {"container_port": DEFAULT_CONTAINER_PORT, "host_port": 0}
+    ]
+    container_ports = [p["container_port"] for p in ports]
+    replicas, gpus = _replica_shape(req)
+    _check_fields(req, who, engine, task_type, gpus, container_ports)
+    plan = GroupPlan(
+        req=req,
+        engine=engine,
+        engine_reason=engine_reason,
+        task_type=task_type,
+        enable_api=req.enable_api or bool(spec.model_path),
+        model_name=req.model_name or req.name,
+        ports=ports,
+        replicas=replicas,
+        gpus_per_task=gpus,
+        endpoint_name=req.endpoint_name or req.name,
+        endpoint_port=req.endpoint_port or container_ports[0],
+        health=_health(req, container_ports),
+        memory_mb=spec.memory_mb,
+        estimated_gpu_memory_mb=spec.estimated_gpu_memory_mb,
+    )
+    _apply_estimate(plan, nodes, reservation)
+    if plan.enable_api:
+        clash = s.scalar(
+            select(InferenceEndpoint.id).where(
+                InferenceEndpoint.tenant_id == who.tenant_id,
+                InferenceEndpoint.name == plan.endpoint_name,
+            )
+        )
+        if clash is not None:
+            raise Conflict(
+                f"an endpoint named {plan.endpoint_name!r} already exists in this tenant",
+                field="endpoint_name" if req.endpoint_name else "name",
+            )
+    return plan
+
+
+def _apply_estimate(plan: GroupPlan, nodes: list[NodeView], reservation: Reservation) -> None:
+    """B8: use the estimate for placement and refuse what no registered node could hold."""
+    est = _estimate(plan.req)
+    plan.estimate = est
+    if est is None:
+        return
+    if plan.gpus_per_task == 0:
+        if not plan.memory_mb:
+            plan.memory_mb = est.total_mb
+    elif not plan.estimated_gpu_memory_mb:
+        # tensor parallelism splits the weights and the KV cache across the cards
+        plan.estimated_gpu_memory_mb = -(-est.total_mb // plan.gpus_per_task)
+    reason = never_fits(plan.demand(), nodes, reservation)
+    if reason:
+        raise ValidationFailed(
+            f"no registered node could ever hold this model: it needs {est.detail}; {reason}",
+            field="task.model_path",
+        )
