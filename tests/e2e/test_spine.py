@@ -40,6 +40,8 @@ def test_a_model_file_becomes_an_endpoint_the_openai_sdk_calls(stack: Stack) -> 
     g = stack.wait_status(g["id"], "running")
     task = g["tasks"][0]
     assert task["node_id"] and task["ports"][0]["host_port"] > 0
+    launched = stack.api("GET", f"/api/v1/tasks/{task['id']}").json()["launch_argv"]
+    assert "heteroflow.engines.llamacpp_server" in launched and "--metrics" in launched
     wait_routable(stack, key, model)
     client = sdk(stack.gateway_url, key)
 

@@ -218,3 +218,62 @@ def test_task_shows_the_argv_the_agent_launched(api: Api) -> None:
     )
     assert r.status_code == 200
     assert api.client.get(f"/api/v1/tasks/{task_id}", headers=admin).json()["launch_argv"] == argv
+
+
+@pytest.mark.feature("H2", "E3")
+def test_one_click_takes_the_first_template_and_stores_the_chain(api: Api) -> None:
+    admin = api.login()
+    heartbeat(
+        api,
+        "a10",
+        [A10],
+        {"vllm": "vllm/vllm-openai:v0.11.2", "llamacpp": "ghcr.io/ggml-org/llama.cpp:server"},
+    )
+    body = service_body(task={"image": "", "gpu_required": 1, "model_path": "/data/models/q"})
+    g = api.client.post("/api/v1/task-groups", json=body, headers=admin).json()
+    assert g["parallelism"] == "split"
+    assert [t["engine"] for t in g["inference_templates"]] == ["vllm", "llamacpp"]
+    t = g["tasks"][0]
+    assert (t["engine"], t["image"]) == ("vllm", "vllm/vllm-openai:v0.11.2")
+    assert t["engine_reason"].startswith("one-click template")
+
+
+@pytest.mark.feature("H2")
+def test_one_click_on_a_cpu_node_serves_llamacpp_on_the_cpu(api: Api) -> None:
+    admin = api.login()
+    heartbeat(api, "cpu", [], {"llamacpp": ""})
+    body = service_body(task={"image": "", "gpu_required": 1})
+    g = api.client.post("/api/v1/task-groups", json=body, headers=admin).json()
+    assert (g["tasks"][0]["engine"], g["tasks"][0]["gpu_required"]) == ("llamacpp", 0)
+
+
+@pytest.mark.feature("H2")
+def test_one_click_fails_before_creating_anything_when_no_engine_fits(api: Api) -> None:
+    admin = api.login()
+    heartbeat(
+        api,
+        "p100",
+        [{**A10, "model": "P100", "compute_capability": "6.0"}],
+        {"vllm": "vllm/vllm-openai:v0.11.2"},
+    )
+    body = service_body(task={"image": "", "gpu_required": 1})
+    r = api.client.post("/api/v1/task-groups", json=body, headers=admin)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "task.image"
+    assert [rows(api, t) for t in (TaskGroup, Task, InferenceEndpoint)] == [0, 0, 0]
+
+
+@pytest.mark.feature("H1")
+def test_scheduler_applies_the_node_chain_when_no_engine_is_named(api: Api) -> None:
+    admin = api.login()
+    body = service_body(task={"image": "myorg/inference-server:1", "gpu_required": 1})
+    g = api.client.post("/api/v1/task-groups", json=body, headers=admin).json()
+    assert g["tasks"][0]["engine"] == ""
+    heartbeat(api, "bare", [A10], {})
+    api.app.scheduler.run_round()
+    t = api.client.get(f"/api/v1/tasks/{g['tasks'][0]['id']}", headers=admin).json()
+    assert t["status"] == "pending" and t["status_message"].startswith("NoEngineAvailable")
+    heartbeat(api, "ready", [A10], {"sglang": "lmsysorg/sglang:v0.5.5"})
+    assert api.app.scheduler.run_round().placed == 1
+    t = api.client.get(f"/api/v1/tasks/{g['tasks'][0]['id']}", headers=admin).json()
+    assert t["status"] == "scheduled" and t["engine"] == "sglang"
+    assert t["engine_reason"].startswith("on ready:")

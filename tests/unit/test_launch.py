@@ -109,6 +109,9 @@ def test_build_launch_llamacpp_argv(config: NodeConfig, model_dir: Path, tmp_pat
         "30001",
         "--alias",
         "gemma",
+        "-ngl",
+        "0",  # a CPU task offloads no layer
+        "--metrics",
         "-c",
         "2048",
         "--embeddings",

@@ -1,10 +1,11 @@
 """Turns a task assignment into what the process runtime starts.
 
 Under the process runtime ``image`` is recorded but the engine's local launcher runs:
-llama.cpp through ``heteroflow.engines.llamacpp_server`` with llama-server's own flag
-spelling, listening on 127.0.0.1 on the allocated host port that stands for the
-container port. Engines that exist only as container images (vLLM, SGLang, ...) need
-the Docker runtime and fail here with that reason rather than pretending.
+llama.cpp through ``heteroflow.engines.llamacpp_server``, with the argv built by the
+same command builder as containers (``core.engines.commands``), listening on 127.0.0.1
+on the allocated host port that stands for the container port. Engines that exist only
+as container images (vLLM, SGLang, ...) need the Docker runtime and fail here with that
+reason rather than pretending. The environment follows the container rules (C3).
 """
 
 from __future__ import annotations
@@ -15,39 +16,26 @@ from pathlib import Path
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.models import ModelPathError, resolve_model_file
 from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec
+from heteroflow.core.containers import AGENT_OWNED_ENV, container_env
 from heteroflow.core.engines import LLAMACPP_AGENT_FLAGS, owned_flag_in
+from heteroflow.core.engines.commands import CommandError, LaunchShape, process_argv
 from heteroflow.schemas.nodes import TaskAssignment
 
-# Variables the agent owns: user values with these names are dropped (FEATURES C3).
-AGENT_OWNED_ENV = frozenset(
-    {
-        "CUDA_VISIBLE_DEVICES",
-        "NVIDIA_VISIBLE_DEVICES",
-        "HIP_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-        "ASCEND_RT_VISIBLE_DEVICES",
-        "ASCEND_VISIBLE_DEVICES",
-        "MUSA_VISIBLE_DEVICES",
-        "HETEROFLOW_TASK_ID",
-        "HETEROFLOW_GROUP_ID",
-        "HETEROFLOW_TASK_NAME",
-    }
-)
+__all__ = ["AGENT_OWNED_ENV", "build_launch", "host_port_for", "task_env"]
 
 
 def task_env(t: TaskAssignment) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for item in t.env:
-        if "=" not in item:
-            continue  # a bare name carries no value: dropped
-        name, value = item.split("=", 1)
-        if name and name not in AGENT_OWNED_ENV:
-            env[name] = value
-    visible = ",".join(str(i) for i in t.gpu_ids)
-    env["CUDA_VISIBLE_DEVICES"] = visible
-    env["HETEROFLOW_TASK_ID"] = t.id
-    env["HETEROFLOW_GROUP_ID"] = t.group_id
-    env["HETEROFLOW_TASK_NAME"] = t.name
+    """C3 rules, plus the CUDA visibility a process (not a container) needs."""
+    env = container_env(
+        t.env,
+        task_id=t.id,
+        group_id=t.group_id,
+        task_name=t.name,
+        engine=t.engine,
+        engine_env={},
+        gpu=None,
+    )
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in t.gpu_ids)
     return env
 
 
@@ -77,22 +65,26 @@ def build_launch(
     clash = owned_flag_in(t.engine_args, LLAMACPP_AGENT_FLAGS)
     if clash:
         raise LaunchFailed(f"engine_args may not set {clash}: the agent sets it")
-    if "," in t.model_name:
-        raise LaunchFailed("model name may not contain ',' (llama-server reads a list)")
     try:
         model = resolve_model_file(
             t.model_path, config.allowed_volume_prefixes, config.denied_volume_prefixes
         )
     except ModelPathError as exc:
         raise LaunchFailed(str(exc)) from exc
-    argv = [
-        sys.executable, "-m", "heteroflow.engines.llamacpp_server",
-        "-m", str(model),
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--alias", t.model_name,
-    ]
-    if cpu_threads and not {"-t", "--threads"} & set(t.engine_args):
-        argv += ["-t", str(cpu_threads)]
-    argv += t.engine_args
+    extra = list(t.engine_args)
+    if cpu_threads and not {"-t", "--threads"} & set(extra):
+        extra += ["-t", str(cpu_threads)]
+    shape = LaunchShape(
+        engine="llamacpp",
+        model_path=str(model),
+        served_model_name=t.model_name,
+        port=port,
+        host="127.0.0.1",  # the process runtime has no container network: loopback only
+        gpus=t.gpu_required,
+        extra_args=tuple(extra),
+    )
+    try:
+        argv = process_argv(shape, sys.executable)
+    except CommandError as exc:
+        raise LaunchFailed(str(exc)) from exc
     return LaunchSpec(t.id, tuple(argv), env, host_ports, log_path)

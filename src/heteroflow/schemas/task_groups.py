@@ -35,7 +35,13 @@ class TaskSpec(Strict):
     """Container-level fields: only here, never at the top level of a group."""
 
     name: str | None = Field(default=None, pattern=NAME_PATTERN)
-    image: str = Field(min_length=1, max_length=512, pattern=IMAGE_PATTERN)
+    image: str = Field(
+        default="",
+        max_length=512,
+        pattern=IMAGE_PATTERN + "|^$",
+        description="engine image (tag or name@sha256:digest); empty = one-click: the "
+        "server picks from the engines the nodes report (H2)",
+    )
     gpu_required: int = Field(default=1, ge=0, le=64, description="0 = CPU engine")
     gpu_type: str = Field(default="", max_length=64)
     engine: str = Field(default="")

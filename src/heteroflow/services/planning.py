@@ -15,13 +15,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.engines import CPU_CAPABLE, LLAMACPP_AGENT_FLAGS, owned_flag_in, resolve_engine
+from heteroflow.core.engines.selection import NodeEngines
+from heteroflow.core.engines.templates import Template, inference_templates
 from heteroflow.core.errors import Conflict, ValidationFailed
 from heteroflow.core.estimate import MemoryEstimate
 from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
-from heteroflow.db.tables import InferenceEndpoint
+from heteroflow.db.tables import InferenceEndpoint, Node
 from heteroflow.models.estimate import estimate_model_path
 from heteroflow.schemas.task_groups import HealthCheckIn, TaskGroupCreate
 from heteroflow.services.auth import Principal
+from heteroflow.services.nodes import node_engines
 
 DEFAULT_CONTAINER_PORT = 8000
 KV_OFFLOAD_ENGINES = frozenset({"vllm"})
@@ -44,6 +47,7 @@ class GroupPlan:
     memory_mb: int
     estimated_gpu_memory_mb: int
     estimate: MemoryEstimate | None = None
+    templates: list[dict[str, str]] = field(default_factory=list)  # one-click chain (E3)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -162,6 +166,40 @@ def _estimate(req: TaskGroupCreate) -> MemoryEstimate | None:
     return estimate_model_path(Path(path))
 
 
+def one_click(
+    s: Session, req: TaskGroupCreate, online: set[str]
+) -> tuple[TaskGroupCreate, list[dict[str, str]]]:
+    """H2: no image given — take the first template of the online nodes' reports.
+
+    Fails before anything is created when no node reports a usable engine; the image is
+    always one a node reported, never invented. One-click groups are ``split``.
+    """
+    if not req.task.model_path:
+        raise ValidationFailed(
+            "a one-click service (no task.image) needs task.model_path", field="task.image"
+        )
+    chains: list[tuple[NodeEngines, list[Template]]] = []
+    for n in s.scalars(select(Node).order_by(Node.name)):
+        if n.id in online:
+            view = node_engines(n)
+            chain = inference_templates(view)
+            if chain:
+                chains.append((view, chain))
+    if not chains:
+        raise ValidationFailed(
+            "no online node reports a usable inference engine; name task.image and "
+            "task.engine, or start an agent that has one",
+            field="task.image",
+        )
+    view, best = chains[0]
+    task_update: dict[str, Any] = {"image": best[0].image, "engine": best[0].engine}
+    if not view.vendor:
+        task_update["gpu_required"] = 0  # the node has no GPU: a CPU engine on its CPU
+    return req.model_copy(
+        update={"parallelism": "split", "task": req.task.model_copy(update=task_update)}
+    ), [{"engine": t.engine, "image": t.image, "reason": t.reason} for t in best]
+
+
 def plan_group(
     s: Session,
     who: Principal,
@@ -169,10 +207,15 @@ def plan_group(
     nodes: list[NodeView],
     reservation: Reservation,
 ) -> GroupPlan:
+    templates: list[dict[str, str]] = []
+    if not req.task.image and not req.task.command:
+        req, templates = one_click(s, req, {n.id for n in nodes if n.online})
     spec = req.task
     engine, engine_reason = resolve_engine(
         spec.engine, req.labels.get("heteroflow.engine", ""), spec.image
     )
+    if templates:
+        engine_reason = f"one-click template: {templates[0]['reason']}"
     task_type = infer_task_type(req, engine)
     ports = [p.model_dump() for p in spec.ports] or [
         {"container_port": DEFAULT_CONTAINER_PORT, "host_port": 0}
@@ -195,6 +238,7 @@ def plan_group(
         health=_health(req, container_ports),
         memory_mb=spec.memory_mb,
         estimated_gpu_memory_mb=spec.estimated_gpu_memory_mb,
+        templates=templates,
     )
     _apply_estimate(plan, nodes, reservation)
     if plan.enable_api:

@@ -10,6 +10,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
+from heteroflow.core.engines.selection import (
+    EngineChoice,
+    NodeEngines,
+    NoEngineAvailable,
+    select_engine,
+)
 from heteroflow.core.placement import (
     CardView,
     NodeView,
@@ -21,6 +27,7 @@ from heteroflow.core.placement import (
 )
 from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus
 from heteroflow.db.tables import Node, Task
+from heteroflow.services.nodes import node_engines
 from heteroflow.services.transitions import set_pending_reason, transition
 
 log = logging.getLogger(__name__)
@@ -83,7 +90,36 @@ def _demand(t: Task) -> TaskDemand:
     )
 
 
-def _apply(s: Session, clock: Clock, t: Task, p: Placement, node_name: str) -> bool:
+def _engine_candidates(
+    t: Task, nodes: list[NodeView], engines: dict[str, NodeEngines]
+) -> tuple[list[NodeView], dict[str, EngineChoice], str]:
+    """For a task that names no engine: the nodes whose chain yields one (H1), and why not."""
+    ok: list[NodeView] = []
+    choices: dict[str, EngineChoice] = {}
+    why: list[str] = []
+    for n in nodes:
+        try:
+            choice = select_engine(explicit="", label="", image=t.image, node=engines[n.id])
+        except NoEngineAvailable as exc:
+            why.append(f"{n.name}: {exc}")
+            continue
+        ok.append(n)
+        choices[n.id] = choice
+    reason = "" if ok else "NoEngineAvailable: " + " | ".join(why or ["no node registered"])
+    return ok, choices, reason
+
+
+def _apply(
+    s: Session,
+    clock: Clock,
+    t: Task,
+    p: Placement,
+    node_name: str,
+    choice: EngineChoice | None = None,
+) -> bool:
+    extra: dict[str, object] = {}
+    if choice is not None:
+        extra = {"engine": choice.engine, "engine_reason": f"on {node_name}: {choice.reason}"}
     ports = [
         {"container_port": int(m["container_port"]), "host_port": hp}
         for m, hp in zip(t.ports, p.host_ports, strict=True)
@@ -98,7 +134,8 @@ def _apply(s: Session, clock: Clock, t: Task, p: Placement, node_name: str) -> b
         node_id=p.node_id,
         gpu_ids=list(p.gpu_ids),
         ports=ports,
-        memory_mb=p.memory_mb,
+        memory_mb=p.memory_mb if t.gpu_required == 0 else t.memory_mb,
+        **extra,
     )
 
 
@@ -123,11 +160,22 @@ def schedule_round(
         return RoundResult(0, 0)
     views = node_views(s, clock, offline_after_s)
     nodes = list(views.values())
+    engines = {n.id: node_engines(n) for n in s.scalars(select(Node))}
     placed = unplaced = 0
     for t in pending:
-        decision = place(_demand(t), nodes, reservation, port_pool)
+        candidates: list[NodeView] = nodes
+        choices: dict[str, EngineChoice] = {}
+        if not t.engine and not t.command:
+            candidates, choices, why = _engine_candidates(t, nodes, engines)
+            if not candidates:
+                unplaced += 1
+                if t.status_message != why:
+                    set_pending_reason(s, clock, t.id, why)
+                continue
+        decision = place(_demand(t), candidates, reservation, port_pool)
         if isinstance(decision, Placement):
-            if _apply(s, clock, t, decision, views[decision.node_id].name):
+            choice = choices.get(decision.node_id)
+            if _apply(s, clock, t, decision, views[decision.node_id].name, choice):
                 commit(views[decision.node_id], decision)
                 placed += 1
         else:
