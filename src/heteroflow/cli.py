@@ -10,6 +10,7 @@ import asyncio
 import getpass
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def _up(a: argparse.Namespace) -> int:
         demo=a.demo,
         agent_config=Path(a.agent_config) if a.agent_config else None,
         threads=a.threads,
+        runtime=a.runtime,
     )
     return asyncio.run(run_up(opts))
 
@@ -51,8 +53,9 @@ async def _serve_server(settings: ServerSettings) -> None:
     if not settings.node_token:
         print("node token: set HETEROFLOW_NODE_TOKEN to choose it; agents need the same value")
     sock = bind(settings.host, settings.port)
-    print(f"HeteroFlow server listening on http://{settings.host}:{sock.getsockname()[1]}",
-          flush=True)
+    print(
+        f"HeteroFlow server listening on http://{settings.host}:{sock.getsockname()[1]}", flush=True
+    )
     stop = asyncio.Event()
     install_stop_signals(stop)
     await app.serve(stop, sock)
@@ -67,20 +70,28 @@ def _server(a: argparse.Namespace) -> int:
 async def _run_agent(settings: AgentSettings) -> None:
     from heteroflow.agent.config import NodeConfig
     from heteroflow.agent.daemon import Agent
-    from heteroflow.agent.runtime.process import ProcessRuntime
+    from heteroflow.agent.factory import RuntimeUnavailable, make_launcher
     from heteroflow.core.clock import SystemClock
     from heteroflow.server import install_stop_signals
 
     config = NodeConfig.load(settings.config_file)
-    agent = Agent(settings, config, ProcessRuntime(settings.work_dir), SystemClock())
+    name = settings.node_name or socket.gethostname()
+    try:
+        launcher = make_launcher(settings, config, name)
+    except RuntimeUnavailable as exc:
+        raise SystemExit(str(exc)) from exc
+    agent = Agent(settings, config, launcher, SystemClock())
     stop = asyncio.Event()
     install_stop_signals(stop)
-    print(f"HeteroFlow agent {agent.name} -> {settings.server_url}", flush=True)
+    print(
+        f"HeteroFlow agent {agent.name} ({settings.runtime} runtime) -> {settings.server_url}",
+        flush=True,
+    )
     await agent.run(stop)
 
 
 def _agent(a: argparse.Namespace) -> int:
-    settings = AgentSettings()
+    settings = AgentSettings(**({"runtime": a.runtime} if a.runtime else {}))
     settings.work_dir.mkdir(parents=True, exist_ok=True)
     asyncio.run(_run_agent(settings))
     return 0
@@ -178,6 +189,13 @@ def _simple(a: argparse.Namespace) -> int:
     return 0
 
 
+def _logs(a: argparse.Namespace) -> int:
+    from heteroflow.cmd import remote
+
+    remote.logs(a.task_id, follow=a.follow)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="heteroflow", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true")
@@ -191,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--demo", choices=["auto", "gemma", "tiny", "none"], default="auto")
     up.add_argument("--agent-config", default=None, help="node config JSON (declared cards)")
     up.add_argument("--threads", type=int, default=2, help="CPU threads per llama.cpp engine")
+    up.add_argument(
+        "--runtime",
+        choices=["process", "docker"],
+        default="process",
+        help="how the local agent runs engines (default: process)",
+    )
     up.set_defaults(fn=_up)
 
     srv = sub.add_parser("server", help="API + controllers + gateway (HETEROFLOW_* env)")
@@ -199,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(fn=_server)
 
     ag = sub.add_parser("agent", help="node agent (HETEROFLOW_AGENT_* env)")
+    ag.add_argument(
+        "--runtime",
+        choices=["docker", "process"],
+        default=None,
+        help="default: $HETEROFLOW_AGENT_RUNTIME or docker",
+    )
     ag.set_defaults(fn=_agent)
 
     gw = sub.add_parser("gateway", help="a separate gateway polling a server's snapshot")
@@ -208,9 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--port", type=int, default=3333)
     gw.set_defaults(fn=_gateway)
 
-    sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(
-        fn=_migrate
-    )
+    sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(fn=_migrate)
 
     lg = sub.add_parser("login", help="sign in to a server's management API")
     lg.add_argument("--server", default="http://127.0.0.1:3333")
@@ -251,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     us.set_defaults(fn=_simple)
 
     sub.add_parser("nodes", help="list nodes").set_defaults(fn=_simple)
+
+    lo = sub.add_parser("logs", help="print a task's output (-f: follow it live)")
+    lo.add_argument("task_id")
+    lo.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
+    lo.set_defaults(fn=_logs)
     return p
 
 

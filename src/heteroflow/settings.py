@@ -7,6 +7,7 @@ the tests; nothing else in the code hard-codes a duration.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -53,6 +54,18 @@ class ServerSettings(BaseSettings):
     # deleted key stops working (0.5 + 1.0 s < the 2 s promise).
     gateway_poll_interval_s: float = 1.0
 
+    # Task logs (C6): the newest bytes kept per task (oldest chunks are trimmed), the
+    # most one agent call may append, and the live view's poll interval and duration.
+    task_log_max_bytes: int = 8 * 1024 * 1024
+    log_append_max_bytes: int = 1024 * 1024
+    log_follow_poll_s: float = 0.5
+    log_follow_timeout_s: float = 3600.0
+    # File requests (C7): one uploaded chunk at most, one download at most, and how
+    # long a request may sit pending or running without progress before it fails.
+    file_chunk_bytes: int = 64 * 1024 * 1024
+    file_request_max_bytes: int = 4 * 1024 * 1024 * 1024
+    file_request_timeout_s: float = 600.0
+
     def reservation(self) -> Reservation:
         return Reservation(self.vram_reserve_fixed_mb, self.vram_reserve_ratio)
 
@@ -82,6 +95,14 @@ class AgentSettings(BaseSettings):
     config_file: Path | None = None
     work_dir: Path = Field(default_factory=lambda: default_data_dir() / "agent")
 
+    # docker: engines as containers (production); process: child processes (no Docker)
+    runtime: Literal["docker", "process"] = "docker"
+    # Docker Engine socket; empty = DOCKER_HOST or the default socket
+    docker_host: str = ""
+    # Stop the engines when the agent exits (the process runtime always does: its
+    # engines are its children). Containers normally outlive an agent restart (C2).
+    stop_engines_on_exit: bool = False
+
     heartbeat_interval_s: float = 5.0
     # How often engines are checked for exit and due health probes (each check has its
     # own interval_seconds; this is only the resolution of the watcher).
@@ -90,3 +111,8 @@ class AgentSettings(BaseSettings):
     stop_timeout_s: float = 10.0
     # Engine threads for CPU llama.cpp; 0 = let the launcher choose.
     cpu_threads: int = 0
+    # Logs (C6): how often new output is shipped and the most lines read per round.
+    log_ship_interval_s: float = 2.0
+    log_tail_lines: int = 2000
+    # File requests (C7): upload chunk size; at most the server's file_chunk_bytes.
+    file_chunk_bytes: int = 64 * 1024 * 1024

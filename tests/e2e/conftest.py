@@ -155,7 +155,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     pool = random.randint(22000, 31000)
     server_url = f"http://127.0.0.1:{server_port}"
     st = Stack(tmp, models, model_file, server_url, f"http://127.0.0.1:{gateway_port}")
-    (tmp / "node.json").write_text(json.dumps({"allowed_volume_prefixes": [str(models)]}))
+    (tmp / "node.json").write_text(
+        json.dumps({"allowed_volume_prefixes": [str(models)], "model_scan_dirs": [str(models)]})
+    )
     server_env = {
         "HETEROFLOW_DATA_DIR": str(tmp / "server"),
         "HETEROFLOW_ADMIN_PASSWORD": ADMIN_PASSWORD,
@@ -175,6 +177,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "HETEROFLOW_AGENT_WORK_DIR": str(tmp / "agent"),
         "HETEROFLOW_AGENT_HEARTBEAT_INTERVAL_S": "0.3",
         "HETEROFLOW_AGENT_CPU_THREADS": "1",
+        "HETEROFLOW_AGENT_RUNTIME": "process",
+        "HETEROFLOW_AGENT_LOG_SHIP_INTERVAL_S": "0.5",
     }
     try:
         st.procs.append(spawn("server", ["server", "--port", str(server_port)], server_env, tmp))
@@ -184,6 +188,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "server /healthz",
         )
         st.procs.append(spawn("agent", ["agent"], agent_env, tmp))
+        wait_for(lambda: "process runtime" in st.procs[-1].log.read_text(), 30, "agent start")
         st.procs.append(
             spawn(
                 "gateway",

@@ -33,7 +33,7 @@ def wait_routable(st: Stack, key: str, model: str, base: str | None = None) -> N
     wait_for(answers, 5, f"{model} routable via {base or st.gateway_url}", 0.1)
 
 
-@pytest.mark.feature("M1", "A6", "C1", "C13", "P1", "M6", "M12")
+@pytest.mark.feature("M1", "A6", "C1", "C6", "C10", "C13", "P1", "M6", "M12")
 def test_a_model_file_becomes_an_endpoint_the_openai_sdk_calls(stack: Stack) -> None:
     g = stack.create_service("chat")
     key, model = g["api_key"], "chat-model"
@@ -42,6 +42,15 @@ def test_a_model_file_becomes_an_endpoint_the_openai_sdk_calls(stack: Stack) -> 
     assert task["node_id"] and task["ports"][0]["host_port"] > 0
     launched = stack.api("GET", f"/api/v1/tasks/{task['id']}").json()["launch_argv"]
     assert "heteroflow.engines.llamacpp_server" in launched and "--metrics" in launched
+    node = stack.api("GET", "/api/v1/nodes").json()[0]
+    assert node["engines"] == {"llamacpp": ""}  # what the process runtime can start here
+    assert [(m["name"], m["format"]) for m in node["models"]] == [("tiny", "gguf")]  # C10
+
+    def shipped() -> bool:  # C6: the engine's own output reaches the server
+        chunks = stack.api("GET", f"/api/v1/tasks/{task['id']}/logs").json()["chunks"]
+        return "llama.cpp server listening on" in "".join(c["text"] for c in chunks)
+
+    wait_for(shipped, 10, "engine output shipped to the server")
     wait_routable(stack, key, model)
     client = sdk(stack.gateway_url, key)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import httpx
 
+from heteroflow.schemas.files import AgentFileRequest, ListResult
 from heteroflow.schemas.nodes import Heartbeat, HeartbeatReply, TaskAssignment
 
 
@@ -13,6 +14,16 @@ class ServerError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
+
+
+def _checked(r: httpx.Response) -> Any:
+    if r.status_code >= 400:
+        try:
+            msg = r.json()["error"]["message"]
+        except Exception:
+            msg = r.text[:200]
+        raise ServerError(r.status_code, msg)
+    return r.json()
 
 
 class ServerClient:
@@ -29,13 +40,10 @@ class ServerClient:
 
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         r = await self._http.post(path, json=body, headers={"X-Heteroflow-Node": self.node_id})
-        if r.status_code >= 400:
-            try:
-                msg = r.json()["error"]["message"]
-            except Exception:
-                msg = r.text[:200]
-            raise ServerError(r.status_code, msg)
-        return r.json()
+        return _checked(r)
+
+    async def _get(self, path: str) -> Any:
+        return _checked(await self._http.get(path, headers={"X-Heteroflow-Node": self.node_id}))
 
     async def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
         reply = HeartbeatReply.model_validate(
@@ -56,4 +64,40 @@ class ServerClient:
         if argv is not None:
             body["argv"] = argv
         data = await self._post(f"/api/v1/agent/tasks/{task_id}/report", body)
+        return str(data["status"])
+
+    # -- logs (C6) and file requests (C7) ------------------------------------------
+    async def post_logs(self, task_id: str, text: str) -> None:
+        await self._post(f"/api/v1/agent/tasks/{task_id}/logs", {"text": text})
+
+    async def file_requests(self) -> list[AgentFileRequest]:
+        """Pending file requests for this node's tasks, claimed by this call."""
+        data = await self._get("/api/v1/agent/file-requests")
+        return [AgentFileRequest.model_validate(d) for d in data]
+
+    async def file_chunk(self, request_id: str, seq: int, data: bytes) -> None:
+        r = await self._http.post(
+            f"/api/v1/agent/file-requests/{request_id}/chunks",
+            content=data,
+            headers={
+                "X-Heteroflow-Node": self.node_id,
+                "X-Chunk-Seq": str(seq),
+                "Content-Type": "application/octet-stream",
+            },
+        )
+        _checked(r)
+
+    async def file_done(
+        self,
+        request_id: str,
+        status: str,
+        *,
+        error: str = "",
+        result: ListResult | None = None,
+        size_bytes: int = 0,
+    ) -> str:
+        body: dict[str, Any] = {"status": status, "error": error[:8000], "size_bytes": size_bytes}
+        if result is not None:
+            body["result"] = result.model_dump()
+        data = await self._post(f"/api/v1/agent/file-requests/{request_id}/done", body)
         return str(data["status"])

@@ -4,7 +4,9 @@
 {"gpus": [{"index": 0, "vendor": "nvidia", "model": "A10", "memory_mb": 24576}],
  "allowed_volume_prefixes": ["/data/models"],
  "denied_volume_prefixes": ["/data/models/private"],
- "labels": {"zone": "a"}}
+ "labels": {"zone": "a"},
+ "model_scan_dirs": ["/srv/models"],
+ "engine_images": {"vllm": "registry.local/vllm/vllm-openai:v0.11.2"}}
 ```
 ``gpus`` declares cards openly for hosts where NVML cannot see them (or CPU-only test
 nodes); when NVML finds cards, they win. Unknown keys are rejected.
@@ -19,7 +21,14 @@ from typing import Any
 
 from heteroflow.agent.inventory import GpuCard, declared_cards
 
-_KEYS = {"gpus", "allowed_volume_prefixes", "denied_volume_prefixes", "labels"}
+_KEYS = {
+    "gpus",
+    "allowed_volume_prefixes",
+    "denied_volume_prefixes",
+    "labels",
+    "model_scan_dirs",
+    "engine_images",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +37,10 @@ class NodeConfig:
     allowed_volume_prefixes: tuple[str, ...] = ()
     denied_volume_prefixes: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
+    # None = not configured (HETEROFLOW_MODEL_SCAN_DIRS, then the default cache dir)
+    model_scan_dirs: tuple[str, ...] | None = None
+    # engine -> the exact image ref the operator runs it from (default: upstream's)
+    engine_images: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NodeConfig:
@@ -47,6 +60,12 @@ class NodeConfig:
                 str(Path(p)) for p in data.get("denied_volume_prefixes", [])
             ),
             labels={str(k): str(v) for k, v in data.get("labels", {}).items()},
+            model_scan_dirs=(
+                tuple(str(d) for d in data["model_scan_dirs"])
+                if "model_scan_dirs" in data
+                else None
+            ),
+            engine_images={str(k): str(v) for k, v in data.get("engine_images", {}).items()},
         )
 
     @classmethod

@@ -12,19 +12,22 @@ Reports that cannot be delivered are kept and retried; nothing is silently lost.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
+import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
 from heteroflow.agent.client import ServerClient, ServerError
 from heteroflow.agent.config import NodeConfig
+from heteroflow.agent.file_requests import serve_file_requests
 from heteroflow.agent.health_probe import probe
 from heteroflow.agent.inventory import NodeInventory, NvmlDiscovery, collect_inventory
-from heteroflow.agent.launch import build_launch, host_port_for
-from heteroflow.agent.runtime.process import ProcessRuntime
+from heteroflow.agent.launch import Launcher, host_port_for
+from heteroflow.agent.log_shipper import LogShipper
+from heteroflow.agent.model_scan import ModelScanner, default_cache_dir, scan_dirs
 from heteroflow.agent.runtime.protocol import LaunchFailed, PortInUse
 from heteroflow.core.clock import Clock, interruptible_sleep
 from heteroflow.core.health import HealthCheckConfig, HealthTracker, HealthVerdict
@@ -32,11 +35,7 @@ from heteroflow.schemas.nodes import GpuCardWire, Heartbeat, InventoryWire, Task
 from heteroflow.settings import AgentSettings
 
 log = logging.getLogger(__name__)
-
-
-def process_engines() -> dict[str, str]:
-    """Engines this node's process runtime can start: llama.cpp when its wheel is here."""
-    return {"llamacpp": ""} if importlib.util.find_spec("xllamacpp") is not None else {}
+MODEL_SCAN_EVERY = 12  # heartbeats (C10)
 
 
 @dataclass
@@ -54,13 +53,14 @@ class Agent:
         self,
         settings: AgentSettings,
         config: NodeConfig,
-        runtime: ProcessRuntime,
+        launcher: Launcher,
         clock: Clock,
         nvml: NvmlDiscovery | None = None,
     ) -> None:
         self.settings = settings
         self.config = config
-        self.runtime = runtime
+        self.launcher = launcher
+        self.runtime = launcher.runtime
         self.clock = clock
         self.nvml = nvml if nvml is not None else NvmlDiscovery()
         self.client = ServerClient(
@@ -68,7 +68,13 @@ class Agent:
         )
         self.name = settings.node_name or socket.gethostname()
         self.local: dict[str, Local] = {}
-        self.engines = process_engines()
+        self.stopping: set[str] = set()  # being stopped right now: neither adopt nor reap
+        self.scanner = ModelScanner(
+            scan_dirs(config.model_scan_dirs, os.environ, default_cache_dir())
+        )
+        self.models: list[dict[str, Any]] = []
+        self.shipper = LogShipper(self.client, launcher.log_source)
+        self.beats = 0
         # task id -> (status, message, argv as launched or None)
         self.outbox: dict[str, tuple[str, str, list[str] | None]] = {}
         self._http: aiohttp.ClientSession | None = None
@@ -78,7 +84,7 @@ class Agent:
         return Heartbeat(
             name=self.name,
             address=self.settings.address,
-            runtime="process",
+            runtime="docker" if self.runtime.name == "docker" else "process",
             inventory=InventoryWire(
                 gpus=[GpuCardWire(**g.to_dict()) for g in inv.gpus],
                 cpu_count=inv.cpu_count,
@@ -88,24 +94,61 @@ class Agent:
                 memory_percent=inv.memory_percent,
             ),
             labels=dict(self.config.labels),
-            engines=self.engines,
+            engines=self.launcher.engines(),
+            models=self.models,
         )
 
     async def tick(self) -> None:
         inv = await asyncio.to_thread(collect_inventory, list(self.config.gpus), self.nvml)
+        self.launcher.observe(inv)
+        if self.beats % MODEL_SCAN_EVERY == 0:  # full at start, by mtime every 12 beats
+            scan = self.scanner.full if self.beats == 0 else self.scanner.incremental
+            self.models = [m.to_dict() for m in await asyncio.to_thread(scan)]
+        self.beats += 1
         reply = await self.client.heartbeat(self._heartbeat_body(inv))
         await self._flush_outbox()
         desired = {t.id: t for t in reply.tasks}
+        managed = await asyncio.to_thread(self.runtime.managed)
         for t in reply.tasks:
-            if t.id in self.local or t.id in self.outbox:
+            if t.id in self.local or t.id in self.outbox or t.id in self.stopping:
                 continue
             if t.status == "scheduled":
+                if t.id in managed:  # a leftover of an earlier attempt under our labels
+                    await asyncio.to_thread(self.runtime.remove, t.id)
                 await self._claim_and_start(t)
-            else:  # starting/running on the server but not here: the engine is gone
-                await self._report(t.id, "failed", "engine process lost (agent restarted)")
+            elif managed.get(t.id) == "running":
+                self._adopt(t)  # C2: an engine that outlived the agent is watched again
+            else:  # starting/running on the server but gone here
+                what = "container" if self.runtime.name == "docker" else "engine process"
+                await self._report(t.id, "failed", f"{what} lost while the agent was away")
         for task_id in list(self.local):
             if task_id not in desired:
                 await self._stop(task_id, "stopped", "stopped by the server")
+        await self._reap(managed, desired)
+
+    async def _reap(self, managed: dict[str, str], desired: dict[str, TaskAssignment]) -> None:
+        """C8: remove what this agent started that the server no longer lists.
+
+        Runs only after a heartbeat succeeded (the server's list was read); the runtime
+        lists only what carries this agent's own labels, never anything by name alone.
+        """
+        for task_id in managed:
+            if task_id in desired or task_id in self.local or task_id in self.stopping:
+                continue
+            log.warning("removing %s: the server does not list it (zombie cleanup)", task_id)
+            await asyncio.to_thread(self.runtime.remove, task_id)
+
+    def _adopt(self, t: TaskAssignment) -> None:
+        health = HealthCheckConfig.from_api(t.health_check)
+        tracker = HealthTracker(health, started_at=self.clock.monotonic())
+        self.local[t.id] = Local(
+            task=t,
+            tracker=tracker,
+            health=health,
+            port=host_port_for(t, health.port),
+            reported_running=t.status == "running",
+        )
+        log.info("adopted running %s %s", self.runtime.name, t.id)
 
     async def _claim_and_start(self, t: TaskAssignment) -> None:
         try:
@@ -116,26 +159,28 @@ class Agent:
         try:
             health = HealthCheckConfig.from_api(t.health_check)
             port = host_port_for(t, health.port)
-            spec = build_launch(
-                t,
-                self.config,
-                cpu_threads=self.settings.cpu_threads,
-                log_dir=self.settings.work_dir / "logs",
-            )
-            self.runtime.start(spec)
+            if self.launcher.runtime.name == "process":
+                # in the loop's own thread: a child's death signal follows its parent thread
+                argv = self.launcher.launch(t)
+            else:
+                argv = await asyncio.to_thread(self.launcher.launch, t)
         except (LaunchFailed, PortInUse, ValueError) as exc:
             await self._report(t.id, "failed", f"launch failed: {exc}")
             return
         tracker = HealthTracker(health, started_at=self.clock.monotonic())
-        self.local[t.id] = Local(
-            task=t, tracker=tracker, health=health, port=port, argv=spec.argv
-        )
+        self.local[t.id] = Local(task=t, tracker=tracker, health=health, port=port, argv=argv)
 
     async def _stop(self, task_id: str, status: str, message: str) -> None:
         # Out of `local` first: the watcher must not take the exit we cause for a crash.
         self.local.pop(task_id, None)
-        await asyncio.to_thread(self.runtime.stop, task_id, self.settings.stop_timeout_s)
-        self.runtime.forget(task_id)
+        self.stopping.add(task_id)
+        await self.shipper.ship_once([task_id])
+        self.shipper.forget(task_id)
+        try:
+            await asyncio.to_thread(self.runtime.stop, task_id, self.settings.stop_timeout_s)
+            self.runtime.forget(task_id)
+        finally:
+            self.stopping.discard(task_id)
         await self._report(task_id, status, message)
 
     async def _report(
@@ -166,9 +211,15 @@ class Agent:
             code = self.runtime.exit_code(task_id)
             if code is not None:
                 tail = self.runtime.log_tail(task_id, 20)
+                await self.shipper.ship_once([task_id])  # its last words matter most
+                self.shipper.forget(task_id)
                 self.runtime.forget(task_id)
                 self.local.pop(task_id, None)
-                if code == 0 and loc.task.task_type != "inference":
+                if code == -1 and self.runtime.name == "docker":
+                    await self._report(
+                        task_id, "failed", "container removed behind the agent's back"
+                    )
+                elif code == 0 and loc.task.task_type != "inference":
                     await self._report(task_id, "completed", "exited with code 0")
                 else:
                     await self._report(
@@ -181,7 +232,9 @@ class Agent:
             now = self.clock.monotonic()
             if not loc.tracker.due(now):
                 continue
-            ok, detail = await probe(loc.health, "127.0.0.1", loc.port, self._session())
+            ok, detail = await probe(
+                loc.health, self.launcher.probe_host, loc.port, self._session()
+            )
             verdict = loc.tracker.record(ok, self.clock.monotonic(), detail)
             if verdict == HealthVerdict.HEALTHY_FIRST and not loc.reported_running:
                 loc.reported_running = True
@@ -207,6 +260,7 @@ class Agent:
     # -- loops ---------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         watcher = asyncio.create_task(self._watch_loop(stop))
+        aux = asyncio.create_task(self._aux_loop(stop))
         try:
             while not stop.is_set():
                 try:
@@ -217,8 +271,26 @@ class Agent:
                     break
         finally:
             watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            aux.cancel()
+            await asyncio.gather(watcher, aux, return_exceptions=True)
             await self.shutdown()
+
+    async def _aux_loop(self, stop: asyncio.Event) -> None:
+        """Log shipping (C6) and file requests (C7), apart from the heartbeat."""
+        while not stop.is_set():
+            try:
+                await self.shipper.ship_once(list(self.local))
+                await serve_file_requests(
+                    self.client, self._file_roots, self.settings.file_chunk_bytes
+                )
+            except Exception:
+                log.exception("log / file-request round failed")
+            if await interruptible_sleep(stop, self.settings.log_ship_interval_s):
+                return
+
+    def _file_roots(self, task_id: str) -> list[str]:
+        loc = self.local.get(task_id)
+        return self.launcher.file_roots(loc.task) if loc is not None else []
 
     async def _watch_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -230,8 +302,12 @@ class Agent:
                 return
 
     async def shutdown(self) -> None:
-        """Stop every engine this agent started (no orphans) and tell the server."""
-        ids = list(self.local)
+        """Stop the engines (process runtime, or when asked) and tell the server.
+
+        Containers are left running by default: a restarted agent adopts them (C2).
+        """
+        keep = self.runtime.name == "docker" and not self.settings.stop_engines_on_exit
+        ids = [] if keep else list(self.local)
         await asyncio.gather(
             *(
                 asyncio.to_thread(self.runtime.stop, i, self.settings.stop_timeout_s)

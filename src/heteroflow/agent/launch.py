@@ -10,18 +10,63 @@ reason rather than pretending. The environment follows the container rules (C3).
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
+from typing import Protocol
 
 from heteroflow.agent.config import NodeConfig
+from heteroflow.agent.file_requests import process_roots
+from heteroflow.agent.inventory import NodeInventory
+from heteroflow.agent.log_shipper import file_source
 from heteroflow.agent.models import ModelPathError, resolve_model_file
-from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec
+from heteroflow.agent.runtime.process import ProcessRuntime
+from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec, Runtime
 from heteroflow.core.containers import AGENT_OWNED_ENV, container_env
 from heteroflow.core.engines import LLAMACPP_AGENT_FLAGS, owned_flag_in
 from heteroflow.core.engines.commands import CommandError, LaunchShape, process_argv
 from heteroflow.schemas.nodes import TaskAssignment
 
-__all__ = ["AGENT_OWNED_ENV", "build_launch", "host_port_for", "task_env"]
+__all__ = [
+    "AGENT_OWNED_ENV",
+    "Launcher",
+    "ProcessLauncher",
+    "build_launch",
+    "host_port_for",
+    "task_env",
+]
+
+
+class Launcher(Protocol):
+    """Starts a task on one runtime; the agent's loops use ``runtime`` for the rest."""
+
+    @property
+    def runtime(self) -> Runtime: ...
+
+    @property
+    def probe_host(self) -> str:
+        """Where the task's published ports answer health probes."""
+        ...
+
+    def launch(self, t: TaskAssignment) -> tuple[str, ...]:
+        """Start the task; returns the argv as launched. LaunchFailed / PortInUse."""
+        ...
+
+    def engines(self) -> dict[str, str]:
+        """Engines this runtime can start here (engine -> image ref, "" for local)."""
+        ...
+
+    def observe(self, inv: NodeInventory) -> None:
+        """Each heartbeat's inventory (cards for GPU arguments, probe scheduling)."""
+        ...
+
+    def log_source(self, task_id: str, since: str) -> tuple[str, str]:
+        """New output of a task since a position; returns (text, next position)."""
+        ...
+
+    def file_roots(self, t: TaskAssignment) -> list[str]:
+        """Host directories a task mounts: the only places file requests may read."""
+        ...
 
 
 def task_env(t: TaskAssignment) -> dict[str, str]:
@@ -88,3 +133,38 @@ def build_launch(
     except CommandError as exc:
         raise LaunchFailed(str(exc)) from exc
     return LaunchSpec(t.id, tuple(argv), env, host_ports, log_path)
+
+
+class ProcessLauncher:
+    """Engines as child processes on this host (no Docker): llama.cpp only."""
+
+    probe_host = "127.0.0.1"
+
+    def __init__(
+        self, runtime: ProcessRuntime, config: NodeConfig, *, cpu_threads: int, log_dir: Path
+    ) -> None:
+        self.runtime = runtime
+        self._process = runtime
+        self.config = config
+        self.cpu_threads = cpu_threads
+        self.log_dir = log_dir
+        self._logs = file_source(lambda task_id: log_dir / f"{task_id}.log")
+
+    def launch(self, t: TaskAssignment) -> tuple[str, ...]:
+        spec = build_launch(t, self.config, cpu_threads=self.cpu_threads, log_dir=self.log_dir)
+        self._process.start(spec)
+        return spec.argv
+
+    def engines(self) -> dict[str, str]:
+        return {"llamacpp": ""} if importlib.util.find_spec("xllamacpp") is not None else {}
+
+    def observe(self, inv: NodeInventory) -> None:
+        pass  # a child process gets CUDA_VISIBLE_DEVICES; nothing else depends on the cards
+
+    def log_source(self, task_id: str, since: str) -> tuple[str, str]:
+        return self._logs(task_id, since)
+
+    def file_roots(self, t: TaskAssignment) -> list[str]:
+        return process_roots(
+            t.model_path, self.config.allowed_volume_prefixes, self.config.denied_volume_prefixes
+        )

@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 from heteroflow.api import errors
 from heteroflow.api.context import ServerContext
-from heteroflow.api.routes import auth, gateway, nodes, task_groups, tenants
+from heteroflow.api.routes import auth, files, gateway, logs, nodes, task_groups, tenants
 
 
 def create_api(ctx: ServerContext) -> FastAPI:
@@ -22,7 +22,15 @@ def create_api(ctx: ServerContext) -> FastAPI:
     )
     app.state.ctx = ctx
     errors.install(app)
-    for r in (auth.router, tenants.router, task_groups.router, gateway.router, nodes.router):
+    for r in (
+        auth.router,
+        tenants.router,
+        task_groups.router,
+        gateway.router,
+        nodes.router,
+        logs.router,
+        files.router,
+    ):
         app.include_router(r)
 
     @app.get("/healthz", tags=["health"])

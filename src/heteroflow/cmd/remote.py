@@ -124,3 +124,31 @@ def get(path: str) -> None:
 def post(path: str, body: dict[str, Any]) -> None:
     with _client() as c:
         print(json.dumps(_check(c.post(path, json=body)), indent=2))
+
+
+def logs(task_id: str, follow: bool = False) -> None:
+    """Print a task's output; with ``follow``, keep printing it live until the task ends."""
+    after = 0
+    with _client() as c:
+        while True:
+            page = _check(
+                c.get(f"/api/v1/tasks/{task_id}/logs", params={"after": after, "limit": 1000})
+            )
+            for chunk in page["chunks"]:
+                sys.stdout.write(chunk["text"])
+            sys.stdout.flush()
+            if page["next"] == after:
+                break
+            after = page["next"]
+        if not follow:
+            return
+        params: dict[str, str | int] = {"after": after, "follow": "true"}
+        with c.stream(
+            "GET", f"/api/v1/tasks/{task_id}/logs", params=params, timeout=None
+        ) as r:
+            if r.status_code >= 400:
+                r.read()
+                _check(r)
+            for text in r.iter_text():
+                sys.stdout.write(text)
+                sys.stdout.flush()

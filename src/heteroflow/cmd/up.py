@@ -8,6 +8,7 @@ then the server: no orphan engine survives.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -19,7 +20,7 @@ from sqlalchemy import select
 
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
-from heteroflow.agent.runtime.process import ProcessRuntime
+from heteroflow.agent.factory import RuntimeUnavailable, make_launcher
 from heteroflow.db.tables import InferenceEndpoint, TaskGroup, User
 from heteroflow.models.demo import GEMMA_CHAT_TEMPLATE, DemoModelUnavailable, ensure_demo_model
 from heteroflow.schemas.task_groups import TaskGroupCreate
@@ -42,6 +43,7 @@ class UpOptions:
     demo: str  # auto | gemma | tiny | none
     agent_config: Path | None
     threads: int
+    runtime: str = "process"
 
 
 def _pick_model(opts: UpOptions) -> tuple[Path, str] | None:
@@ -152,11 +154,10 @@ async def run_up(opts: UpOptions) -> int:
     port = sock.getsockname()[1]
     base = f"http://{opts.host}:{port}"
     node_cfg = NodeConfig.load(opts.agent_config)
-    node_cfg = NodeConfig(
-        gpus=node_cfg.gpus,
+    node_cfg = dataclasses.replace(
+        node_cfg,
         allowed_volume_prefixes=(*node_cfg.allowed_volume_prefixes, str(opts.models_dir)),
-        denied_volume_prefixes=node_cfg.denied_volume_prefixes,
-        labels=node_cfg.labels,
+        model_scan_dirs=(*(node_cfg.model_scan_dirs or ()), str(opts.models_dir)),
     )
     agent_settings = AgentSettings(
         server_url=base,
@@ -165,8 +166,15 @@ async def run_up(opts: UpOptions) -> int:
         work_dir=opts.data_dir / "agent",
         heartbeat_interval_s=2.0,
         cpu_threads=opts.threads,
+        runtime="docker" if opts.runtime == "docker" else "process",
+        stop_engines_on_exit=True,  # Ctrl-C leaves no engine behind
     )
-    agent = Agent(agent_settings, node_cfg, ProcessRuntime(agent_settings.work_dir), app.clock)
+    try:
+        launcher = make_launcher(agent_settings, node_cfg, agent_settings.node_name)
+    except RuntimeUnavailable as exc:
+        raise SystemExit(str(exc)) from exc
+    print(f"local agent: {opts.runtime} runtime")
+    agent = Agent(agent_settings, node_cfg, launcher, app.clock)
     stop = asyncio.Event()
     install_stop_signals(stop)
     server = asyncio.create_task(app.serve(stop, sock, extra=[agent.run]))

@@ -7,11 +7,13 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     TypeDecorator,
@@ -204,3 +206,52 @@ class Event(Base):
     to_status: Mapped[str] = mapped_column(String(32), default="")
     message: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime]
+
+
+class TaskLog(Base):
+    """Append-only chunks of a task's output (C6), numbered per task from 1.
+
+    Only the newest ``task_log_max_bytes`` per task are kept: older chunks are trimmed
+    when a new one arrives.
+    """
+
+    __tablename__ = "task_logs"
+    __table_args__ = (Index("ix_task_logs_task_seq", "task_id", "seq", unique=True),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(32))
+    seq: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(Integer)  # UTF-8 length of text
+    created_at: Mapped[datetime]
+
+
+class FileRequest(Base):
+    """A user's request to list a directory or download a file on a task's node (C7).
+
+    Kept in the database (with its chunks) so every server instance can answer for it.
+    """
+
+    __tablename__ = "file_requests"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(32), index=True)
+    tenant_id: Mapped[str] = mapped_column(String(32), index=True)
+    requested_by: Mapped[str] = mapped_column(String(32))
+    request_type: Mapped[str] = mapped_column(String(16))  # list | download
+    target_path: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), index=True)  # pending|running|done|failed
+    error: Mapped[str] = mapped_column(Text, default="")
+    result: Mapped[dict[str, Any]] = mapped_column(default=dict)  # list: {"entries": [...]}
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class FileRequestChunk(Base):
+    """One uploaded piece of a download, in order of ``seq`` (0, 1, ...)."""
+
+    __tablename__ = "file_request_chunks"
+    request_id: Mapped[str] = mapped_column(
+        ForeignKey("file_requests.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)

@@ -94,6 +94,7 @@ class NodeRead(BaseModel):
     memory_percent: float
     labels: dict[str, Any]
     engines: dict[str, str]
+    models: list[dict[str, Any]]
     registered_at: datetime
     last_heartbeat_at: datetime
 

@@ -147,6 +147,7 @@ def list_nodes(s: Session, clock: Clock, offline_after_s: float) -> list[NodeRea
             memory_percent=n.memory_percent,
             labels=dict(n.labels),
             engines={str(k): str(v) for k, v in n.engines.items()},
+            models=list(n.models),
             registered_at=n.registered_at,
             last_heartbeat_at=n.last_heartbeat_at,
         )

@@ -107,6 +107,13 @@ class ProcessRuntime:
     def running(self) -> list[str]:
         return [t for t, p in self._procs.items() if p.poll() is None]
 
+    def managed(self) -> dict[str, str]:
+        return {t: ("running" if p.poll() is None else "exited") for t, p in self._procs.items()}
+
+    def remove(self, task_id: str) -> None:
+        self.stop(task_id, timeout_s=2.0)
+        self.forget(task_id)
+
     def forget(self, task_id: str) -> None:
         self._procs.pop(task_id, None)
 

@@ -29,9 +29,9 @@ class LaunchFailed(Exception):
 
 
 class Runtime(Protocol):
-    name: str
+    """What the agent's loops need from a runtime; starting is the launcher's business."""
 
-    def start(self, spec: LaunchSpec) -> None: ...
+    name: str
 
     def exit_code(self, task_id: str) -> int | None:
         """None while running; the exit code once it has exited."""
@@ -40,6 +40,14 @@ class Runtime(Protocol):
     def stop(self, task_id: str, timeout_s: float) -> None: ...
 
     def running(self) -> list[str]: ...
+
+    def managed(self) -> dict[str, str]:
+        """Task id -> state ("running", "exited", ...) of everything this agent runs."""
+        ...
+
+    def remove(self, task_id: str) -> None:
+        """Force-remove something this agent started (zombie cleanup)."""
+        ...
 
     def forget(self, task_id: str) -> None: ...
 

@@ -1,0 +1,192 @@
+"""Turns a task assignment into a container and starts it on the Docker runtime.
+
+The container is built from the same pure pieces the dry run shows
+(``core.containers``, ``core.engines.commands``): the engine argv for the container
+port on all container interfaces, C3 environment, the model mounted read-only, GPU
+arguments for the node's vendor, shared memory / IPC / host network per shape (C5),
+and ports published only on the node's address (127.0.0.1 on a single node — an open
+engine port would bypass the gateway's keys).
+
+The model path is checked here, on the node (C4): an absolute path must sit inside
+the allow-list before anything about it is probed; a relative name means
+``/data/models/{name}`` (a HuggingFace folder with config.json, a GGUF file or a
+folder of GGUF files). A missing model fails the task with that reason.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from heteroflow.agent.config import NodeConfig
+from heteroflow.agent.inventory import GpuCard, NodeInventory
+from heteroflow.agent.models import DATA_MODELS, ModelPathError, check_allowed
+from heteroflow.agent.runtime.protocol import LaunchFailed
+from heteroflow.core.containers import (
+    ContainerPlan,
+    Mount,
+    container_env,
+    gpu_request,
+    model_mount,
+    shared_memory,
+)
+from heteroflow.core.engines.commands import CommandError, LaunchShape, build_command
+from heteroflow.core.paths import task_roots
+from heteroflow.schemas.nodes import TaskAssignment
+
+
+def _check_model(t: TaskAssignment, config: NodeConfig) -> None:
+    if not t.model_path or t.engine == "trtllm":
+        return  # TensorRT-LLM's engine directory lives in its image
+    if os.path.isabs(t.model_path):
+        try:
+            real = check_allowed(
+                Path(t.model_path), config.allowed_volume_prefixes, config.denied_volume_prefixes
+            )
+        except ModelPathError as exc:
+            raise LaunchFailed(str(exc)) from exc
+    else:
+        if ".." in Path(t.model_path).parts:
+            raise LaunchFailed(f"relative model path {t.model_path!r} may not contain '..'")
+        real = DATA_MODELS / t.model_path.strip("/")
+        ok = (real / "config.json").is_file() or real.is_file() or any(real.glob("*.gguf"))
+        if not ok:
+            raise LaunchFailed(
+                f"model {t.model_path!r} not found: expected {real}/config.json, "
+                f"a GGUF file or a folder of GGUF files under {DATA_MODELS}"
+            )
+        return
+    if not real.exists():
+        raise LaunchFailed(f"model path {t.model_path!r} does not exist on this node")
+
+
+def build_container(
+    t: TaskAssignment,
+    config: NodeConfig,
+    *,
+    address: str,
+    cards: Sequence[GpuCard],
+    work_dir: Path,
+) -> ContainerPlan:
+    _check_model(t, config)
+    vendor = next((c.vendor for c in cards if c.index in t.gpu_ids), "")
+    try:
+        gpu = gpu_request(vendor, t.gpu_ids) if vendor else None
+    except ValueError as exc:
+        raise LaunchFailed(str(exc)) from exc
+    mount, engine_path = model_mount(t.model_path, t.engine)
+    mounts: list[Mount] = [mount] if mount else []
+    container_port = int(t.ports[0]["container_port"]) if t.ports else 8000
+    entrypoint: tuple[str, ...] | None
+    if t.command:
+        entrypoint, args, engine_env = None, tuple(t.command), {}
+    else:
+        tp = t.gpu_required if t.parallelism == "tensor_parallel" else 1
+        try:
+            cmd = build_command(
+                LaunchShape(
+                    engine=t.engine,
+                    model_path=engine_path,
+                    served_model_name=t.model_name,
+                    port=container_port,
+                    parallelism=t.parallelism,
+                    gpus=t.gpu_required,
+                    tensor_parallel_size=tp,
+                    gpu_memory_utilization=t.gpu_memory_utilization,
+                    extra_args=tuple(t.engine_args),
+                    kv_offload_gb=t.kv_offload_gb,
+                )
+            )
+        except CommandError as exc:
+            raise LaunchFailed(str(exc)) from exc
+        entrypoint, args, engine_env = cmd.entrypoint, cmd.args, dict(cmd.env)
+        for target, content in cmd.config_files.items():
+            host = work_dir / "config" / t.id / target.lstrip("/")
+            host.parent.mkdir(parents=True, exist_ok=True)
+            host.write_text(content)
+            mounts.append(Mount(str(host), target))
+    ipc, shm, network = shared_memory(t.parallelism, t.gpu_required)
+    return ContainerPlan(
+        name=t.id,
+        image=t.image,
+        entrypoint=entrypoint,
+        command=tuple(args),
+        env=container_env(
+            t.env,
+            task_id=t.id,
+            group_id=t.group_id,
+            task_name=t.name,
+            engine=t.engine,
+            engine_env=engine_env,
+            gpu=gpu,
+        ),
+        ports={int(p["container_port"]): (address, int(p["host_port"])) for p in t.ports},
+        mounts=tuple(mounts),
+        ipc_mode=ipc,
+        shm_size=shm,
+        network_mode=network,
+        gpu=gpu,
+        labels={
+            "heteroflow.task": t.id,
+            "heteroflow.group": t.group_id,
+            "heteroflow.engine": t.engine,
+        },
+    )
+
+
+class DockerLauncher:
+    """Starts task containers through a ``DockerRuntime``.
+
+    ``observe`` receives every heartbeat's inventory: the cards decide the GPU
+    arguments, and the engine probe (``prober``) reruns on its schedule.
+    """
+
+    def __init__(
+        self,
+        runtime: Any,  # DockerRuntime (the docker SDK is imported only where it is used)
+        config: NodeConfig,
+        *,
+        address: str,
+        work_dir: Path,
+        prober: Callable[[Sequence[GpuCard]], dict[str, str]] | None = None,
+        probe_every: int = 20,
+    ) -> None:
+        self.runtime = runtime
+        self.config = config
+        self.probe_host = address
+        self._address = address
+        self._work_dir = work_dir
+        self._prober = prober
+        self._probe_every = probe_every
+        self._cards: tuple[GpuCard, ...] = ()
+        self._engines: dict[str, str] = {}
+        self._beats = 0
+        self.log_tail = 2000
+
+    def observe(self, inv: NodeInventory) -> None:
+        self._cards = inv.gpus
+        if self._prober is not None and self._beats % self._probe_every == 0:
+            self._engines = self._prober(self._cards)  # at start and every N heartbeats (C9)
+        self._beats += 1
+
+    def launch(self, t: TaskAssignment) -> tuple[str, ...]:
+        plan = build_container(
+            t, self.config, address=self._address, cards=self._cards, work_dir=self._work_dir
+        )
+        self.runtime.start(plan)
+        return (*(plan.entrypoint or ()), *plan.command)
+
+    def engines(self) -> dict[str, str]:
+        return dict(self._engines)
+
+    def log_source(self, task_id: str, since: str) -> tuple[str, str]:
+        """Container logs since a timestamp (tail 2000 lines per round, C6)."""
+        text, nxt = self.runtime.logs_since(
+            task_id, float(since) if since else None, tail=self.log_tail
+        )
+        return str(text), repr(float(nxt))
+
+    def file_roots(self, t: TaskAssignment) -> list[str]:
+        return task_roots(t.model_path, t.engine, "docker")

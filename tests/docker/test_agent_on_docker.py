@@ -1,0 +1,280 @@
+"""The agent on a real Docker Engine, end to end: server + agent processes, engine containers.
+
+A service runs as a container of the locally built llama.cpp engine image; the OpenAI
+SDK reaches it through the gateway; stop removes the container; a container killed
+behind the agent's back fails its task; an unknown ``task-*`` container carrying this
+agent's labels is removed; GPU assignment reaches the container through a stand-in
+``nvidia-container-runtime-hook`` (the machine has no GPU; the cards are declared).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from heteroflow.agent.runtime.docker import DockerRuntime
+from heteroflow.core.containers import ContainerPlan
+from heteroflow.core.ids import new_id
+from heteroflow.models.tiny_gguf import write_tiny_gguf
+from tests.conftest import free_port
+from tests.e2e.conftest import (
+    ADMIN_PASSWORD,
+    NODE_TOKEN,
+    Stack,
+    spawn,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+NODE = "docker-node"
+CARDS = [
+    {
+        "index": i,
+        "vendor": "nvidia",
+        "model": "A10",
+        "memory_mb": 24576,
+        "compute_capability": "8.6",
+    }
+    for i in range(4)
+]
+
+
+@pytest.fixture(scope="module")
+def dstack(
+    tmp_path_factory: pytest.TempPathFactory, docker_client: Any, engine_image: str
+) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("dock")
+    models = tmp / "models"
+    models.mkdir()
+    model = write_tiny_gguf(models / "tiny.gguf")
+    port = free_port()
+    pool = random.randint(31000, 32000)
+    url = f"http://127.0.0.1:{port}"
+    st = Stack(tmp, models, model, url, url)
+    (tmp / "node.json").write_text(
+        json.dumps(
+            {
+                "gpus": CARDS,
+                "allowed_volume_prefixes": [str(models)],
+                "model_scan_dirs": [str(models)],
+                "engine_images": {"llamacpp": engine_image},
+            }
+        )
+    )
+    server_env = {
+        "HETEROFLOW_DATA_DIR": str(tmp / "server"),
+        "HETEROFLOW_ADMIN_PASSWORD": ADMIN_PASSWORD,
+        "HETEROFLOW_NODE_TOKEN": NODE_TOKEN,
+        "HETEROFLOW_PORT_POOL_START": str(pool),
+        "HETEROFLOW_PORT_POOL_END": str(pool + 40),
+        "HETEROFLOW_SCHEDULER_INTERVAL_S": "0.2",
+        "HETEROFLOW_SNAPSHOT_INTERVAL_S": "0.2",
+    }
+    agent_env = {
+        "HETEROFLOW_AGENT_SERVER_URL": url,
+        "HETEROFLOW_AGENT_NODE_TOKEN": NODE_TOKEN,
+        "HETEROFLOW_AGENT_NODE_NAME": NODE,
+        "HETEROFLOW_AGENT_CONFIG_FILE": str(tmp / "node.json"),
+        "HETEROFLOW_AGENT_WORK_DIR": str(tmp / "agent"),
+        "HETEROFLOW_AGENT_HEARTBEAT_INTERVAL_S": "0.3",
+        "HETEROFLOW_AGENT_RUNTIME": "docker",
+        "HETEROFLOW_AGENT_DOCKER_HOST": _docker_host(docker_client),
+        "HETEROFLOW_AGENT_LOG_SHIP_INTERVAL_S": "0.5",
+    }
+    try:
+        st.procs.append(spawn("server", ["server", "--port", str(port)], server_env, tmp))
+        wait_for(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 30, "server")
+        st.procs.append(spawn("agent", ["agent"], agent_env, tmp))
+        wait_for(lambda: "docker runtime" in st.procs[-1].log.read_text(), 30, "agent start")
+        r = httpx.post(
+            url + "/api/v1/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}
+        )
+        st.token = r.json()["access_token"]
+        wait_for(lambda: st.api("GET", "/api/v1/nodes").json(), 10, "node registered")
+        yield st
+    finally:
+        for p in reversed(st.procs):
+            p.stop()
+        for c in docker_client.containers.list(
+            all=True, filters={"label": f"heteroflow.node={NODE}"}
+        ):
+            c.remove(force=True)
+
+
+def _docker_host(client: Any) -> str:
+    sock = Path("/tmp/heteroflow-dockerd/docker.sock")
+    for cand in (sock,):
+        if cand.exists():
+            return f"unix://{cand}"
+    return str(client.api.base_url)
+
+
+def body(name: str, **over: Any) -> dict[str, Any]:
+    task = {
+        "image": "heteroflow-test/llama.cpp:server",
+        "gpu_required": 1,
+        "engine_args": ["-c", "512", "-t", "1"],
+    }
+    task.update(over.pop("task", {}))
+    return {
+        "name": name,
+        "model_name": f"{name}-model",
+        "health_check": {"interval_seconds": 0.5, "start_period_seconds": 30},
+        "task": task,
+        **over,
+    }
+
+
+def create(st: Stack, b: dict[str, Any]) -> dict[str, Any]:
+    b["task"].setdefault("model_path", str(st.model_file))
+    r = st.api("POST", "/api/v1/task-groups", json=b)
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def container(client: Any, task_id: str) -> Any:
+    return client.containers.get(task_id)
+
+
+@pytest.mark.feature("C1", "C4", "C13", "M1")
+def test_service_runs_as_a_container_and_stop_removes_it(dstack: Stack, docker_client: Any) -> None:
+    g = create(dstack, body("dock"))
+    key = g["api_key"]
+    g = dstack.wait_status(g["id"], "running", 60)
+    task = g["tasks"][0]
+    c = container(docker_client, task["id"])
+    labels = c.labels
+    assert labels["heteroflow.task"] == task["id"] and labels["heteroflow.group"] == g["id"]
+    host = c.attrs["HostConfig"]
+    binding = host["PortBindings"]["8000/tcp"][0]
+    assert binding["HostIp"] == "127.0.0.1"
+    assert int(binding["HostPort"]) == task["ports"][0]["host_port"]
+    mount = next(m for m in c.attrs["Mounts"] if m["Destination"] == str(dstack.model_file))
+    assert mount["RW"] is False
+    client = openai.OpenAI(
+        base_url=dstack.server_url + "/v1", api_key=key, max_retries=0, timeout=30
+    )
+
+    def answers() -> bool:
+        try:
+            return bool(
+                client.chat.completions.create(
+                    model="dock-model", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                )
+                .choices[0]
+                .message.content
+            )
+        except openai.APIStatusError as exc:
+            if exc.status_code in (401, 503):
+                return False
+            raise
+
+    wait_for(answers, 10, "chat through the gateway")
+    launched = dstack.api("GET", f"/api/v1/tasks/{task['id']}").json()["launch_argv"]
+    assert "-m" in launched and "--host" in launched and "llama-server" not in launched
+    assert dstack.api("POST", f"/api/v1/tasks/{task['id']}/stop").json()["status"] == "stopping"
+
+    def gone() -> bool:
+        try:
+            container(docker_client, task["id"])
+        except Exception:
+            return True
+        return False
+
+    wait_for(gone, 20, "container removed")
+    wait_for(
+        lambda: dstack.api("GET", f"/api/v1/tasks/{task['id']}").json()["status"] == "stopped",
+        10,
+        "task stopped",
+    )
+
+
+@pytest.mark.feature("C2", "D1")
+def test_a_container_killed_behind_the_agents_back_fails_the_task(
+    dstack: Stack, docker_client: Any
+) -> None:
+    g = create(dstack, body("killed"))
+    g = dstack.wait_status(g["id"], "running", 60)
+    task = g["tasks"][0]
+    container(docker_client, task["id"]).remove(force=True)
+    dstack.wait_status(g["id"], "failed", 20)
+    t = dstack.api("GET", f"/api/v1/tasks/{task['id']}").json()
+    assert "container" in t["status_message"]
+
+
+@pytest.mark.feature("C8")
+def test_an_unknown_task_container_with_our_labels_is_removed(
+    dstack: Stack, docker_client: Any, busybox_image: str
+) -> None:
+    runtime = DockerRuntime(docker_client, node_id=NODE, agent_id=NODE)
+    ghost = new_id("task")
+    runtime.start(
+        ContainerPlan(
+            name=ghost,
+            image=busybox_image,
+            entrypoint=("sleep",),
+            command=("600",),
+            env={},
+            ports={},
+            mounts=(),
+            ipc_mode=None,
+            shm_size=None,
+            network_mode=None,
+            gpu=None,
+            labels={},
+        )
+    )
+    stranger = docker_client.containers.run(
+        busybox_image,
+        ["sleep", "600"],
+        name=new_id("task"),
+        detach=True,
+        labels={"heteroflow.managed": "true"},  # not this agent's: must be left alone
+    )
+    try:
+
+        def removed() -> bool:
+            try:
+                docker_client.containers.get(ghost)
+            except Exception:
+                return True
+            return False
+
+        wait_for(removed, 15, "zombie container removed")
+        stranger.reload()
+        assert stranger.status == "running"
+    finally:
+        stranger.remove(force=True)
+
+
+@pytest.mark.feature("C5", "B3")
+def test_gpu_assignment_reaches_the_container_and_tp_gets_shared_memory(
+    dstack: Stack, docker_client: Any
+) -> None:
+    g = create(dstack, body("tp", parallelism="tensor_parallel", world_size=2))
+    g = dstack.wait_status(g["id"], "running", 60)
+    task = g["tasks"][0]
+    assigned = sorted(task["gpu_ids"])
+    assert len(assigned) == 2
+    c = container(docker_client, task["id"])
+    # the (stand-in) NVIDIA hook sets the visibility inside the running container
+    out = c.exec_run(["python3.11", "-c", "print(open('/proc/1/environ').read())"])
+    assert out.exit_code == 0, out.output
+    env = dict(e.split("=", 1) for e in out.output.decode().strip().split("\0") if "=" in e)
+    assert sorted(int(i) for i in env["NVIDIA_VISIBLE_DEVICES"].split(",")) == assigned
+    host = c.attrs["HostConfig"]
+    assert host["IpcMode"] == "host"
+    assert host["ShmSize"] == 16 * 1024**3
+    request = host["DeviceRequests"][0]
+    assert sorted(int(i) for i in request["DeviceIDs"]) == assigned
+    args = c.attrs["Args"]
+    assert args[args.index("--tensor-split") + 1] == "1,1"
+    assert dstack.api("DELETE", f"/api/v1/task-groups/{g['id']}").status_code == 204
