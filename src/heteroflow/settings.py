@@ -109,6 +109,8 @@ class AgentSettings(BaseSettings):
     watch_interval_s: float = 0.2
     request_timeout_s: float = 10.0
     stop_timeout_s: float = 10.0
+    # A port-bind conflict at launch is retried with back-off for this long (C11).
+    port_retry_total_s: float = 119.0
     # Engine threads for CPU llama.cpp; 0 = let the launcher choose.
     cpu_threads: int = 0
     # Logs (C6): how often new output is shipped and the most lines read per round.

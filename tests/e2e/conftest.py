@@ -179,6 +179,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "HETEROFLOW_AGENT_CPU_THREADS": "1",
         "HETEROFLOW_AGENT_RUNTIME": "process",
         "HETEROFLOW_AGENT_LOG_SHIP_INTERVAL_S": "0.5",
+        "HETEROFLOW_AGENT_PORT_RETRY_TOTAL_S": "6",
     }
     try:
         st.procs.append(spawn("server", ["server", "--port", str(server_port)], server_env, tmp))

@@ -31,11 +31,20 @@ from heteroflow.agent.model_scan import ModelScanner, default_cache_dir, scan_di
 from heteroflow.agent.runtime.protocol import LaunchFailed, PortInUse
 from heteroflow.core.clock import Clock, interruptible_sleep
 from heteroflow.core.health import HealthCheckConfig, HealthTracker, HealthVerdict
+from heteroflow.core.retry import Backoff
 from heteroflow.schemas.nodes import GpuCardWire, Heartbeat, InventoryWire, TaskAssignment
 from heteroflow.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 MODEL_SCAN_EVERY = 12  # heartbeats (C10)
+
+
+@dataclass(frozen=True)
+class Retry:
+    task: TaskAssignment
+    due: float
+    attempt: int
+    first_try: float
 
 
 @dataclass
@@ -69,6 +78,8 @@ class Agent:
         self.name = settings.node_name or socket.gethostname()
         self.local: dict[str, Local] = {}
         self.stopping: set[str] = set()  # being stopped right now: neither adopt nor reap
+        self.retry: dict[str, Retry] = {}  # port conflicts waiting for their next try
+        self.backoff = Backoff(total_s=settings.port_retry_total_s)
         self.scanner = ModelScanner(
             scan_dirs(config.model_scan_dirs, os.environ, default_cache_dir())
         )
@@ -109,7 +120,15 @@ class Agent:
         await self._flush_outbox()
         desired = {t.id: t for t in reply.tasks}
         managed = await asyncio.to_thread(self.runtime.managed)
+        for task_id in [i for i in self.retry if i not in desired]:
+            del self.retry[task_id]  # deleted or stopped while waiting for its port
+            await self._report(task_id, "stopped", "stopped before it could start")
         for t in reply.tasks:
+            if t.id in self.retry:
+                r = self.retry[t.id]
+                if self.clock.monotonic() >= r.due:
+                    await self._launch(r.task, attempt=r.attempt, first_try=r.first_try)
+                continue
             if t.id in self.local or t.id in self.outbox or t.id in self.stopping:
                 continue
             if t.status == "scheduled":
@@ -156,6 +175,10 @@ class Agent:
         except ServerError as exc:
             log.info("claim of %s refused: %s", t.id, exc)
             return
+        await self._launch(t, attempt=1, first_try=self.clock.monotonic())
+
+    async def _launch(self, t: TaskAssignment, *, attempt: int, first_try: float) -> None:
+        self.retry.pop(t.id, None)
         try:
             health = HealthCheckConfig.from_api(t.health_check)
             port = host_port_for(t, health.port)
@@ -164,7 +187,19 @@ class Agent:
                 argv = self.launcher.launch(t)
             else:
                 argv = await asyncio.to_thread(self.launcher.launch, t)
-        except (LaunchFailed, PortInUse, ValueError) as exc:
+        except PortInUse as exc:  # C11: the previous engine may still be leaving the port
+            now = self.clock.monotonic()
+            delay = self.backoff.next_delay(attempt, now - first_try)
+            if delay is None:
+                elapsed = now - first_try
+                await self._report(
+                    t.id, "failed", f"launch failed: {exc} (still after {elapsed:.0f} s)"
+                )
+            else:
+                log.warning("%s: %s; retry %d in %.0f s", t.id, exc, attempt, delay)
+                self.retry[t.id] = Retry(t, now + delay, attempt + 1, first_try)
+            return
+        except (LaunchFailed, ValueError) as exc:
             await self._report(t.id, "failed", f"launch failed: {exc}")
             return
         tracker = HealthTracker(health, started_at=self.clock.monotonic())
