@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from heteroflow.agent.config import NodeConfig
+from heteroflow.agent.engine_probe import VERSION_LABEL, kv_offload_check
 from heteroflow.agent.inventory import GpuCard, NodeInventory
 from heteroflow.agent.models import DATA_MODELS, ModelPathError, check_allowed
 from heteroflow.agent.runtime.protocol import LaunchFailed
@@ -69,6 +70,7 @@ def build_container(
     address: str,
     cards: Sequence[GpuCard],
     work_dir: Path,
+    engine_version: str = "",
 ) -> ContainerPlan:
     _check_model(t, config)
     vendor = next((c.vendor for c in cards if c.index in t.gpu_ids), "")
@@ -97,6 +99,7 @@ def build_container(
                     gpu_memory_utilization=t.gpu_memory_utilization,
                     extra_args=tuple(t.engine_args),
                     kv_offload_gb=t.kv_offload_gb,
+                    engine_version=engine_version,
                 )
             )
         except CommandError as exc:
@@ -152,6 +155,7 @@ class DockerLauncher:
         work_dir: Path,
         prober: Callable[[Sequence[GpuCard]], dict[str, str]] | None = None,
         probe_every: int = 20,
+        version_of: Callable[[str], str | None] | None = None,
     ) -> None:
         self.runtime = runtime
         self.config = config
@@ -164,19 +168,49 @@ class DockerLauncher:
         self._engines: dict[str, str] = {}
         self._beats = 0
         self.log_tail = 2000
+        self._version_of = version_of
+        self._memory = (0, 0)  # MemTotal, MemAvailable in MiB, from the last heartbeat
+        self._offload: dict[str, int] = {}  # task id -> declared kv offload GiB
 
     def observe(self, inv: NodeInventory) -> None:
         self._cards = inv.gpus
+        self._memory = (inv.memory_total_mb, inv.memory_available_mb)
         if self._prober is not None and self._beats % self._probe_every == 0:
             self._engines = self._prober(self._cards)  # at start and every N heartbeats (C9)
         self._beats += 1
 
     def launch(self, t: TaskAssignment) -> tuple[str, ...]:
+        version = self._kv_offload_gate(t) if t.kv_offload_gb else ""
         plan = build_container(
-            t, self.config, address=self._address, cards=self._cards, work_dir=self._work_dir
+            t,
+            self.config,
+            address=self._address,
+            cards=self._cards,
+            work_dir=self._work_dir,
+            engine_version=version,
         )
         self.runtime.start(plan)
+        if t.kv_offload_gb:
+            self._offload[t.id] = t.kv_offload_gb
         return (*(plan.entrypoint or ()), *plan.command)
+
+    def _kv_offload_gate(self, t: TaskAssignment) -> str:
+        """C12 on the node: the image's vLLM version picks the flag form; red lines."""
+        version = self._version_of(t.image) if self._version_of else None
+        if not version:
+            raise LaunchFailed(
+                f"kv_offload_gb needs the vLLM version of {t.image}, which could not be read; "
+                f"label the image {VERSION_LABEL}=<version> or use an image with vLLM"
+            )
+        running = self.runtime.managed()
+        others = sum(
+            gb for tid, gb in self._offload.items() if tid != t.id and running.get(tid) == "running"
+        )
+        total, available = self._memory
+        reason = kv_offload_check(t.kv_offload_gb, others, total, available)
+        if reason:
+            raise LaunchFailed(reason)
+        return version
 
     def engines(self) -> dict[str, str]:
         return dict(self._engines)

@@ -35,6 +35,7 @@ def _docker(settings: AgentSettings, config: NodeConfig, node_name: str) -> Laun
     from heteroflow.agent.engine_probe import (
         DockerImageStore,
         default_templates,
+        engine_version,
         pip_installed,
         probe_engines,
     )
@@ -61,5 +62,10 @@ def _docker(settings: AgentSettings, config: NodeConfig, node_name: str) -> Laun
         return dict(result.available)
 
     return DockerLauncher(
-        runtime, config, address=settings.address, work_dir=settings.work_dir, prober=prober
+        runtime,
+        config,
+        address=settings.address,
+        work_dir=settings.work_dir,
+        prober=prober,
+        version_of=lambda image: engine_version(store, image),
     )
