@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from heteroflow.schemas.common import Strict
 
@@ -74,10 +74,23 @@ class HeartbeatReply(BaseModel):
     tasks: list[TaskAssignment]
 
 
+# Why a task failed, when the agent knows it was a fault rather than a launch error (E2).
+FaultKind = Literal["container_lost", "engine_exited", "unhealthy"]
+
+
 class TaskReport(Strict):
     status: Literal["running", "failed", "stopped", "completed"]
     message: str = Field(default="", max_length=8192)
     argv: list[str] | None = Field(default=None, max_length=4096, description="as launched")
+    fault: FaultKind | None = Field(
+        default=None, description="the fault behind a 'failed' report; becomes fault.<kind>"
+    )
+
+    @model_validator(mode="after")
+    def _fault_only_on_failure(self) -> TaskReport:
+        if self.fault is not None and self.status != "failed":
+            raise ValueError("fault is only allowed with status 'failed'")
+        return self
 
 
 class NodeRead(BaseModel):
