@@ -20,6 +20,7 @@ import uvicorn
 from heteroflow.api.app import Dispatcher, create_api
 from heteroflow.api.context import ServerContext
 from heteroflow.controllers.base import run_loop
+from heteroflow.controllers.node_watch import NodeWatch
 from heteroflow.controllers.scheduler import Scheduler
 from heteroflow.controllers.snapshot import SnapshotPublisher
 from heteroflow.core.clock import Clock, SystemClock
@@ -116,6 +117,12 @@ class ServerApp:
             port_pool=settings.port_pool(),
             reservation=settings.reservation(),
         )
+        self.node_watch = NodeWatch(
+            self.db,
+            self.clock,
+            interval_s=settings.scheduler_interval_s,
+            offline_after_s=settings.node_offline_after_s,
+        )
         self.publisher = SnapshotPublisher(
             self.db, self.holder, interval_s=settings.snapshot_interval_s
         )
@@ -130,6 +137,7 @@ class ServerApp:
         server = http_server(self.asgi)
         loops = [
             asyncio.create_task(run_loop(self.scheduler, self.clock, stop)),
+            asyncio.create_task(run_loop(self.node_watch, self.clock, stop)),
             asyncio.create_task(run_loop(self.publisher, self.clock, stop)),
         ]
         serving = asyncio.create_task(server.serve(sockets=[sock]))

@@ -58,11 +58,19 @@ class ServerClient:
         )
 
     async def report(
-        self, task_id: str, status: str, message: str = "", argv: list[str] | None = None
+        self,
+        task_id: str,
+        status: str,
+        message: str = "",
+        argv: list[str] | None = None,
+        fault: str | None = None,
     ) -> str:
+        """Report a task's outcome; ``fault`` names why a ``failed`` one failed (E2)."""
         body: dict[str, Any] = {"status": status, "message": message[:8000]}
         if argv is not None:
             body["argv"] = argv
+        if fault is not None:
+            body["fault"] = fault
         data = await self._post(f"/api/v1/agent/tasks/{task_id}/report", body)
         return str(data["status"])
 

@@ -86,8 +86,8 @@ class Agent:
         self.models: list[dict[str, Any]] = []
         self.shipper = LogShipper(self.client, launcher.log_source)
         self.beats = 0
-        # task id -> (status, message, argv as launched or None)
-        self.outbox: dict[str, tuple[str, str, list[str] | None]] = {}
+        # task id -> (status, message, argv as launched or None, fault or None)
+        self.outbox: dict[str, tuple[str, str, list[str] | None, str | None]] = {}
         self._http: aiohttp.ClientSession | None = None
 
     # -- heartbeat and convergence -------------------------------------------------
@@ -139,7 +139,10 @@ class Agent:
                 self._adopt(t)  # C2: an engine that outlived the agent is watched again
             else:  # starting/running on the server but gone here
                 what = "container" if self.runtime.name == "docker" else "engine process"
-                await self._report(t.id, "failed", f"{what} lost while the agent was away")
+                await self._report(
+                    t.id, "failed", f"{what} lost while the agent was away",
+                    fault="container_lost",
+                )
         for task_id in list(self.local):
             if task_id not in desired:
                 await self._stop(task_id, "stopped", "stopped by the server")
@@ -205,7 +208,9 @@ class Agent:
         tracker = HealthTracker(health, started_at=self.clock.monotonic())
         self.local[t.id] = Local(task=t, tracker=tracker, health=health, port=port, argv=argv)
 
-    async def _stop(self, task_id: str, status: str, message: str) -> None:
+    async def _stop(
+        self, task_id: str, status: str, message: str, fault: str | None = None
+    ) -> None:
         # Out of `local` first: the watcher must not take the exit we cause for a crash.
         self.local.pop(task_id, None)
         self.stopping.add(task_id)
@@ -216,18 +221,23 @@ class Agent:
             self.runtime.forget(task_id)
         finally:
             self.stopping.discard(task_id)
-        await self._report(task_id, status, message)
+        await self._report(task_id, status, message, fault=fault)
 
     async def _report(
-        self, task_id: str, status: str, message: str, argv: list[str] | None = None
+        self,
+        task_id: str,
+        status: str,
+        message: str,
+        argv: list[str] | None = None,
+        fault: str | None = None,
     ) -> None:
-        self.outbox[task_id] = (status, message, argv)
+        self.outbox[task_id] = (status, message, argv, fault)
         await self._flush_outbox()
 
     async def _flush_outbox(self) -> None:
-        for task_id, (status, message, argv) in list(self.outbox.items()):
+        for task_id, (status, message, argv, fault) in list(self.outbox.items()):
             try:
-                await self.client.report(task_id, status, message, argv)
+                await self.client.report(task_id, status, message, argv, fault)
             except ServerError as exc:
                 if exc.status in (404, 409):  # the server moved on; nothing to deliver
                     log.info("report %s for %s dropped: %s", status, task_id, exc)
@@ -252,7 +262,8 @@ class Agent:
                 self.local.pop(task_id, None)
                 if code == -1 and self.runtime.name == "docker":
                     await self._report(
-                        task_id, "failed", "container removed behind the agent's back"
+                        task_id, "failed", "container removed behind the agent's back",
+                        fault="container_lost",
                     )
                 elif code == 0 and loc.task.task_type != "inference":
                     await self._report(task_id, "completed", "exited with code 0")
@@ -262,6 +273,8 @@ class Agent:
                         "failed",
                         f"engine exited with code {code}; last output:\n{tail}",
                         list(loc.argv),
+                        # a negative code is a signal: killed behind the agent's back
+                        fault="engine_exited" if code >= 0 else "container_lost",
                     )
                 continue
             now = self.clock.monotonic()
@@ -285,6 +298,7 @@ class Agent:
                     task_id,
                     "failed",
                     f"health check failed {loc.health.unhealthy_threshold} times: {detail}",
+                    fault="unhealthy",
                 )
 
     def _session(self) -> aiohttp.ClientSession:
@@ -352,7 +366,7 @@ class Agent:
         for i in ids:
             self.runtime.forget(i)
             self.local.pop(i, None)
-            self.outbox[i] = ("failed", "agent shut down; engine stopped", None)
+            self.outbox[i] = ("failed", "agent shut down; engine stopped", None, None)
         try:
             await asyncio.wait_for(self._flush_outbox(), timeout=3)
         except Exception:

@@ -1,4 +1,9 @@
-"""Nodes and the agent protocol: heartbeat (register + desired tasks), claim, report."""
+"""Nodes and the agent protocol: heartbeat (register + desired tasks), claim, report.
+
+Faults seen here become group-level fault events (E2, ``services.faults``): a card that
+vanished from a heartbeat's inventory (``fault.gpu_lost``) and a failed report that
+names its fault (``fault.container_lost`` / ``engine_exited`` / ``unhealthy``).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from heteroflow.schemas.nodes import (
     TaskReport,
     TemplateRead,
 )
+from heteroflow.services import faults
 from heteroflow.services.transitions import transition
 
 # What an agent is told about: tasks placed on it that it should be starting or running.
@@ -36,6 +42,8 @@ def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
     if node is None:
         node = Node(id=new_id("node"), name=hb.name, registered_at=now)
         s.add(node)
+    else:
+        _check_cards(s, clock, node, {g.index for g in inv.gpus})
     node.address = hb.address
     node.runtime = hb.runtime
     node.gpus = [g.model_dump() for g in inv.gpus]
@@ -56,6 +64,14 @@ def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
         .order_by(Task.created_at)
     )
     return HeartbeatReply(node_id=node.id, tasks=[assignment(t, p) for t, p in rows])
+
+
+def _check_cards(s: Session, clock: Clock, node: Node, now_listed: set[int]) -> None:
+    """Cards of the previous inventory missing from this one are lost (all of them when
+    NVML stops answering); tasks placed on them get a ``fault.gpu_lost`` per group."""
+    vanished = [g for g in node.gpus if int(g["index"]) not in now_listed]
+    if vanished:
+        faults.gpu_lost(s, clock, node, vanished)
 
 
 def assignment(t: Task, parallelism: str) -> TaskAssignment:
@@ -113,7 +129,11 @@ _REPORT_FROM: dict[TaskStatus, tuple[TaskStatus, ...]] = {
 
 
 def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport) -> str:
-    """Apply an agent's report; returns the task's status afterwards."""
+    """Apply an agent's report; returns the task's status afterwards.
+
+    A report that names a fault writes its ``fault.*`` event in the same transaction,
+    only when the task really fails (not for a repeat, nor for a task being stopped).
+    """
     t = _task_on_node(s, node_id, task_id)
     to = TaskStatus(rep.status)
     current = TaskStatus(t.status)
@@ -125,6 +145,10 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
         return current.value
     if current not in _REPORT_FROM[to]:
         raise Conflict(f"task {task_id} is {current}; cannot report {to}")
+    if rep.fault is not None and to == TaskStatus.FAILED:
+        # Before the transition (cause, then effect); a lost race rolls both back.
+        node = s.get(Node, node_id)
+        faults.task_fault(s, clock, t, node.name if node else node_id, rep.fault, rep.message)
     if not transition(s, clock, t.id, current, to, rep.message):
         raise Conflict(f"task {task_id} changed concurrently; report again")
     return to.value

@@ -1,0 +1,249 @@
+"""Group-level fault events (E2): what went wrong, on the group's one timeline.
+
+A fault is a fact beside the state changes ``transitions`` records: an ``events`` row
+with ``kind = fault.<what>``, the group it concerns, ``task_id`` when it concerns exactly
+one task of that group (otherwise None and the message names the tasks), and a readable
+message with the details (node name, card index, exit code …). The group's timeline is
+``GET /api/v1/task-groups/{id}/events``, oldest first.
+
+Who writes which kind:
+
+- ``fault.container_lost`` / ``fault.engine_exited`` / ``fault.unhealthy``: a ``failed``
+  report from the agent that names the fault (``services.nodes.report``), in the same
+  transaction as the task's transition and just before it (cause, then effect).
+- ``fault.gpu_lost``: a heartbeat whose inventory no longer lists a card that a task
+  holding resources is placed on (``services.nodes.heartbeat``).
+- ``fault.node_lost`` / ``fault.node_back``: ``watch_nodes`` (the ``NodeWatch`` loop).
+
+How ``watch_nodes`` remembers a loss without a schema change: next to the group rows it
+writes one node-level row of the same kind with ``group_id`` NULL, ``task_id`` NULL,
+``from_status``/``to_status`` = the node's ``online``/``offline`` change, and a message
+that starts with ``node <name> `` (node names never contain a space, so the prefix is
+unambiguous). The latest such row of a node is its recorded state: ``fault.node_lost``
+means "lost, not back yet". Reading it is an indexed ``group_id IS NULL`` lookup (task
+transitions always carry a group), and every round compares the recorded state with the
+heartbeat-derived one (level-triggered): running a round twice writes nothing new.
+When a node returns, ``fault.node_back`` goes to exactly the groups that got a
+``fault.node_lost`` for it since its node-level loss row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from heteroflow.core.clock import Clock
+from heteroflow.core.states import AGENT_OWNED, HOLDS_RESOURCES
+from heteroflow.db.tables import Event, Node, Task
+
+log = logging.getLogger(__name__)
+
+CONTAINER_LOST = "fault.container_lost"
+ENGINE_EXITED = "fault.engine_exited"
+UNHEALTHY = "fault.unhealthy"
+GPU_LOST = "fault.gpu_lost"
+NODE_LOST = "fault.node_lost"
+NODE_BACK = "fault.node_back"
+
+# The agent's fault names (TaskReport.fault) -> event kinds.
+REPORTED: dict[str, str] = {
+    "container_lost": CONTAINER_LOST,
+    "engine_exited": ENGINE_EXITED,
+    "unhealthy": UNHEALTHY,
+}
+
+
+def record(
+    s: Session,
+    clock: Clock,
+    *,
+    group_id: str | None,
+    kind: str,
+    message: str,
+    task_id: str | None = None,
+    from_status: str = "",
+    to_status: str = "",
+) -> None:
+    """Add one fault row to the caller's unit of work."""
+    s.add(
+        Event(
+            group_id=group_id,
+            task_id=task_id,
+            kind=kind,
+            from_status=from_status,
+            to_status=to_status,
+            message=message,
+            created_at=clock.now(),
+        )
+    )
+
+
+def _label(t: Task) -> str:
+    return f"{t.name} ({t.id}, {t.status})"
+
+
+def _per_group(tasks: Iterable[Task]) -> dict[str, list[Task]]:
+    groups: dict[str, list[Task]] = defaultdict(list)
+    for t in sorted(tasks, key=lambda t: (t.group_id, t.name, t.id)):
+        groups[t.group_id].append(t)
+    return groups
+
+
+def _only(tasks: list[Task]) -> str | None:
+    return tasks[0].id if len(tasks) == 1 else None
+
+
+def task_fault(s: Session, clock: Clock, t: Task, node_name: str, fault: str, detail: str) -> None:
+    """An agent-reported fault of one task (``fault`` is a ``TaskReport.fault`` value)."""
+    record(
+        s,
+        clock,
+        group_id=t.group_id,
+        task_id=t.id,
+        kind=REPORTED[fault],
+        message=f"task {t.name} ({t.id}) on node {node_name}: {detail}",
+    )
+
+
+def gpu_lost(s: Session, clock: Clock, node: Node, cards: list[dict[str, Any]]) -> int:
+    """Cards that vanished from ``node``'s inventory: one event per group placed on each.
+
+    Returns how many events were written. Called with the node's previous inventory
+    entries of the vanished cards, before the new inventory replaces them.
+    """
+    statuses = [x.value for x in HOLDS_RESOURCES]
+    holding = list(
+        s.scalars(select(Task).where(Task.node_id == node.id, Task.status.in_(statuses)))
+    )
+    written = 0
+    for card in cards:
+        index = int(card["index"])
+        what = ", ".join(str(card[k]) for k in ("model", "uuid") if card.get(k))
+        name = f"GPU {index}" + (f" ({what})" if what else "")
+        on_card = [t for t in holding if index in t.gpu_ids]
+        log.warning(
+            "node %s: %s vanished from the inventory; %d task(s) placed on it",
+            node.name,
+            name,
+            len(on_card),
+        )
+        for group_id, tasks in _per_group(on_card).items():
+            record(
+                s,
+                clock,
+                group_id=group_id,
+                task_id=_only(tasks),
+                kind=GPU_LOST,
+                message=f"{name} vanished from node {node.name}'s inventory; placed on it: "
+                + ", ".join(_label(t) for t in tasks),
+            )
+            written += 1
+    return written
+
+
+@dataclass
+class WatchResult:
+    """Node names whose loss / return this round recorded."""
+
+    lost: list[str] = field(default_factory=list)
+    back: list[str] = field(default_factory=list)
+
+
+def _node_of(message: str) -> str:
+    parts = message.split(" ", 2)
+    return parts[1] if len(parts) > 1 and parts[0] == "node" else ""
+
+
+def _latest_marks(s: Session) -> dict[str, Event]:
+    """Node name -> its latest node-level node_lost / node_back row."""
+    rows = s.scalars(
+        select(Event)
+        .where(Event.group_id.is_(None), Event.kind.in_([NODE_LOST, NODE_BACK]))
+        .order_by(Event.id)
+    )
+    return {_node_of(e.message): e for e in rows}
+
+
+def watch_nodes(s: Session, clock: Clock, offline_after_s: float) -> WatchResult:
+    """One level-triggered round: record nodes lost with live tasks, and their return."""
+    now = clock.now()
+    cutoff = now - timedelta(seconds=offline_after_s)
+    marks = _latest_marks(s)
+    result = WatchResult()
+    newly_offline: list[Node] = []
+    for node in s.scalars(select(Node).order_by(Node.name)):
+        mark = marks.get(node.name)
+        is_lost = mark is not None and mark.kind == NODE_LOST
+        if node.last_heartbeat_at < cutoff:
+            if not is_lost:
+                newly_offline.append(node)
+        elif mark is not None and is_lost:
+            _node_back(s, clock, node, mark)
+            result.back.append(node.name)
+    live = _live_tasks(s, [n.id for n in newly_offline])
+    for node in newly_offline:
+        if live.get(node.id):  # an idle node going away is no group's fault
+            _node_lost(s, clock, node, live[node.id], now)
+            result.lost.append(node.name)
+    return result
+
+
+def _live_tasks(s: Session, node_ids: list[str]) -> dict[str, list[Task]]:
+    """Node id -> its starting/running tasks (only the nodes asked about)."""
+    live: dict[str, list[Task]] = defaultdict(list)
+    if node_ids:
+        statuses = [x.value for x in AGENT_OWNED]
+        for t in s.scalars(
+            select(Task).where(Task.node_id.in_(node_ids), Task.status.in_(statuses))
+        ):
+            live[str(t.node_id)].append(t)
+    return live
+
+
+def _node_lost(s: Session, clock: Clock, node: Node, tasks: list[Task], now: datetime) -> None:
+    away = (now - node.last_heartbeat_at).total_seconds()
+    head = f"node {node.name} lost: no heartbeat for {away:.0f} s"
+    groups = _per_group(tasks)
+    log.warning("%s; %d task(s) of %d group(s) affected", head, len(tasks), len(groups))
+    common = {"kind": NODE_LOST, "from_status": "online", "to_status": "offline"}
+    record(
+        s,
+        clock,
+        group_id=None,
+        message=f"{head} (node id {node.id}); {len(tasks)} task(s) of "
+        f"{len(groups)} group(s) affected",
+        **common,
+    )
+    for group_id, mine in groups.items():
+        record(
+            s,
+            clock,
+            group_id=group_id,
+            task_id=_only(mine),
+            message=f"{head}; unreachable: " + ", ".join(_label(t) for t in mine),
+            **common,
+        )
+
+
+def _node_back(s: Session, clock: Clock, node: Node, mark: Event) -> None:
+    """Tell every group told of this loss (its rows follow the node-level one)."""
+    told = s.scalars(
+        select(Event)
+        .where(Event.id > mark.id, Event.kind == NODE_LOST, Event.group_id.is_not(None))
+        .order_by(Event.id)
+    )
+    mine = {e.group_id: e for e in told if _node_of(e.message) == node.name}
+    since = mark.created_at.isoformat()
+    head = f"node {node.name} back: heartbeating again (reported lost at {since})"
+    log.info("%s; %d group(s) told", head, len(mine))
+    common = {"kind": NODE_BACK, "from_status": "offline", "to_status": "online"}
+    record(s, clock, group_id=None, message=f"{head} (node id {node.id})", **common)
+    for group_id, lost in mine.items():
+        record(s, clock, group_id=group_id, task_id=lost.task_id, message=head, **common)
