@@ -153,6 +153,7 @@ def test_service_runs_as_a_container_and_stop_removes_it(dstack: Stack, docker_c
     c = container(docker_client, task["id"])
     labels = c.labels
     assert labels["heteroflow.task"] == task["id"] and labels["heteroflow.group"] == g["id"]
+    assert labels["heteroflow.generation"] == "1" and labels["heteroflow.node"] == NODE
     host = c.attrs["HostConfig"]
     binding = host["PortBindings"]["8000/tcp"][0]
     assert binding["HostIp"] == "127.0.0.1"

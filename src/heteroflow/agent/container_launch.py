@@ -134,6 +134,7 @@ def build_container(
         labels={
             "heteroflow.task": t.id,
             "heteroflow.group": t.group_id,
+            "heteroflow.generation": str(t.generation),
             "heteroflow.engine": t.engine,
         },
     )

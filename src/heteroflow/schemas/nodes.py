@@ -64,6 +64,7 @@ class TaskAssignment(BaseModel):
     gpu_required: int
     memory_mb: int
     kv_offload_gb: int = 0
+    generation: int = 1
     gpu_memory_utilization: int = 90
     parallelism: str = "single"
     health_check: dict[str, Any]

@@ -93,6 +93,7 @@ def assignment(t: Task, parallelism: str) -> TaskAssignment:
         gpu_required=t.gpu_required,
         memory_mb=t.memory_mb,
         kv_offload_gb=t.kv_offload_gb,
+        generation=t.generation,
         gpu_memory_utilization=t.gpu_memory_utilization,
         parallelism=parallelism,
         health_check=dict(t.health_check),

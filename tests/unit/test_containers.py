@@ -1,0 +1,131 @@
+"""Golden tests of the container plan's pure pieces (C3, C4, C5, GPU arguments).
+
+AMD, Hygon, Ascend and Moore Threads arguments are checked here only: not verified on
+their hardware (docs/operations.md says so).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from heteroflow.core.containers import (
+    GpuRequest,
+    container_env,
+    gpu_request,
+    model_mount,
+    shared_memory,
+)
+
+
+@pytest.mark.feature("C1")
+@pytest.mark.parametrize(
+    ("vendor", "ids", "expected"),
+    [
+        ("nvidia", [1, 3], GpuRequest("nvidia", device_ids=("1", "3"))),
+        (
+            "amd",
+            [0, 1],
+            GpuRequest(
+                "amd",
+                devices=("/dev/kfd", "/dev/dri"),
+                group_add=("video", "render"),
+                env={"HIP_VISIBLE_DEVICES": "0,1"},
+            ),
+        ),
+        (
+            "hygon",
+            [2],
+            GpuRequest(
+                "hygon",
+                devices=("/dev/kfd", "/dev/dri"),
+                group_add=("video", "render"),
+                env={"HIP_VISIBLE_DEVICES": "2"},
+            ),
+        ),
+        (
+            "ascend",
+            [0, 5],
+            GpuRequest(
+                "ascend",
+                devices=(
+                    "/dev/davinci0",
+                    "/dev/davinci5",
+                    "/dev/davinci_manager",
+                    "/dev/devmm_svm",
+                    "/dev/hisi_hdc",
+                ),
+                env={"ASCEND_VISIBLE_DEVICES": "0,5"},
+            ),
+        ),
+        ("musa", [1], GpuRequest("musa", env={"MTHREADS_VISIBLE_DEVICES": "1"})),
+    ],
+)
+def test_gpu_arguments_per_vendor(vendor: str, ids: list[int], expected: GpuRequest) -> None:
+    assert gpu_request(vendor, ids) == expected
+
+
+def test_no_cards_no_gpu_arguments_and_unknown_vendor_refused() -> None:
+    assert gpu_request("nvidia", []) is None
+    with pytest.raises(ValueError, match="cambricon"):
+        gpu_request("cambricon", [0])
+
+
+@pytest.mark.feature("C3")
+def test_env_rules() -> None:
+    env = container_env(
+        [
+            "BARE",
+            "KEEP=1",
+            "CUDA_VISIBLE_DEVICES=9",
+            "HETEROFLOW_TASK_ID=spoof",
+            "=x",
+            "VLLM_SERVER_DEV_MODE=1",
+        ],
+        task_id="task-1",
+        group_id="tg-1",
+        task_name="n-0",
+        engine="sglang",
+        engine_env={"VLLM_SERVER_DEV_MODE": "1", "SGL_X": "y"},
+        gpu=gpu_request("amd", [0]),
+    )
+    assert env == {
+        "KEEP": "1",
+        "SGL_X": "y",
+        "HIP_VISIBLE_DEVICES": "0",
+        "HETEROFLOW_TASK_ID": "task-1",
+        "HETEROFLOW_GROUP_ID": "tg-1",
+        "HETEROFLOW_TASK_NAME": "n-0",
+    }
+    vllm = container_env(
+        [],
+        task_id="t",
+        group_id="g",
+        task_name="n",
+        engine="vllm",
+        engine_env={"VLLM_SERVER_DEV_MODE": "1"},
+        gpu=None,
+    )
+    assert vllm["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+@pytest.mark.feature("C4")
+def test_model_mounts() -> None:
+    m, path = model_mount("/data/models/qwen/../qwen", "vllm")
+    assert (m.source, m.target, m.read_only, path) == (
+        "/data/models/qwen",
+        "/data/models/qwen",
+        True,
+        "/data/models/qwen",
+    )
+    m, path = model_mount("qwen-7b", "vllm")
+    assert m is not None and m.source == "/data/models/qwen-7b" and path == m.target
+    assert model_mount("/engines/llama", "trtllm") == (None, "/engines/llama")
+    assert model_mount("", "vllm") == (None, "")
+
+
+@pytest.mark.feature("C5")
+def test_shared_memory_by_shape() -> None:
+    assert shared_memory("single", 1) == (None, None, None)
+    assert shared_memory("split", 1) == (None, None, None)
+    assert shared_memory("tensor_parallel", 2) == ("host", "16g", None)
+    assert shared_memory("pipeline", 1) == ("host", "16g", "host")
