@@ -36,3 +36,8 @@ class Unauthorized(DomainError):
 class Forbidden(DomainError):
     status = 403
     code = "forbidden"
+
+
+class PayloadTooLarge(DomainError):
+    status = 413
+    code = "payload_too_large"

@@ -26,7 +26,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
+from heteroflow.core.errors import Conflict, NotFound, PayloadTooLarge, ValidationFailed
 from heteroflow.core.ids import new_id
 from heteroflow.core.paths import inside, task_roots, validate_target
 from heteroflow.core.states import AGENT_OWNED, TERMINAL, TaskStatus
@@ -40,8 +40,8 @@ from heteroflow.schemas.files import (
     FileRequestRead,
     ListResult,
 )
+from heteroflow.services.access import task_on_node, visible_task
 from heteroflow.services.auth import Principal
-from heteroflow.services.logs import PayloadTooLarge, task_on_node, visible_task
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 CLAIM_BATCH = 16

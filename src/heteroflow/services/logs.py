@@ -20,33 +20,13 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.errors import DomainError, NotFound
+from heteroflow.core.errors import PayloadTooLarge
 from heteroflow.core.states import TERMINAL, TaskStatus
 from heteroflow.db.engine import Database
 from heteroflow.db.tables import Task, TaskLog
 from heteroflow.schemas.logs import LogChunkRead, LogPage
+from heteroflow.services.access import task_on_node, visible_task
 from heteroflow.services.auth import Principal
-
-
-class PayloadTooLarge(DomainError):
-    status = 413
-    code = "payload_too_large"
-
-
-def visible_task(s: Session, who: Principal, task_id: str) -> Task:
-    """The task when ``who`` may see it (its tenant, or an operator); 404 otherwise."""
-    t = s.get(Task, task_id)
-    if t is None or (not who.is_operator and t.tenant_id != who.tenant_id):
-        raise NotFound(f"task {task_id!r} not found")
-    return t
-
-
-def task_on_node(s: Session, node_id: str, task_id: str) -> Task:
-    """The task when it is placed on the calling agent's node; 404 otherwise."""
-    t = s.get(Task, task_id)
-    if t is None or not node_id or t.node_id != node_id:
-        raise NotFound(f"task {task_id!r} is not placed on node {node_id!r}")
-    return t
 
 
 def append(

@@ -29,6 +29,7 @@ from heteroflow.schemas.nodes import (
     TemplateRead,
 )
 from heteroflow.services import faults
+from heteroflow.services.access import task_on_node
 from heteroflow.services.transitions import transition
 
 # What an agent is told about: tasks placed on it that it should be starting or running.
@@ -100,16 +101,9 @@ def assignment(t: Task, parallelism: str) -> TaskAssignment:
     )
 
 
-def _task_on_node(s: Session, node_id: str, task_id: str) -> Task:
-    t = s.get(Task, task_id)
-    if t is None or t.node_id != node_id:
-        raise NotFound(f"task {task_id!r} is not placed on node {node_id!r}")
-    return t
-
-
 def claim(s: Session, clock: Clock, node_id: str, task_id: str) -> TaskAssignment:
     """scheduled -> starting, by CAS: exactly one agent wins a task."""
-    t = _task_on_node(s, node_id, task_id)
+    t = task_on_node(s, node_id, task_id)
     if not transition(
         s, clock, t.id, TaskStatus.SCHEDULED, TaskStatus.STARTING, "claimed by agent",
         started_at=clock.now(),
@@ -135,7 +129,7 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
     A report that names a fault writes its ``fault.*`` event in the same transaction,
     only when the task really fails (not for a repeat, nor for a task being stopped).
     """
-    t = _task_on_node(s, node_id, task_id)
+    t = task_on_node(s, node_id, task_id)
     to = TaskStatus(rep.status)
     current = TaskStatus(t.status)
     if current == TaskStatus.STOPPING and to == TaskStatus.FAILED:

@@ -21,6 +21,7 @@ from heteroflow.schemas.task_groups import (
     TaskGroupRead,
     TaskRead,
 )
+from heteroflow.services.access import visible_task
 from heteroflow.services.auth import Principal
 from heteroflow.services.planning import GroupPlan, plan_group
 from heteroflow.services.scheduling import node_views
@@ -228,19 +229,12 @@ def delete_group(s: Session, who: Principal, clock: Clock, group_id: str) -> Non
     refresh_group_status(s, clock, g.id, "deleted")
 
 
-def _visible_task(s: Session, who: Principal, task_id: str) -> Task:
-    t = s.get(Task, task_id)
-    if t is None or (not who.is_operator and t.tenant_id != who.tenant_id):
-        raise NotFound(f"task {task_id!r} not found")
-    return t
-
-
 def get_task(s: Session, who: Principal, task_id: str) -> TaskRead:
-    return task_read(_visible_task(s, who, task_id))
+    return task_read(visible_task(s, who, task_id))
 
 
 def stop_task(s: Session, who: Principal, clock: Clock, task_id: str) -> TaskRead:
-    t = _visible_task(s, who, task_id)
+    t = visible_task(s, who, task_id)
     _stop(s, clock, t, f"stopped by {who.username}")
     s.refresh(t)
     return task_read(t)

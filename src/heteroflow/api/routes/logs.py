@@ -10,9 +10,10 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
 from heteroflow.api.deps import DB, AgentNode, Ctx, Who
+from heteroflow.core.errors import PayloadTooLarge
 from heteroflow.schemas.logs import LogAppend, LogAppended, LogPage
 from heteroflow.services import logs
-from heteroflow.services.logs import PayloadTooLarge
+from heteroflow.services.access import visible_task
 
 router = APIRouter(prefix="/api/v1", tags=["logs"])
 
@@ -73,7 +74,7 @@ def read_logs(
 ) -> LogPage | StreamingResponse:
     if not follow:
         return logs.read(s, who, task_id, after, limit)
-    logs.visible_task(s, who, task_id)
+    visible_task(s, who, task_id)
     return StreamingResponse(
         logs.follow(
             ctx.db,
