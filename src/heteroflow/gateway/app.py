@@ -23,6 +23,7 @@ import orjson
 from heteroflow.gateway import errors
 from heteroflow.gateway.balancing import Balancer
 from heteroflow.gateway.errors import Receive, Scope, Send
+from heteroflow.gateway.health import DEFAULT_COOLDOWN_S, PassiveHealth
 from heteroflow.gateway.snapshot import KeyEntry, RoutingSnapshot, SnapshotHolder
 from heteroflow.gateway.upstream import Upstream
 
@@ -61,9 +62,12 @@ class GatewayApp:
         models_cache_ttl_s: float = 30.0,
         upstream_timeout_s: float = 600.0,
         connect_timeout_s: float = 5.0,
+        eject_cooldown_s: float = DEFAULT_COOLDOWN_S,
+        max_sessions: int = 10_000,
     ) -> None:
         self._holder = holder
-        self._balancer = Balancer()
+        self._health = PassiveHealth(eject_cooldown_s)
+        self._balancer = Balancer(self._health, max_sessions=max_sessions)
         self._upstream = Upstream(
             models_cache_ttl_s=models_cache_ttl_s,
             upstream_timeout_s=upstream_timeout_s,
@@ -162,7 +166,15 @@ class GatewayApp:
         if targets is None:
             await errors.send_error(send, errors.model_not_found(model))
             return
-        backend = self._balancer.choose(targets)
+        # M4: X-Session-Id, else the body's ``user``, pins the session to a backend of
+        # this route (scoped by tenant and model, so equal ids elsewhere do not collide).
+        sid = _session_id(scope)
+        if sid is None:
+            user = body.get("user")
+            if isinstance(user, str) and user:
+                sid = user
+        balancer = self._balancer
+        backend = balancer.choose(targets, None if sid is None else (entry.tenant_id, model, sid))
         if backend is None:
             await errors.send_error(send, errors.no_healthy_backend(model))
             return
@@ -175,6 +187,9 @@ class GatewayApp:
         task = asyncio.current_task()
         assert task is not None
         watch = _Watch()
+        # In flight from the choice until the answer ends, fails or the client leaves
+        # (the ``finally`` below), so that least_connections sees streams as busy.
+        balancer.acquire(backend)
         watcher = asyncio.create_task(_watch_disconnect(receive, task, watch))
         try:
             # M6: engines serve their model under their own id (often a path or a file
@@ -189,14 +204,19 @@ class GatewayApp:
                 url += "?" + scope["query_string"].decode("latin-1")
             resp = await self._upstream.open(url, raw, backend)
             if isinstance(resp, errors.OpenAIError):
+                self._eject(backend.base_url)  # unreachable, reset or timed out
                 watch.finished = True
                 await errors.send_error(send, resp)
                 return
+            if resp.status >= 500:
+                self._eject(backend.base_url)  # relayed as is; the next request goes elsewhere
             try:
-                await _relay(resp, send, watch, backend.base_url)
+                ok = await _relay(resp, send, watch, backend.base_url)
             except BaseException:
                 resp.close()  # an unfinished answer: drop the connection, never pool it
                 raise
+            if not ok:
+                self._eject(backend.base_url)
             resp.release()
         except asyncio.CancelledError:
             if watch.disconnected:
@@ -206,10 +226,21 @@ class GatewayApp:
                 return
             raise
         finally:
+            balancer.release(backend)
             watcher.cancel()
 
+    def _eject(self, base_url: str) -> None:
+        """M5: keep a failing backend out of selection for a cooldown (routing only)."""
+        if self._health.eject(base_url):
+            logger.warning(
+                "backend %s: ejected from routing for %.1f s after a failure",
+                base_url,
+                self._health.cooldown_s,
+            )
 
-async def _relay(resp: aiohttp.ClientResponse, send: Send, watch: _Watch, base_url: str) -> None:
+
+async def _relay(resp: aiohttp.ClientResponse, send: Send, watch: _Watch, base_url: str) -> bool:
+    """Relay the backend's answer; False when reading it from the backend failed."""
     # ASGI wants lower-case header names; raw_headers keep the backend's spelling.
     headers = [(n.lower(), v) for n, v in resp.raw_headers if n.lower() in _RELAYED_HEADERS]
     ctype = resp.headers.get("Content-Type", "")
@@ -219,19 +250,19 @@ async def _relay(resp: aiohttp.ClientResponse, send: Send, watch: _Watch, base_u
         except TimeoutError:
             watch.finished = True
             await errors.send_error(send, errors.upstream_timeout())
-            return
+            return False
         except aiohttp.ClientError as exc:
             logger.warning(
                 "backend %s: reading the answer failed: %s", base_url, type(exc).__name__
             )
             watch.finished = True
             await errors.send_error(send, errors.upstream_error())
-            return
+            return False
         headers.append((b"content-length", str(len(data)).encode()))
         watch.finished = True
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
-        return
+        return True
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
     tail = b""
     try:
@@ -251,6 +282,7 @@ async def _relay(resp: aiohttp.ClientResponse, send: Send, watch: _Watch, base_u
         tail = b"data: " + err.body() + b"\n\n"
     watch.finished = True
     await send({"type": "http.response.body", "body": tail, "more_body": False})
+    return not tail
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[object], watch: _Watch) -> None:
@@ -278,6 +310,13 @@ def _authenticate(scope: Scope, snap: RoutingSnapshot) -> KeyEntry | errors.Open
             entry = snap.keys.get(hashlib.sha256(key).hexdigest())
             return entry if entry is not None else errors.invalid_api_key(missing=False)
     return errors.invalid_api_key(missing=True)
+
+
+def _session_id(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"x-session-id":
+            return value.decode("latin-1") or None
+    return None
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -36,6 +36,9 @@ class RouteTarget:
     priority: int
     weight: int
     backends: tuple[Backend, ...]
+    # How a backend of this target is picked (M2): round_robin, random, least_connections
+    # (engine_aware is served as least_connections for now; see gateway.balancing).
+    algorithm: str = "round_robin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,7 @@ class RoutingSnapshot:
                             "group_id": t.group_id,
                             "priority": t.priority,
                             "weight": t.weight,
+                            "algorithm": t.algorithm,
                             "backends": [
                                 {"task_id": b.task_id, "base_url": b.base_url} for b in t.backends
                             ],
@@ -111,6 +115,7 @@ class RoutingSnapshot:
                         Backend(task_id=b["task_id"], base_url=b["base_url"])
                         for b in t["backends"]
                     ),
+                    algorithm=t.get("algorithm", "round_robin"),
                 )
                 for t in r["targets"]
             )

@@ -41,6 +41,7 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
                 priority=r.priority,
                 weight=r.weight,
                 backends=tuple(backends.get(r.group_id, ())),
+                algorithm=r.algorithm or "round_robin",
             )
         )
         models_of_group[r.group_id].add(r.model_name)

@@ -8,7 +8,10 @@ answer echoes the ``model`` it received and carries the backend's ``name`` in it
 so a test can see both the remap and which backend served. It records what it received.
 
 Test-only request fields: ``fake_chunks`` (number of content chunks, default 3),
-``fake_delay_ms`` (sleep before a non-stream answer and between stream chunks).
+``fake_delay_ms`` (sleep before a non-stream answer and between stream chunks),
+``fake_status`` (answer every POST with that HTTP status and an OpenAI-shaped error).
+Setting ``fail_status`` on the instance does the same for every POST it receives.
+``in_flight`` counts the POSTs it is answering right now (streams included).
 
 ``UvicornThread`` serves any ASGI app with uvicorn (asyncio loop, httptools) on an
 ephemeral loopback port, from one background event loop, so synchronous clients (the
@@ -44,6 +47,9 @@ class FakeOpenAIBackend:
         self.models_requests = 0
         self.received: list[tuple[str, bytes]] = []  # (path, raw body) of every POST
         self.stream_disconnects = 0  # streams whose client left before the end
+        self.fail_status: int | None = None  # answer every POST with this status
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._ids = itertools.count(1)
 
     @property
@@ -71,6 +77,19 @@ class FakeOpenAIBackend:
         raw = await _read(receive)
         self.received.append((path, raw))
         body: dict[str, Any] = orjson.loads(raw)
+        status = body.get("fake_status", self.fail_status)
+        if status is not None:
+            err = {"message": f"{self.name}: failing on purpose", "type": "server_error"}
+            await _json(send, int(status), {"error": err})
+            return
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await self._answer(receive, send, path, body)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, receive: Receive, send: Send, path: str, body: dict[str, Any]) -> None:
         delay = float(body.get("fake_delay_ms", 0)) / 1000.0
         n = int(body.get("fake_chunks", 3))
         model = body.get("model")
