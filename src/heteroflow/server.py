@@ -116,6 +116,7 @@ class ServerApp:
             offline_after_s=settings.node_offline_after_s,
             port_pool=settings.port_pool(),
             reservation=settings.reservation(),
+            policy=settings.placement_policy(),
         )
         self.node_watch = NodeWatch(
             self.db,

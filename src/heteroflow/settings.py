@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from heteroflow.core.placement import Reservation
+from heteroflow.core.placement import Policy, Reservation
 
 
 def default_data_dir() -> Path:
@@ -44,6 +44,10 @@ class ServerSettings(BaseSettings):
     # VRAM kept free on every card (B3): fixed MB + a share of the card.
     vram_reserve_fixed_mb: int = 500
     vram_reserve_ratio: float = 0.10
+    # B1: nodes busier than this (CPU or memory %) get no new work; inference
+    # containers per node (sleeping services count).
+    load_threshold_pct: float = 90.0
+    inference_containers_per_node: int = 8
     # Host ports given to tasks whose mapping says host_port 0.
     port_pool_start: int = 20000
     port_pool_end: int = 29999
@@ -68,6 +72,9 @@ class ServerSettings(BaseSettings):
 
     def reservation(self) -> Reservation:
         return Reservation(self.vram_reserve_fixed_mb, self.vram_reserve_ratio)
+
+    def placement_policy(self) -> Policy:
+        return Policy(self.load_threshold_pct, self.inference_containers_per_node)
 
     def port_pool(self) -> range:
         return range(self.port_pool_start, self.port_pool_end + 1)

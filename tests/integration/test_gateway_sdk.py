@@ -44,10 +44,17 @@ _versions = itertools.count(1)
 MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
-def _target(rid: str, *urls: str, priority: int = 0, weight: int = 1) -> RouteTarget:
+def _target(
+    rid: str, *urls: str, priority: int = 0, weight: int = 1, algorithm: str = "round_robin"
+) -> RouteTarget:
     backends = tuple(Backend(task_id=f"task-{rid}-{i}", base_url=u) for i, u in enumerate(urls))
     return RouteTarget(
-        route_id=rid, group_id=f"group-{rid}", priority=priority, weight=weight, backends=backends
+        route_id=rid,
+        group_id=f"group-{rid}",
+        priority=priority,
+        weight=weight,
+        backends=backends,
+        algorithm=algorithm,
     )
 
 
@@ -583,3 +590,120 @@ async def test_poller_follows_the_server_snapshot(
     assert holder.current == second
     assert "routing snapshot poll failed" in caplog.text
     assert token not in caplog.text
+
+
+def _served_by(client: openai.OpenAI, n: int, **kwargs: object) -> list[str]:
+    """Which fake backend ("a" or "b") answered each of ``n`` chat requests."""
+    return [
+        client.chat.completions.create(model="chat-model", messages=MSG, **kwargs).id[0]  # type: ignore[call-overload]
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.feature("M2")
+@pytest.mark.parametrize("algorithm", ["round_robin", "random", "least_connections"])
+def test_algorithms_spread_over_two_backends(gw: Env, algorithm: str) -> None:
+    routes = gw.base_routes()
+    routes["chat-model"] = (_target(f"m2-{algorithm}", gw.a_url, gw.b_url, algorithm=algorithm),)
+    gw.holder.publish(_snapshot(routes))
+    served = _served_by(gw.client(), 20)
+    if algorithm == "random":  # both chosen: fails with probability 2**-19
+        assert set(served) == {"a", "b"}
+    else:  # one at a time: least_connections ties rotate like round-robin
+        assert served.count("a") == 10 and served.count("b") == 10
+
+
+@pytest.mark.feature("M2")
+def test_least_connections_avoids_the_backend_busy_with_a_slow_stream(gw: Env) -> None:
+    routes = gw.base_routes()
+    routes["chat-model"] = (
+        _target("m2-lc-slow", gw.a_url, gw.b_url, algorithm="least_connections"),
+    )
+    gw.holder.publish(_snapshot(routes))
+    client = gw.client()
+    stream = client.chat.completions.create(
+        model="chat-model",
+        messages=MSG,
+        stream=True,
+        extra_body={"fake_chunks": 3, "fake_delay_ms": 400},
+    )
+    chunks = iter(stream)
+    first = next(chunks)
+    busy = first.id[0]
+    # While the stream is open, every quick request goes to the other backend.
+    served = _served_by(client, 6)
+    assert busy not in served and len(set(served)) == 1
+    rest = list(chunks)
+    assert rest[-1].choices[0].finish_reason == "stop"
+    stream.close()
+    # The stream's end released its slot: both backends take turns again.
+    _wait_for(lambda: gw.a.in_flight == 0 and gw.b.in_flight == 0)
+    assert sorted(_served_by(client, 2)) == ["a", "b"]
+
+
+@pytest.mark.feature("M5")
+def test_backend_answering_503_is_ejected_then_restored_after_the_cooldown(gw: Env) -> None:
+    routes = gw.base_routes()
+    routes["chat-model"] = (_target("m5-eject", gw.a_url, gw.b_url),)
+    holder = SnapshotHolder(_snapshot(routes))
+    app = GatewayApp(holder, eject_cooldown_s=0.5)  # its own ejection state
+    port = gw.thread.serve(app)
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=10.0
+    )
+    gw.a.fail_status = 503
+    try:
+        with pytest.raises(openai.InternalServerError) as info:
+            client.chat.completions.create(model="chat-model", messages=MSG)  # a, first in turn
+        assert info.value.status_code == 503  # relayed as the backend said it
+        gw.a.fail_status = None  # a has recovered, but it sits out its cooldown
+        assert _served_by(client, 6) == ["b"] * 6
+        time.sleep(0.6)
+        assert sorted(_served_by(client, 2)) == ["a", "b"]  # restored by itself
+    finally:
+        gw.a.fail_status = None
+        client.close()
+        gw.thread.call(app.aclose())
+
+
+@pytest.mark.feature("M5")
+def test_unreachable_backend_is_ejected_and_a_lone_ejected_backend_is_still_tried(
+    gw: Env,
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    routes = gw.base_routes()
+    routes["chat-model"] = (_target("m5-dead", dead, gw.b_url),)
+    gw.holder.publish(_snapshot(routes))
+    client = gw.client()
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="chat-model", messages=MSG)
+    assert info.value.status_code == 502
+    assert _served_by(client, 4) == ["b"] * 4
+    # Fail-open: with every backend ejected, the gateway still tries one (502, not 503).
+    routes["chat-model"] = (_target("m5-dead-alone", dead),)
+    gw.holder.publish(_snapshot(routes))
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="chat-model", messages=MSG)
+    assert info.value.status_code == 502
+
+
+@pytest.mark.feature("M4")
+def test_user_field_and_session_header_pin_a_session_to_one_backend(gw: Env) -> None:
+    routes = gw.base_routes()
+    routes["chat-model"] = (_target("m4-sticky", gw.a_url, gw.b_url),)
+    gw.holder.publish(_snapshot(routes))
+    client = gw.client()
+    alice = _served_by(client, 6, user="alice")
+    assert len(set(alice)) == 1
+    # Without a session the route still alternates in between.
+    assert sorted(_served_by(client, 2)) == ["a", "b"]
+    assert _served_by(client, 3, user="alice") == alice[:3]
+    # The header wins over the body's user field.
+    pinned = _served_by(client, 4, extra_headers={"X-Session-Id": "conv-42"})
+    assert len(set(pinned)) == 1
+    assert (
+        _served_by(client, 4, user="someone-else", extra_headers={"X-Session-Id": "conv-42"})
+        == pinned
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.placement import Reservation
+from heteroflow.core.placement import Policy, Reservation
 from heteroflow.db.engine import Database
 from heteroflow.services.scheduling import RoundResult, schedule_round
 
@@ -24,6 +24,7 @@ class Scheduler:
         offline_after_s: float,
         port_pool: range,
         reservation: Reservation | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self.db = db
         self.clock = clock
@@ -31,6 +32,7 @@ class Scheduler:
         self.offline_after_s = offline_after_s
         self.port_pool = port_pool
         self.reservation = reservation or Reservation()
+        self.policy = policy or Policy()
 
     def reconcile_once(self) -> None:
         self.run_round()
@@ -43,6 +45,7 @@ class Scheduler:
                 offline_after_s=self.offline_after_s,
                 reservation=self.reservation,
                 port_pool=self.port_pool,
+                policy=self.policy,
             )
         if result.placed:
             log.info("scheduler placed %d task(s); %d waiting", result.placed, result.unplaced)

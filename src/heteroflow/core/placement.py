@@ -54,6 +54,11 @@ class NodeView:
     memory_total_mb: int
     memory_committed_mb: int = 0
     ports_in_use: set[int] = field(default_factory=set)
+    cpu_percent: float = 0.0
+    memory_percent: float = 0.0
+    inference_tasks: int = 0  # placed inference containers (sleeping ones count too)
+    models: frozenset[str] = frozenset()  # paths and names of the models it holds
+    engines: frozenset[str] = frozenset()  # engines its probe reports available
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,17 @@ class TaskDemand:
     estimated_gpu_memory_mb: int
     memory_mb: int
     host_ports: tuple[int, ...]  # requested host ports, 0 = from the pool
+    inference: bool = False
+    model_path: str = ""
+    engine: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Per-cluster knobs of the pipeline (B1)."""
+
+    load_threshold_pct: float = 90.0  # a node busier than this (CPU or memory) is skipped
+    inference_cap: int = 8  # inference containers per node
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,14 +146,31 @@ def _fit_gpu(task: TaskDemand, node: NodeView, res: Reservation) -> tuple[list[C
 
 
 def place(
-    task: TaskDemand, nodes: list[NodeView], res: Reservation, pool: range
+    task: TaskDemand,
+    nodes: list[NodeView],
+    res: Reservation,
+    pool: range,
+    policy: Policy = Policy(),  # frozen: a shared default is safe
 ) -> Placement | Unplaced:
-    """Choose a node (and cards) for one task, or say precisely why none fits."""
+    """Choose a node (and cards) for one task, or say precisely why none fits.
+
+    Filters: online, host ports, load threshold, inference container cap, then memory
+    (CPU tasks) or cards (GPU tasks). Among the nodes left, a node that already holds
+    the model wins, then one that reports the task's engine, then binpack (GPU) or the
+    most free memory (CPU).
+    """
     counts: dict[str, int] = {}
-    best: tuple[int, Placement] | None = None
+    best: tuple[tuple[int, int, int], Placement] | None = None
     for node in nodes:
         if not node.online:
             counts["offline"] = counts.get("offline", 0) + 1
+            continue
+        thr = policy.load_threshold_pct
+        if node.cpu_percent > thr or node.memory_percent > thr:
+            counts["overloaded"] = counts.get("overloaded", 0) + 1
+            continue
+        if task.inference and node.inference_tasks >= policy.inference_cap:
+            counts["container_cap"] = counts.get("container_cap", 0) + 1
             continue
         ports = _ports(task, node, pool)
         if ports is None:
@@ -165,14 +198,19 @@ def place(
                 ports,
                 per_card_pct=task.gpu_memory_utilization,
             )
-        if best is None or score > best[0]:
-            best = (score, cand)
+        local = int(bool(task.model_path) and task.model_path in node.models)
+        engine = int(bool(task.engine) and task.engine in node.engines)
+        key = (local, engine, score)
+        if best is None or key > best[0]:
+            best = (key, cand)
     if best is not None:
         return best[1]
-    return Unplaced(_reason(task, nodes, counts))
+    return Unplaced(_reason(task, nodes, counts, policy))
 
 
-def _reason(task: TaskDemand, nodes: list[NodeView], counts: dict[str, int]) -> str:
+def _reason(
+    task: TaskDemand, nodes: list[NodeView], counts: dict[str, int], policy: Policy
+) -> str:
     if not nodes:
         return "InsufficientResources: no node has registered"
     parts = []
@@ -187,14 +225,18 @@ def _reason(task: TaskDemand, nodes: list[NodeView], counts: dict[str, int]) -> 
         "memory_short": f"not {task.memory_mb or DEFAULT_CPU_TASK_MEMORY_MB} MB of free "
         "memory for a CPU task",
         "ports": "requested host port in use or port pool exhausted",
+        "overloaded": f"CPU or memory use above {policy.load_threshold_pct:g}%",
+        "container_cap": f"already {policy.inference_cap} inference containers "
+        "(sleeping services count)",
     }
     for key, n in sorted(counts.items()):
         parts.append(f"{n} node(s): {labels[key]}")
     return f"InsufficientResources: 0/{len(nodes)} nodes fit — " + "; ".join(parts)
 
 
-def commit(node: NodeView, placement: Placement) -> None:
+def commit(node: NodeView, placement: Placement, *, inference: bool = False) -> None:
     """Book a placement into the in-memory views so the same round does not double-book."""
+    node.inference_tasks += int(inference)
     for c in node.cards:
         if c.index in placement.gpu_ids:
             c.committed_mb += placement.per_card_mb

@@ -20,6 +20,7 @@ from heteroflow.core.placement import (
     CardView,
     NodeView,
     Placement,
+    Policy,
     Reservation,
     TaskDemand,
     commit,
@@ -58,6 +59,12 @@ def node_views(s: Session, clock: Clock, offline_after_s: float) -> dict[str, No
             ],
             cpu_count=n.cpu_count,
             memory_total_mb=n.memory_total_mb,
+            cpu_percent=n.cpu_percent,
+            memory_percent=n.memory_percent,
+            models=frozenset(
+                str(m.get(k, "")) for m in n.models for k in ("path", "name") if m.get(k)
+            ),
+            engines=frozenset(str(e) for e in n.engines),
         )
         for n in s.scalars(select(Node).order_by(Node.name))
     }
@@ -74,6 +81,7 @@ def node_views(s: Session, clock: Clock, offline_after_s: float) -> dict[str, No
                 c.committed_pct += t.gpu_memory_utilization
         if t.gpu_required == 0:
             view.memory_committed_mb += t.memory_mb
+        view.inference_tasks += int(t.task_type == "inference")
         view.ports_in_use.update(int(p["host_port"]) for p in t.ports if p.get("host_port"))
     return views
 
@@ -87,6 +95,9 @@ def _demand(t: Task) -> TaskDemand:
         estimated_gpu_memory_mb=t.estimated_gpu_memory_mb,
         memory_mb=t.memory_mb,
         host_ports=tuple(int(p.get("host_port", 0)) for p in t.ports),
+        inference=t.task_type == "inference",
+        model_path=t.model_path,
+        engine=t.engine,
     )
 
 
@@ -146,6 +157,7 @@ def schedule_round(
     offline_after_s: float,
     reservation: Reservation,
     port_pool: range,
+    policy: Policy | None = None,
     limit: int = 500,
 ) -> RoundResult:
     pending = list(
@@ -172,11 +184,11 @@ def schedule_round(
                 if t.status_message != why:
                     set_pending_reason(s, clock, t.id, why)
                 continue
-        decision = place(_demand(t), candidates, reservation, port_pool)
+        decision = place(_demand(t), candidates, reservation, port_pool, policy or Policy())
         if isinstance(decision, Placement):
             choice = choices.get(decision.node_id)
             if _apply(s, clock, t, decision, views[decision.node_id].name, choice):
-                commit(views[decision.node_id], decision)
+                commit(views[decision.node_id], decision, inference=t.task_type == "inference")
                 placed += 1
         else:
             unplaced += 1
