@@ -162,3 +162,24 @@ def test_holder_publish_swaps_snapshot() -> None:
     s = sample()
     holder.publish(s)
     assert holder.current is s
+
+
+def test_route_algorithm_travels_over_the_wire_and_defaults_to_round_robin() -> None:
+    import orjson
+
+    from heteroflow.gateway.snapshot import Backend, RouteTarget, RoutingSnapshot
+
+    t = RouteTarget(
+        "mr-1",
+        "tg-1",
+        0,
+        100,
+        (Backend("task-1", "http://127.0.0.1:1"),),
+        algorithm="least_connections",
+    )
+    snap = RoutingSnapshot(version=3, routes={("tn-1", "m"): (t,)})
+    back = RoutingSnapshot.from_wire(orjson.loads(orjson.dumps(snap.to_wire())))
+    assert back.routes[("tn-1", "m")][0].algorithm == "least_connections"
+    wire = snap.to_wire()
+    del wire["routes"][0]["targets"][0]["algorithm"]  # a server from before the field
+    assert RoutingSnapshot.from_wire(wire).routes[("tn-1", "m")][0].algorithm == "round_robin"
