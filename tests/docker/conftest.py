@@ -132,3 +132,13 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.05)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """On failure, attach the server/agent logs of an end-to-end stack (``dstack``)."""
+    outcome = yield
+    rep = outcome.get_result()
+    st = getattr(item, "funcargs", {}).get("dstack")
+    if rep.failed and st is not None:
+        rep.sections.append(("process logs", st.logs()))

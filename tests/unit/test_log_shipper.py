@@ -149,3 +149,19 @@ def test_file_source_starts_at_the_tail_and_keeps_chars_whole(tmp_path: Path) ->
     # the last 9 bytes start inside a character: the 4 whole ones after it are read
     assert text == "é" * 4 and since == "121"
     assert read("t", since) == ("", "121")
+
+
+async def test_concurrent_rounds_neither_crash_nor_send_twice() -> None:
+    """The aux loop and a stopping task ship at the same time (a race seen in CI)."""
+    import asyncio
+
+    class SlowClient(FakeClient):
+        async def post_logs(self, task_id: str, text: str) -> None:
+            await asyncio.sleep(0.01)  # both rounds are in flight here
+            await super().post_logs(task_id, text)
+
+    src, client = FakeSource(), SlowClient()
+    shipper = LogShipper(client, src, max_bytes=4)
+    src.write("t1", "aaa", "bbb", "ccc")  # several pieces in the outbox
+    await asyncio.gather(shipper.ship_once(["t1"]), shipper.ship_once(["t1"]))
+    assert client.text("t1") == "aaa\nbbb\nccc\n"

@@ -214,9 +214,12 @@ class Agent:
         # Out of `local` first: the watcher must not take the exit we cause for a crash.
         self.local.pop(task_id, None)
         self.stopping.add(task_id)
-        await self.shipper.ship_once([task_id])
-        self.shipper.forget(task_id)
         try:
+            try:  # its last output first; a shipping error must never block the stop
+                await self.shipper.ship_once([task_id])
+            except Exception:
+                log.exception("last log round of %s failed", task_id)
+            self.shipper.forget(task_id)
             await asyncio.to_thread(self.runtime.stop, task_id, self.settings.stop_timeout_s)
             self.runtime.forget(task_id)
         finally:
@@ -256,7 +259,10 @@ class Agent:
             code = self.runtime.exit_code(task_id)
             if code is not None:
                 tail = self.runtime.log_tail(task_id, 20)
-                await self.shipper.ship_once([task_id])  # its last words matter most
+                try:
+                    await self.shipper.ship_once([task_id])  # its last words matter most
+                except Exception:
+                    log.exception("last log round of %s failed", task_id)
                 self.shipper.forget(task_id)
                 self.runtime.forget(task_id)
                 self.local.pop(task_id, None)

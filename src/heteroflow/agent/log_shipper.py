@@ -57,6 +57,9 @@ class LogShipper:
         self.max_bytes = max_bytes
         self._since: dict[str, str] = {}
         self._outbox: dict[str, list[str]] = {}
+        # The aux loop and a stopping task may ship at the same time: one round at a
+        # time, or two rounds would pop the same outbox piece (and read twice).
+        self._lock = asyncio.Lock()
 
     def since(self, task_id: str) -> str:
         return self._since.get(task_id, "")
@@ -72,6 +75,10 @@ class LogShipper:
 
     async def ship_once(self, task_ids: Iterable[str]) -> int:
         """One round over ``task_ids``; returns how many pieces were delivered."""
+        async with self._lock:
+            return await self._ship(list(task_ids))
+
+    async def _ship(self, task_ids: list[str]) -> int:
         sent = 0
         for task_id in task_ids:
             if not self._outbox.get(task_id):
