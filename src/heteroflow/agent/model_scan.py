@@ -41,10 +41,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from heteroflow.core.containers import DATA_MODELS
+
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "HETEROFLOW_MODEL_SCAN_DIRS"
-ALWAYS_SCANNED = Path("/data/models")
+ALWAYS_SCANNED = Path(DATA_MODELS)  # one definition: core.containers
 SUBDIRS = ("hub", "models/hub", "models")
 MAX_DEPTH = 3
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-DATA_MODELS = Path("/data/models")
+from heteroflow.core import containers
+
+DATA_MODELS = Path(containers.DATA_MODELS)  # one definition: core.containers
 
 
 class ModelPathError(Exception):
