@@ -54,10 +54,25 @@ class PlatformSetting(Base):
     value: Mapped[str] = mapped_column(Text)
 
 
+class SharingGroup(Base):
+    """Tenants whose work may share a GPU card (N3, B5); managed by operators only."""
+
+    __tablename__ = "sharing_groups"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime]
+
+
 class Tenant(Base):
     __tablename__ = "tenants"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
+    # a tenant is in at most one sharing group; NULL = shares cards only with itself
+    sharing_group_id: Mapped[str | None] = mapped_column(
+        ForeignKey("sharing_groups.id"), nullable=True, default=None
+    )
+    # the highest group priority a member of this tenant may set (operators: any)
+    priority_ceiling: Mapped[int] = mapped_column(Integer, default=100)
     created_at: Mapped[datetime]
 
 
@@ -87,6 +102,9 @@ class Node(Base):
     # engine -> the exact image ref (or "" for a process engine) the node reports available
     engines: Mapped[dict[str, Any]] = mapped_column(default=dict)
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # bumped by every placement on the node: the compare-and-set that keeps two
+    # schedulers (threads or server instances) from booking the same card twice
+    booking_version: Mapped[int] = mapped_column(Integer, default=0)
     registered_at: Mapped[datetime]
     last_heartbeat_at: Mapped[datetime]
 
@@ -158,6 +176,9 @@ class Task(Base):
     gpu_memory_utilization: Mapped[int] = mapped_column(Integer)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     health_check: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    qos: Mapped[str] = mapped_column(String(16), default="")  # gold|silver|bronze (H5)
+    # M11: a draining replica gets no new gateway requests; in-flight ones finish
+    draining: Mapped[bool] = mapped_column(Boolean, default=False)
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
@@ -174,6 +195,11 @@ class InferenceEndpoint(Base):
     external_port: Mapped[int] = mapped_column(Integer, default=0)
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     key_prefix: Mapped[str] = mapped_column(String(16))
+    # M8 per-key limits; 0 = unlimited. quota_tokens per quota_period (day|month|"")
+    rpm_limit: Mapped[int] = mapped_column(Integer, default=0)
+    tpm_limit: Mapped[int] = mapped_column(Integer, default=0)
+    quota_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    quota_period: Mapped[str] = mapped_column(String(16), default="")
     created_by: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
@@ -190,6 +216,8 @@ class ModelRoute(Base):
     version: Mapped[str] = mapped_column(String(64), default="v1")
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     algorithm: Mapped[str] = mapped_column(String(32), default="round_robin")
+    # capability tags for model=auto (M10), e.g. ["code", "long-context"]
+    tags: Mapped[list[Any]] = mapped_column(default=list)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -255,3 +283,21 @@ class FileRequestChunk(Base):
     )
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class UsageRecord(Base):
+    """Token usage (M7, N4), appended by the gateway in batches: one row per flush per
+    (endpoint, model). Reports sum them; the endpoint gives the key, tenant and member.
+    """
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index("ix_usage_tenant_time", "tenant_id", "recorded_at"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    recorded_at: Mapped[datetime]
+    endpoint_id: Mapped[str] = mapped_column(String(32), index=True)
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    user_id: Mapped[str] = mapped_column(String(32))  # the member who created the key
+    model_name: Mapped[str] = mapped_column(String(256))
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
