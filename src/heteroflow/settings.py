@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from heteroflow.core.placement import Policy, Reservation
+from heteroflow.core.placement import Policy, Reservation, parse_scorers
 
 
 def default_data_dir() -> Path:
@@ -48,6 +48,13 @@ class ServerSettings(BaseSettings):
     # containers per node (sleeping services count).
     load_threshold_pct: float = 90.0
     inference_containers_per_node: int = 8
+    # Scoring plugins and weights, e.g. "binpack:1,topology:1,rdma:1" or "spread:1";
+    # nodes that must pass the filters before the best is chosen; preemption on/off;
+    # scheduler workers (threads; each claims disjoint queued tasks on PostgreSQL).
+    scheduler_scorers: str = "binpack:1,topology:1,rdma:1"
+    scheduler_sample: int = Field(default=32, ge=1)
+    scheduler_preemption: bool = True
+    scheduler_workers: int = Field(default=1, ge=1, le=32)
     # Host ports given to tasks whose mapping says host_port 0.
     port_pool_start: int = 20000
     port_pool_end: int = 29999
@@ -57,6 +64,22 @@ class ServerSettings(BaseSettings):
     # A separate gateway's snapshot poll; with snapshot_interval_s it bounds how fast a
     # deleted key stops working (0.5 + 1.0 s < the 2 s promise).
     gateway_poll_interval_s: float = 1.0
+    # Gateway routing (M2, M4, M5, M10): backends on cards hotter than this are avoided
+    # while a cooler one exists; active probes (GET /health) of every backend; engine
+    # metrics scrapes of engine_aware backends (at most 250 ms apart); model=auto prefers
+    # long-context models above this estimated prompt size (characters / 4).
+    gateway_max_card_temp_c: float = 85.0
+    gateway_probe_interval_s: float = 2.0
+    gateway_probe_timeout_s: float = 1.0
+    gateway_scrape_interval_s: float = Field(default=0.25, gt=0.0, le=0.25)
+    gateway_auto_long_prompt_tokens: int = 4096
+    # Token usage (M7): the gateway writes its sums every usage_flush_interval_s, or
+    # sooner once usage_flush_max_records requests were counted.
+    usage_flush_interval_s: float = 5.0
+    usage_flush_max_records: int = 10_000
+    # A standalone gateway (--routes FILE) checks the file's mtime this often (and
+    # reloads at once on SIGHUP).
+    routes_reload_interval_s: float = 1.0
 
     # Task logs (C6): the newest bytes kept per task (oldest chunks are trimmed), the
     # most one agent call may append, and the live view's poll interval and duration.
@@ -73,8 +96,20 @@ class ServerSettings(BaseSettings):
     def reservation(self) -> Reservation:
         return Reservation(self.vram_reserve_fixed_mb, self.vram_reserve_ratio)
 
+    @field_validator("scheduler_scorers")
+    @classmethod
+    def _known_scorers(cls, v: str) -> str:
+        parse_scorers(v)  # ValueError names the bad scorer
+        return v
+
     def placement_policy(self) -> Policy:
-        return Policy(self.load_threshold_pct, self.inference_containers_per_node)
+        return Policy(
+            self.load_threshold_pct,
+            self.inference_containers_per_node,
+            scorers=parse_scorers(self.scheduler_scorers),
+            sample=self.scheduler_sample,
+            preemption=self.scheduler_preemption,
+        )
 
     def port_pool(self) -> range:
         return range(self.port_pool_start, self.port_pool_end + 1)

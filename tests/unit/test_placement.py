@@ -12,10 +12,10 @@ from heteroflow.core.placement import (
     Reservation,
     TaskDemand,
     Unplaced,
-    admits,
     commit,
     place,
 )
+from heteroflow.core.placement.filters import card_admits
 
 RES = Reservation()
 POOL = range(30000, 30010)
@@ -126,11 +126,11 @@ def test_available_uses_larger_of_reported_and_committed() -> None:
 @pytest.mark.feature("B2")
 def test_two_half_tasks_share_a_card_a_third_one_percent_does_not() -> None:
     c = card()
-    assert admits(c, demand(pct=50), RES) == ""
+    assert card_admits(c, demand(pct=50), RES)[0] == ""
     c.committed_pct = 50
-    assert admits(c, demand(pct=50), RES) == ""
+    assert card_admits(c, demand(pct=50), RES)[0] == ""
     c.committed_pct = 100
-    assert admits(c, demand(pct=1), RES) == "commitment_full"
+    assert card_admits(c, demand(pct=1), RES)[0] == "commitment_full"
 
 
 @pytest.mark.feature("B2")
@@ -154,8 +154,8 @@ def test_two_half_tasks_share_one_card_through_place_and_commit() -> None:
 def test_known_estimate_must_fit_available_memory_boundary() -> None:
     # 10000 total, 2000 used, reservation 1500 -> 6500 available
     c = card(total=10000, used=2000)
-    assert admits(c, demand(est=6500), RES) == ""
-    assert admits(c, demand(est=6501), RES) == "vram_short"
+    assert card_admits(c, demand(est=6500), RES)[0] == ""
+    assert card_admits(c, demand(est=6501), RES)[0] == "vram_short"
 
 
 @pytest.mark.feature("B3")
@@ -169,14 +169,14 @@ def test_reported_memory_used_is_counted_in_place() -> None:
 @pytest.mark.feature("B3")
 def test_committed_estimates_count_when_larger_than_reported() -> None:
     c = card(total=10000, used=1000, committed_mb=6000)  # 10000-6000-1500 = 2500
-    assert admits(c, demand(est=2500), RES) == ""
-    assert admits(c, demand(est=2501), RES) == "vram_short"
+    assert card_admits(c, demand(est=2500), RES)[0] == ""
+    assert card_admits(c, demand(est=2501), RES)[0] == "vram_short"
 
 
 @pytest.mark.feature("B3")
 def test_unknown_estimate_skips_memory_check() -> None:
     c = card(total=10000, used=9999)
-    assert admits(c, demand(est=0, pct=10), RES) == ""
+    assert card_admits(c, demand(est=0, pct=10), RES)[0] == ""
 
 
 # --- filters (B1) ----------------------------------------------------------------------------

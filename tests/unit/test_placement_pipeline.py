@@ -36,7 +36,7 @@ def demand(**kw: object) -> TaskDemand:
         estimated_gpu_memory_mb=0,
         memory_mb=0,
         host_ports=(0,),
-        inference=True,
+        task_type="inference",
     )
     base.update(kw)
     return TaskDemand(**base)  # type: ignore[arg-type]
@@ -59,7 +59,7 @@ def test_inference_container_cap_counts_and_non_inference_work_passes() -> None:
     r = place(demand(), [n], RES, POOL, Policy(inference_cap=2))
     assert isinstance(r, Unplaced) and "already 2 inference containers" in r.reason
     assert isinstance(
-        place(demand(inference=False), [n], RES, POOL, Policy(inference_cap=2)), Placement
+        place(demand(task_type="container"), [n], RES, POOL, Policy(inference_cap=2)), Placement
     )
     m = node("m", inference_tasks=1)
     p = place(demand(), [m], RES, POOL, Policy(inference_cap=2))

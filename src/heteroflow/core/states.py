@@ -45,7 +45,8 @@ TASK_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     T.SCHEDULED: frozenset({T.STARTING, T.PENDING, T.STOPPED, T.FAILED}),
     T.STARTING: frozenset({T.RUNNING, T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED}),
     T.RUNNING: frozenset({T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED}),
-    T.STOPPING: frozenset({T.STOPPED, T.FAILED}),
+    # back to the queue: a preempted task once its agent stopped it (B4)
+    T.STOPPING: frozenset({T.STOPPED, T.FAILED, T.PENDING}),
     T.STOPPED: frozenset(),
     T.FAILED: frozenset({T.STOPPED}),
     T.COMPLETED: frozenset({T.STOPPED}),

@@ -179,6 +179,8 @@ class Task(Base):
     qos: Mapped[str] = mapped_column(String(16), default="")  # gold|silver|bronze (H5)
     # M11: a draining replica gets no new gateway requests; in-flight ones finish
     draining: Mapped[bool] = mapped_column(Boolean, default=False)
+    # B4: the task this one is being stopped for; it returns to pending once stopped
+    preempted_by: Mapped[str] = mapped_column(String(32), default="")
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

@@ -21,6 +21,8 @@ class GpuCardWire(BaseModel):
     mig_capable: bool = False
     mps_capable: bool = False
     temperature_c: int | None = None
+    # indices of the node's cards this card reaches over NVLink (topology scoring, B1)
+    nvlink_peers: list[int] = Field(default_factory=list, max_length=1024)
     source: str = "declared"
 
 

@@ -140,6 +140,10 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
         return current.value
     if current not in _REPORT_FROM[to]:
         raise Conflict(f"task {task_id} is {current}; cannot report {to}")
+    if current == TaskStatus.STOPPING and to == TaskStatus.STOPPED and t.preempted_by:
+        group = s.get(TaskGroup, t.group_id)
+        if group is not None and group.deleted_at is None:
+            return _requeue_preempted(s, clock, t)
     if rep.fault is not None and to == TaskStatus.FAILED:
         # Before the transition (cause, then effect); a lost race rolls both back.
         node = s.get(Node, node_id)
@@ -147,6 +151,19 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
     if not transition(s, clock, t.id, current, to, rep.message):
         raise Conflict(f"task {task_id} changed concurrently; report again")
     return to.value
+
+
+def _requeue_preempted(s: Session, clock: Clock, t: Task) -> str:
+    """B4: a preempted task, now stopped, goes back to the queue (its host ports come
+    from the pool again; the task it made room for is placed first by priority)."""
+    ports = [{"container_port": int(p["container_port"]), "host_port": 0} for p in t.ports]
+    message = f"preempted by {t.preempted_by}; queued again"
+    if not transition(
+        s, clock, t.id, TaskStatus.STOPPING, TaskStatus.PENDING, message,
+        node_id=None, gpu_ids=[], ports=ports, preempted_by="", qos="", started_at=None,
+    ):
+        raise Conflict(f"task {t.id} changed concurrently; report again")
+    return TaskStatus.PENDING.value
 
 
 def list_nodes(s: Session, clock: Clock, offline_after_s: float) -> list[NodeRead]:

@@ -1,12 +1,29 @@
-"""One scheduler round: read the queue and the fleet, place with the pure policy, CAS."""
+"""One scheduler round: claim queued tasks, place them with the pure pipeline, commit.
+
+Queue (B4): pending tasks by priority (higher first), then age (FIFO), then rank. On
+PostgreSQL a round claims its tasks with ``FOR UPDATE SKIP LOCKED``, so several
+scheduler workers — threads of one server or several servers on one database — take
+disjoint tasks. Cards are guarded by ``nodes.booking_version``: the round reads it with
+the fleet, and its commit bumps it with a compare-and-set; a node that another
+scheduler booked in between fails the check, its decisions are dropped and those tasks
+stay queued for the next round. Commits are serialised per database by a transaction-
+scoped advisory lock (PostgreSQL), which also rules out lock-order deadlocks.
+
+Decisions are written in batches (``commit_batch``): one executemany per table instead
+of one round trip per task; each task still moves through the state door's rules
+(pending → scheduled only when it is still pending) and gets its event.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import Row, Table, bindparam, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
@@ -18,45 +35,71 @@ from heteroflow.core.engines.selection import (
 )
 from heteroflow.core.placement import (
     CardView,
+    FleetIndex,
     NodeView,
     Placement,
     Policy,
     Reservation,
     TaskDemand,
-    commit,
+    Unplaced,
+    book,
     place,
+    place_gang,
+    plan_preemption,
 )
-from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus
-from heteroflow.db.tables import Node, Task
+from heteroflow.core.placement.preemption import Preemption
+from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus, group_status
+from heteroflow.db.tables import Event, Node, Task, TaskGroup, Tenant
 from heteroflow.services.nodes import node_engines
-from heteroflow.services.transitions import set_pending_reason, transition
+from heteroflow.services.transitions import transition
 
 log = logging.getLogger(__name__)
+_PG_LOCK_KEY = 0x4846_5343  # "HFSC": the scheduler's commit lock
+_TASKS = cast(Table, Task.__table__)
+_GROUPS = cast(Table, TaskGroup.__table__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RoundResult:
     placed: int
     unplaced: int
+    preempted: int = 0
+    conflicts: int = 0  # decisions dropped: another scheduler booked the node first
+    decision_ms: list[float] = field(default_factory=list)  # per placed task, commit included
 
 
-def node_views(s: Session, clock: Clock, offline_after_s: float) -> dict[str, NodeView]:
+@dataclass(slots=True)
+class _Decision:
+    row: Row[Any]
+    demand: TaskDemand
+    placement: Placement
+    node: NodeView
+    choice: EngineChoice | None
+    compute_s: float
+
+
+def share_keys(s: Session) -> dict[str, str]:
+    """tenant id -> the key cards are shared by: its sharing group, else itself (B5)."""
+    return {tid: gid or tid for tid, gid in s.execute(select(Tenant.id, Tenant.sharing_group_id))}
+
+
+def node_views(
+    s: Session, clock: Clock, offline_after_s: float, keys: dict[str, str] | None = None
+) -> dict[str, NodeView]:
+    keys = share_keys(s) if keys is None else keys
     cutoff = clock.now() - timedelta(seconds=offline_after_s)
-    views = {
-        n.id: NodeView(
+    views: dict[str, NodeView] = {}
+    cols = (
+        Node.id, Node.name, Node.gpus, Node.cpu_count, Node.memory_total_mb, Node.cpu_percent,
+        Node.memory_percent, Node.models, Node.engines, Node.labels, Node.last_heartbeat_at,
+        Node.booking_version,
+    )
+    for n in s.execute(select(*cols).order_by(Node.name)):
+        views[n.id] = NodeView(
             id=n.id,
             name=n.name,
             online=n.last_heartbeat_at >= cutoff,
-            cards=[
-                CardView(
-                    index=int(g["index"]),
-                    vendor=str(g.get("vendor", "")),
-                    model=str(g.get("model", "")),
-                    memory_total_mb=int(g["memory_total_mb"]),
-                    memory_used_mb=int(g.get("memory_used_mb", 0)),
-                )
-                for g in n.gpus
-            ],
+            cards=[_card(g) for g in n.gpus],
             cpu_count=n.cpu_count,
             memory_total_mb=n.memory_total_mb,
             cpu_percent=n.cpu_percent,
@@ -65,28 +108,50 @@ def node_views(s: Session, clock: Clock, offline_after_s: float) -> dict[str, No
                 str(m.get(k, "")) for m in n.models for k in ("path", "name") if m.get(k)
             ),
             engines=frozenset(str(e) for e in n.engines),
+            labels={str(k): str(v) for k, v in n.labels.items()},
+            version=n.booking_version,
         )
-        for n in s.scalars(select(Node).order_by(Node.name))
-    }
-    held = select(Task).where(
-        Task.status.in_([st.value for st in HOLDS_RESOURCES]), Task.node_id.is_not(None)
-    )
-    for t in s.scalars(held):
+    held = select(
+        Task.id, Task.group_id, Task.tenant_id, Task.node_id, Task.gpu_ids, Task.gpu_required,
+        Task.gpu_memory_utilization, Task.estimated_gpu_memory_mb, Task.memory_mb,
+        Task.task_type, Task.ports, Task.priority, Task.preempted_by,
+    ).where(Task.status.in_([st.value for st in HOLDS_RESOURCES]), Task.node_id.is_not(None))
+    for t in s.execute(held):
         view = views.get(t.node_id or "")
         if view is None:
             continue
-        for c in view.cards:
-            if c.index in t.gpu_ids:
-                c.committed_mb += t.estimated_gpu_memory_mb
-                c.committed_pct += t.gpu_memory_utilization
-        if t.gpu_required == 0:
-            view.memory_committed_mb += t.memory_mb
-        view.inference_tasks += int(t.task_type == "inference")
-        view.ports_in_use.update(int(p["host_port"]) for p in t.ports if p.get("host_port"))
+        d = TaskDemand(
+            task_id=t.id, gpu_required=t.gpu_required, gpu_type="",
+            gpu_memory_utilization=t.gpu_memory_utilization,
+            estimated_gpu_memory_mb=t.estimated_gpu_memory_mb, memory_mb=t.memory_mb,
+            host_ports=(), task_type=t.task_type, share_key=keys.get(t.tenant_id, t.tenant_id),
+            priority=t.priority, group_id=t.group_id,
+        )
+        p = Placement(
+            view.id, tuple(int(i) for i in t.gpu_ids), t.estimated_gpu_memory_mb,
+            t.memory_mb if t.gpu_required == 0 else 0,
+            tuple(int(p["host_port"]) for p in t.ports if p.get("host_port")),
+            per_card_pct=d.per_card_pct,
+        )
+        book(view, p, d)
+        view.occupants[-1].preempting = bool(t.preempted_by)
     return views
 
 
-def _demand(t: Task) -> TaskDemand:
+def _card(g: dict[str, Any]) -> CardView:
+    return CardView(
+        index=int(g["index"]),
+        vendor=str(g.get("vendor", "")),
+        model=str(g.get("model", "")),
+        memory_total_mb=int(g["memory_total_mb"]),
+        memory_used_mb=int(g.get("memory_used_mb", 0)),
+        mig=bool(g.get("mig_capable", False)),
+        mps=bool(g.get("mps_capable", False)),
+        nvlink_peers=frozenset(int(i) for i in g.get("nvlink_peers", ())),
+    )
+
+
+def _demand(t: Row[Any], keys: dict[str, str]) -> TaskDemand:
     return TaskDemand(
         task_id=t.id,
         gpu_required=t.gpu_required,
@@ -95,59 +160,194 @@ def _demand(t: Task) -> TaskDemand:
         estimated_gpu_memory_mb=t.estimated_gpu_memory_mb,
         memory_mb=t.memory_mb,
         host_ports=tuple(int(p.get("host_port", 0)) for p in t.ports),
-        inference=t.task_type == "inference",
+        task_type=t.task_type,
         model_path=t.model_path,
         engine=t.engine,
+        share_key=keys.get(t.tenant_id, t.tenant_id),
+        priority=t.priority,
+        group_id=t.group_id,
+        multi_node=t.parallelism == "pipeline",
     )
 
 
-def _engine_candidates(
-    t: Task, nodes: list[NodeView], engines: dict[str, NodeEngines]
-) -> tuple[list[NodeView], dict[str, EngineChoice], str]:
-    """For a task that names no engine: the nodes whose chain yields one (H1), and why not."""
-    ok: list[NodeView] = []
-    choices: dict[str, EngineChoice] = {}
-    why: list[str] = []
-    for n in nodes:
-        try:
-            choice = select_engine(explicit="", label="", image=t.image, node=engines[n.id])
-        except NoEngineAvailable as exc:
-            why.append(f"{n.name}: {exc}")
-            continue
-        ok.append(n)
-        choices[n.id] = choice
-    reason = "" if ok else "NoEngineAvailable: " + " | ".join(why or ["no node registered"])
-    return ok, choices, reason
+class _Round:
+    """The state of one round: views, index, caches and the decisions to write."""
+
+    def __init__(
+        self,
+        s: Session,
+        clock: Clock,
+        offline_after_s: float,
+        reservation: Reservation,
+        port_pool: range,
+        policy: Policy,
+    ) -> None:
+        self.s, self.clock, self.res, self.pool, self.policy = (
+            s, clock, reservation, port_pool, policy,
+        )
+        self.keys = share_keys(s)
+        self.views = node_views(s, clock, offline_after_s, self.keys)
+        self.nodes = list(self.views.values())
+        self.index = FleetIndex(self.nodes, pack=policy.packs)
+        self.engines: dict[str, NodeEngines] | None = None
+        self.engine_cache: dict[str, tuple[list[NodeView], dict[str, EngineChoice], str]] = {}
+        self.failed: dict[tuple[Any, ...], str] = {}  # demand shape -> reason, this round
+        self.decisions: list[_Decision] = []
+        self.reasons: dict[str, str] = {}  # task id -> new pending reason
+        self.preemptions: list[tuple[Row[Any], Preemption]] = []
+        self.result = RoundResult(0, 0)
+        self.waiting_for = _outstanding_preemptions(s)
+
+    def engine_candidates(
+        self, image: str
+    ) -> tuple[list[NodeView], dict[str, EngineChoice], str]:
+        """For tasks that name no engine: the nodes whose chain yields one (H1), and why not."""
+        if image not in self.engine_cache:
+            if self.engines is None:
+                self.engines = {n.id: node_engines(n) for n in self.s.scalars(select(Node))}
+            ok: list[NodeView] = []
+            choices: dict[str, EngineChoice] = {}
+            why: list[str] = []
+            for n in self.nodes:
+                try:
+                    choice = select_engine(
+                        explicit="", label="", image=image, node=self.engines[n.id]
+                    )
+                except NoEngineAvailable as exc:
+                    why.append(f"{n.name}: {exc}")
+                    continue
+                ok.append(n)
+                choices[n.id] = choice
+            reason = "" if ok else "NoEngineAvailable: " + " | ".join(why or ["no node registered"])
+            self.engine_cache[image] = (ok, choices, reason)
+        return self.engine_cache[image]
+
+    def unplaced(self, t: Row[Any], reason: str) -> None:
+        self.result.unplaced += 1
+        if t.status_message != reason:
+            self.reasons[t.id] = reason
+
+    def decide(self, t: Row[Any]) -> None:
+        start = time.perf_counter()
+        d = _demand(t, self.keys)
+        shape = (
+            d.gpu_required, d.gpu_type, d.gpu_memory_utilization, d.estimated_gpu_memory_mb,
+            d.memory_mb, d.host_ports, d.task_type, d.share_key, d.priority, t.image,
+            bool(t.engine or t.command),
+        )
+        if shape in self.failed:
+            self.unplaced(t, self.failed[shape])
+            return
+        choices: dict[str, EngineChoice] = {}
+        if not t.engine and not t.command:
+            candidates, choices, why = self.engine_candidates(t.image)
+            if not candidates:
+                self.failed[shape] = why
+                self.unplaced(t, why)
+                return
+            r = place(d, candidates, self.res, self.pool, self.policy)
+        else:
+            r = place(d, self.index.order(d), self.res, self.pool, self.policy)
+        if isinstance(r, Placement):
+            self._book(t, d, r, choices.get(r.node_id), time.perf_counter() - start)
+            return
+        reason = self._try_preemption(t, d) or r.reason
+        self.failed[shape] = r.reason
+        self.unplaced(t, reason)
+
+    def _book(
+        self, t: Row[Any], d: TaskDemand, p: Placement, choice: EngineChoice | None, dt: float
+    ) -> None:
+        node = self.views[p.node_id]
+        book(node, p, d)
+        self.index.update(node)
+        self.decisions.append(_Decision(t, d, p, node, choice, dt))
+
+    def _try_preemption(self, t: Row[Any], d: TaskDemand) -> str:
+        if not self.policy.preemption or d.priority <= 0:
+            return ""
+        if t.id in self.waiting_for:
+            n = self.waiting_for[t.id]
+            return f"waiting for {n} preempted task(s) to release their cards"
+        plan = plan_preemption(d, self.nodes, self.res, self.pool, self.policy)
+        if plan is None:
+            return ""
+        node = self.views[plan.node_id]
+        for v in plan.victims:  # taken once: no other task picks the same victims
+            for o in node.occupants:
+                if o.task_id == v.task_id:
+                    o.preempting = True
+        self.preemptions.append((t, plan))
+        names = ", ".join(v.task_id for v in plan.victims)
+        return (
+            f"preempting {len(plan.victims)} lower-priority task(s) on {node.name} ({names}); "
+            "placed once they release their cards"
+        )
+
+    def decide_gang(self, members: list[Row[Any]]) -> None:
+        """G1: a pipeline group's queued stages are placed together or not at all."""
+        start = time.perf_counter()
+        demands = [_demand(t, self.keys) for t in members]
+        strict = _strict_type_reason(demands[0], self.nodes)
+        if strict:
+            for t in members:
+                self.unplaced(t, strict)
+            return
+        r = place_gang(demands, self.nodes, self.res, self.pool, self.policy)
+        if isinstance(r, Unplaced):
+            for t in members:
+                self.unplaced(t, r.reason)
+            return
+        dt = (time.perf_counter() - start) / len(members)
+        for t, d, p in zip(members, demands, r, strict=True):
+            self._book(t, d, p, None, dt)
 
 
-def _apply(
-    s: Session,
-    clock: Clock,
-    t: Task,
-    p: Placement,
-    node_name: str,
-    choice: EngineChoice | None = None,
-) -> bool:
-    extra: dict[str, object] = {}
-    if choice is not None:
-        extra = {"engine": choice.engine, "engine_reason": f"on {node_name}: {choice.reason}"}
-    ports = [
-        {"container_port": int(m["container_port"]), "host_port": hp}
-        for m, hp in zip(t.ports, p.host_ports, strict=True)
-    ]
-    return transition(
-        s,
-        clock,
-        t.id,
-        TaskStatus.PENDING,
-        TaskStatus.SCHEDULED,
-        f"placed on {node_name}" + (f" cards {list(p.gpu_ids)}" if p.gpu_ids else " (CPU)"),
-        node_id=p.node_id,
-        gpu_ids=list(p.gpu_ids),
-        ports=ports,
-        memory_mb=p.memory_mb if t.gpu_required == 0 else t.memory_mb,
-        **extra,
+def _strict_type_reason(d: TaskDemand, nodes: list[NodeView]) -> str:
+    """B7: a pipeline stage that names a gpu_type takes only that type; its nodes being
+    offline means wait, no node reporting it at all is a different message."""
+    if not d.gpu_type:
+        return ""
+    having = [n for n in nodes if any(c.model == d.gpu_type for c in n.cards)]
+    if not having:
+        return (
+            f"GpuTypeUnavailable: no registered node reports gpu_type {d.gpu_type!r}; "
+            "pipeline stages never fall back to another type"
+        )
+    if not any(n.online for n in having):
+        return (
+            f"Waiting: all {len(having)} node(s) with gpu_type {d.gpu_type!r} are offline; "
+            "the stages are placed when one returns"
+        )
+    return ""
+
+
+def _outstanding_preemptions(s: Session) -> dict[str, int]:
+    q = (
+        select(Task.preempted_by, func.count())
+        .where(Task.preempted_by != "", Task.status == TaskStatus.STOPPING.value)
+        .group_by(Task.preempted_by)
     )
+    return {pid: int(n) for pid, n in s.execute(q)}
+
+
+def _queue(s: Session, limit: int) -> list[Row[Any]]:
+    q = (
+        select(
+            Task.id, Task.group_id, Task.tenant_id, Task.gpu_required, Task.gpu_type,
+            Task.gpu_memory_utilization, Task.estimated_gpu_memory_mb, Task.memory_mb,
+            Task.ports, Task.task_type, Task.model_path, Task.engine, Task.command,
+            Task.image, Task.priority, Task.status_message, Task.generation, Task.engine_reason,
+            TaskGroup.parallelism,
+        )
+        .join(TaskGroup, TaskGroup.id == Task.group_id)
+        .where(Task.status == TaskStatus.PENDING.value)
+        .order_by(Task.priority.desc(), Task.created_at, Task.rank)
+        .limit(limit)
+    )
+    if s.get_bind().dialect.name == "postgresql":
+        q = q.with_for_update(of=Task, skip_locked=True)
+    return list(s.execute(q))
 
 
 def schedule_round(
@@ -158,40 +358,257 @@ def schedule_round(
     reservation: Reservation,
     port_pool: range,
     policy: Policy | None = None,
-    limit: int = 500,
+    limit: int = 10_000,
+    commit_batch: int = 500,
 ) -> RoundResult:
-    pending = list(
-        s.scalars(
-            select(Task)
-            .where(Task.status == TaskStatus.PENDING.value)
-            .order_by(Task.priority.desc(), Task.created_at, Task.rank)
-            .limit(limit)
-        )
-    )
+    pending = _queue(s, limit)
     if not pending:
         return RoundResult(0, 0)
-    views = node_views(s, clock, offline_after_s)
-    nodes = list(views.values())
-    engines = {n.id: node_engines(n) for n in s.scalars(select(Node))}
-    placed = unplaced = 0
+    rnd = _Round(s, clock, offline_after_s, reservation, port_pool, policy or Policy())
+    gangs: dict[tuple[str, int], list[Row[Any]]] = defaultdict(list)
     for t in pending:
-        candidates: list[NodeView] = nodes
-        choices: dict[str, EngineChoice] = {}
-        if not t.engine and not t.command:
-            candidates, choices, why = _engine_candidates(t, nodes, engines)
-            if not candidates:
-                unplaced += 1
-                if t.status_message != why:
-                    set_pending_reason(s, clock, t.id, why)
-                continue
-        decision = place(_demand(t), candidates, reservation, port_pool, policy or Policy())
-        if isinstance(decision, Placement):
-            choice = choices.get(decision.node_id)
-            if _apply(s, clock, t, decision, views[decision.node_id].name, choice):
-                commit(views[decision.node_id], decision, inference=t.task_type == "inference")
-                placed += 1
+        if t.parallelism == "pipeline":
+            gangs[(t.group_id, t.generation)].append(t)
+    done_gangs: set[tuple[str, int]] = set()
+    for t in pending:
+        key = (t.group_id, t.generation)
+        if t.parallelism == "pipeline":
+            if key not in done_gangs:
+                done_gangs.add(key)
+                rnd.decide_gang(gangs[key])
         else:
-            unplaced += 1
-            if t.status_message != decision.reason:
-                set_pending_reason(s, clock, t.id, decision.reason)
-    return RoundResult(placed, unplaced)
+            rnd.decide(t)
+        if len(rnd.decisions) >= commit_batch:
+            _flush(rnd)
+    _flush(rnd)
+    _write_preemptions(rnd)
+    _write_reasons(rnd)
+    return rnd.result
+
+
+def _lock_commits(s: Session) -> None:
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+
+
+def _cas_nodes(s: Session, expected: dict[str, int]) -> set[str]:
+    """Bump booking_version on the nodes; the ids whose version was still as read."""
+    _lock_commits(s)
+    ok: set[str] = set()
+    ids = sorted(expected)
+    for i in range(0, len(ids), 1000):
+        chunk = ids[i : i + 1000]
+        rows = s.execute(
+            update(Node)
+            .where(Node.id.in_(chunk))
+            .values(booking_version=Node.booking_version + 1)
+            .returning(Node.id, Node.booking_version)
+            .execution_options(synchronize_session=False)
+        )
+        ok.update(nid for nid, v in rows if v == expected[nid] + 1)
+    return ok
+
+
+def _flush(rnd: _Round) -> None:
+    if not rnd.decisions:
+        return
+    start = time.perf_counter()
+    s, now = rnd.s, rnd.clock.now()
+    decisions, rnd.decisions = rnd.decisions, []
+    ok_nodes = _cas_nodes(s, {d.node.id: d.node.version for d in decisions})
+    for d in decisions:
+        if d.node.id in ok_nodes:
+            d.node.version += 1
+    # a gang is written whole or not at all
+    bad_groups = {
+        d.row.group_id for d in decisions
+        if d.node.id not in ok_nodes and d.row.parallelism == "pipeline"
+    }
+    keep = [
+        d for d in decisions if d.node.id in ok_nodes and d.row.group_id not in bad_groups
+    ]
+    rnd.result.conflicts += len(decisions) - len(keep)
+    if keep:
+        s.execute(
+            update(_TASKS)
+            .where(
+                _TASKS.c.id == bindparam("b_id"),
+                _TASKS.c.status == TaskStatus.PENDING.value,
+            )
+            .values(
+                status=TaskStatus.SCHEDULED.value,
+                status_message=bindparam("b_msg"),
+                node_id=bindparam("b_node"),
+                gpu_ids=bindparam("b_gpus"),
+                ports=bindparam("b_ports"),
+                memory_mb=bindparam("b_mem"),
+                qos=bindparam("b_qos"),
+                engine=bindparam("b_engine"),
+                engine_reason=bindparam("b_reason"),
+                updated_at=now,
+            ),
+            [_task_values(d) for d in keep],
+        )
+        # verify (SQLite has no row locks on the queue read): only what really moved
+        moved = _scheduled_ids(s, [d.row.id for d in keep])
+        written = [d for d in keep if d.row.id in moved]
+        rnd.result.conflicts += len(keep) - len(written)
+        if written:
+            s.execute(
+                insert(Event),
+                [
+                    {
+                        "group_id": d.row.group_id, "task_id": d.row.id, "kind": "task_status",
+                        "from_status": "pending", "to_status": "scheduled",
+                        "message": _placed_message(d), "created_at": now,
+                    }
+                    for d in written
+                ],
+            )
+            _refresh_groups(s, rnd.clock, {d.row.group_id for d in written})
+        per = (time.perf_counter() - start) / max(1, len(decisions))
+        rnd.result.placed += len(written)
+        rnd.result.decision_ms.extend((d.compute_s + per) * 1000 for d in written)
+        for d in written:
+            rnd.reasons.pop(d.row.id, None)
+
+
+def _scheduled_ids(s: Session, ids: list[str]) -> set[str]:
+    out: set[str] = set()
+    for i in range(0, len(ids), 1000):
+        out.update(
+            s.scalars(
+                select(Task.id).where(
+                    Task.id.in_(ids[i : i + 1000]), Task.status == TaskStatus.SCHEDULED.value
+                )
+            )
+        )
+    return out
+
+
+def _placed_message(d: _Decision) -> str:
+    p = d.placement
+    where = f"placed on {d.node.name}" + (f" cards {list(p.gpu_ids)}" if p.gpu_ids else " (CPU)")
+    if p.borrowed:
+        where += " (borrowing the cards of a sleeping inference service)"
+    return where + (f", QoS {p.qos}" if p.gpu_ids else "")
+
+
+def _task_values(d: _Decision) -> dict[str, Any]:
+    t, p = d.row, d.placement
+    ports = [
+        {"container_port": int(m["container_port"]), "host_port": hp}
+        for m, hp in zip(t.ports, p.host_ports, strict=True)
+    ]
+    engine, reason = t.engine, None
+    if d.choice is not None:
+        engine = d.choice.engine
+        reason = f"on {d.node.name}: {d.choice.reason}"
+    return {
+        "b_id": t.id,
+        "b_msg": _placed_message(d),
+        "b_node": p.node_id,
+        "b_gpus": list(p.gpu_ids),
+        "b_ports": ports,
+        "b_mem": p.memory_mb if t.gpu_required == 0 else t.memory_mb,
+        "b_qos": p.qos,
+        "b_engine": engine,
+        "b_reason": reason if reason is not None else t.engine_reason,
+    }
+
+
+def _refresh_groups(s: Session, clock: Clock, group_ids: set[str]) -> None:
+    ids = sorted(group_ids)
+    statuses: dict[str, list[TaskStatus]] = defaultdict(list)
+    current: dict[str, tuple[str, bool]] = {}
+    for i in range(0, len(ids), 1000):
+        chunk = ids[i : i + 1000]
+        q = select(Task.group_id, Task.status).where(Task.group_id.in_(chunk))
+        for gid, st in s.execute(q):
+            statuses[gid].append(TaskStatus(st))
+        for gid, st, deleted in s.execute(
+            select(TaskGroup.id, TaskGroup.status, TaskGroup.deleted_at).where(
+                TaskGroup.id.in_(chunk)
+            )
+        ):
+            current[gid] = (st, deleted is not None)
+    now = clock.now()
+    changes = []
+    for gid, (old, deleting) in current.items():
+        new = group_status(statuses[gid], deleting=deleting).value
+        if new != old:
+            changes.append({"b_id": gid, "b_status": new, "b_old": old})
+    if not changes:
+        return
+    tg = _GROUPS
+    s.execute(
+        update(tg)
+        .where(tg.c.id == bindparam("b_id"), tg.c.status == bindparam("b_old"))
+        .values(status=bindparam("b_status"), status_message="placed", updated_at=now),
+        changes,
+    )
+    s.execute(
+        insert(Event),
+        [
+            {
+                "group_id": c["b_id"], "task_id": None, "kind": "group_status",
+                "from_status": c["b_old"], "to_status": c["b_status"], "message": "placed",
+                "created_at": now,
+            }
+            for c in changes
+        ],
+    )
+
+
+def _write_preemptions(rnd: _Round) -> None:
+    """B4: victims leave their cards through the state door; an event on both sides."""
+    s, clock = rnd.s, rnd.clock
+    for t, plan in rnd.preemptions:
+        node = rnd.views[plan.node_id]
+        moved: list[str] = []
+        for v in plan.victims:
+            why = f"preempted by {t.group_id} (task {t.id}, priority {t.priority})"
+            status = s.scalar(select(Task.status).where(Task.id == v.task_id))
+            if status == TaskStatus.SCHEDULED.value:
+                ok = transition(
+                    s, clock, v.task_id, TaskStatus.SCHEDULED, TaskStatus.PENDING, why,
+                    node_id=None, gpu_ids=[], qos="", ports=_pool_ports(s, v.task_id),
+                )
+            elif status in (TaskStatus.STARTING.value, TaskStatus.RUNNING.value):
+                ok = transition(
+                    s, clock, v.task_id, TaskStatus(status), TaskStatus.STOPPING, why,
+                    preempted_by=t.id,
+                )
+            else:
+                ok = False
+            if ok:
+                moved.append(v.task_id)
+        if moved:
+            _cas_nodes(s, {node.id: node.version})  # others must re-read this node
+            node.version += 1
+            rnd.result.preempted += len(moved)
+            s.add(
+                Event(
+                    group_id=t.group_id, task_id=t.id, kind="preemption",
+                    message=f"preempting {', '.join(moved)} on {node.name} "
+                    f"(priority {t.priority} over lower-priority work)",
+                    created_at=clock.now(),
+                )
+            )
+
+
+def _pool_ports(s: Session, task_id: str) -> list[dict[str, int]]:
+    ports = s.scalar(select(Task.ports).where(Task.id == task_id)) or []
+    return [{"container_port": int(p["container_port"]), "host_port": 0} for p in ports]
+
+
+def _write_reasons(rnd: _Round) -> None:
+    if not rnd.reasons:
+        return
+    tt = _TASKS
+    rnd.s.execute(
+        update(tt)
+        .where(tt.c.id == bindparam("b_id"), tt.c.status == TaskStatus.PENDING.value)
+        .values(status_message=bindparam("b_msg")),
+        [{"b_id": k, "b_msg": v} for k, v in rnd.reasons.items()],
+    )

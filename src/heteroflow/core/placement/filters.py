@@ -1,0 +1,108 @@
+"""Filters of the placement pipeline (B1): each says whether a node or card passes, and
+if not, a reason key that ``reasons.explain`` turns into a readable sentence (B2, B5).
+
+Card rules (B6):
+- inference tasks on one card stack by memory commitment: the commitments of the tasks
+  on it, this one included, sum to at most 100% and the task's memory estimate fits in
+  total - max(used, committed) - reservation (B3);
+- tensor-parallel replicas and all non-inference work take whole free cards, outside the
+  percentage protocol; inference never shares a card with non-inference work, except
+  training borrowing the cards of a sleeping inference service (F5);
+- cross-tenant red line: a card holds the work of one tenant or one sharing group.
+"""
+
+from __future__ import annotations
+
+from heteroflow.core.placement.model import (
+    CPU_TASK_MEMORY_SHARE,
+    DEFAULT_CPU_TASK_MEMORY_MB,
+    CardView,
+    NodeView,
+    Reservation,
+    TaskDemand,
+)
+
+# reason keys, in the order the pipeline checks them
+OFFLINE = "offline"
+NO_GPUS = "no_gpus"
+TYPE_MISMATCH = "gpu_type_mismatch"
+PORTS = "ports"
+CROSS_TENANT = "cross_tenant"
+KIND_MIX = "kind_mix"
+WHOLE_BUSY = "whole_busy"
+VRAM_SHORT = "vram_short"
+OVERLOADED = "overloaded"
+CONTAINER_CAP = "container_cap"
+COMMITMENT_FULL = "commitment_full"
+MEMORY_SHORT = "memory_short"
+
+
+def card_admits(card: CardView, t: TaskDemand, res: Reservation) -> tuple[str, bool]:
+    """("", borrowed) when the card admits the task, else (reason key, False)."""
+    if card.holders and card.share_key and t.share_key and card.share_key != t.share_key:
+        return CROSS_TENANT, False
+    others = card.holders - card.inference  # non-inference work on the card
+    borrow = False
+    if t.whole and not card.free:
+        borrow = t.task_type == "training" and 0 < card.holders == card.inference == card.sleeping
+        if not borrow:
+            mixed = (card.inference > 0) if not t.inference else (others > 0)
+            return (KIND_MIX if mixed else WHOLE_BUSY), False
+    elif not t.whole:
+        if others > 0:
+            return KIND_MIX, False
+        if card.whole_holders:
+            return WHOLE_BUSY, False
+    need = t.estimated_gpu_memory_mb
+    if need and need > card.available_mb(res, borrow=borrow):
+        return VRAM_SHORT, False
+    if not t.whole and card.committed_pct + t.gpu_memory_utilization > 100:
+        return COMMITMENT_FULL, False
+    return "", borrow
+
+
+def node_gate(node: NodeView, t: TaskDemand, thr: float, cap: int) -> str:
+    """The node-level checks that need no card: online, load threshold, container cap."""
+    if not node.online:
+        return OFFLINE
+    if node.cpu_percent > thr or node.memory_percent > thr:
+        return OVERLOADED
+    if t.inference and node.inference_tasks >= cap:
+        return CONTAINER_CAP
+    return ""
+
+
+def typed_cards(node: NodeView, t: TaskDemand) -> tuple[list[CardView], str]:
+    if not node.cards:
+        return [], NO_GPUS
+    cards = [c for c in node.cards if not t.gpu_type or c.model == t.gpu_type]
+    return cards, ("" if cards else TYPE_MISMATCH)
+
+
+def cpu_room(node: NodeView, t: TaskDemand) -> tuple[int, int]:
+    """(memory the CPU task books, free memory left for CPU tasks before it)."""
+    need = t.memory_mb or DEFAULT_CPU_TASK_MEMORY_MB
+    free = int(node.memory_total_mb * CPU_TASK_MEMORY_SHARE) - node.memory_committed_mb
+    return need, free
+
+
+def ports_for(t: TaskDemand, node: NodeView, pool: range) -> tuple[int, ...] | None:
+    """Requested host ports (0 = from the pool, P2); None when one is taken or the pool
+    is exhausted."""
+    taken = node.ports_in_use
+    fixed = [hp for hp in t.host_ports if hp]
+    if any(hp in taken for hp in fixed) or len(set(fixed)) != len(fixed):
+        return None
+    wanted = len(t.host_ports) - len(fixed)
+    chosen: list[int] = []
+    if wanted:
+        skip = taken.union(fixed)
+        for p in pool:
+            if p not in skip:
+                chosen.append(p)
+                if len(chosen) == wanted:
+                    break
+        else:
+            return None
+    it = iter(chosen)
+    return tuple(hp if hp else next(it) for hp in t.host_ports)

@@ -1,0 +1,200 @@
+"""The values the placement pipeline works on: plain data, no I/O.
+
+A ``NodeView`` is the scheduler's picture of one node for one round: its cards with
+what is booked on them, its load, what it holds (models, engines, labels) and the tasks
+that occupy it (for sharing rules and preemption). ``TaskDemand`` is what one task
+asks for. Booking a placement into the views (``book``) is how one round avoids
+double-booking before anything is written; the database CAS guards across rounds and
+across schedulers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_CPU_TASK_MEMORY_MB = 1024
+CPU_TASK_MEMORY_SHARE = 0.9  # CPU tasks may book up to 90% of a node's memory
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """B3: memory kept free on every card: fixed MB plus a share of the card."""
+
+    fixed_mb: int = 500
+    ratio: float = 0.10
+
+    def of(self, total_mb: int) -> int:
+        return self.fixed_mb + int(total_mb * self.ratio)
+
+
+@dataclass(slots=True)
+class CardView:
+    index: int
+    vendor: str
+    model: str
+    memory_total_mb: int
+    memory_used_mb: int = 0  # as the node measured it
+    committed_mb: int = 0  # estimates of the tasks booked on it
+    committed_pct: int = 0  # their gpu_memory_utilization, summed
+    mig: bool = False
+    mps: bool = False
+    nvlink_peers: frozenset[int] = frozenset()
+    holders: int = 0  # tasks booked on the card
+    whole_holders: int = 0  # of them, tasks that own whole cards (TP, non-inference)
+    inference: int = 0  # inference tasks on it
+    sleeping: int = 0  # of them, sleeping ones (their memory is released)
+    sleeping_mb: int = 0
+    sleeping_pct: int = 0
+    share_key: str = ""  # tenant (or sharing group) whose work is on it; "" = none
+
+    @property
+    def free(self) -> bool:
+        return self.holders == 0 and self.committed_pct == 0 and self.committed_mb == 0
+
+    def available_mb(self, reservation: Reservation, *, borrow: bool = False) -> int:
+        committed = self.committed_mb - (self.sleeping_mb if borrow else 0)
+        used = max(self.memory_used_mb, committed)
+        return self.memory_total_mb - used - reservation.of(self.memory_total_mb)
+
+
+@dataclass(slots=True)
+class Occupant:
+    """A task holding a placement on a node (for sharing rules and preemption)."""
+
+    task_id: str
+    group_id: str
+    priority: int
+    gpu_ids: tuple[int, ...]
+    per_card_mb: int
+    per_card_pct: int
+    memory_mb: int
+    share_key: str
+    inference: bool
+    whole: bool
+    sleeping: bool = False
+    preempting: bool = False  # already asked to make room for another task
+
+
+@dataclass(slots=True)
+class NodeView:
+    id: str
+    name: str
+    online: bool
+    cards: list[CardView]
+    cpu_count: int
+    memory_total_mb: int
+    memory_committed_mb: int = 0
+    ports_in_use: set[int] = field(default_factory=set)
+    cpu_percent: float = 0.0
+    memory_percent: float = 0.0
+    inference_tasks: int = 0  # placed inference containers (sleeping ones count too)
+    models: frozenset[str] = frozenset()  # paths and names of the models it holds
+    engines: frozenset[str] = frozenset()  # engines its probe reports available
+    labels: dict[str, str] = field(default_factory=dict)
+    occupants: list[Occupant] = field(default_factory=list)
+    version: int = 0  # nodes.booking_version as read
+
+    @property
+    def rdma(self) -> bool:
+        return self.labels.get("rdma", "").lower() in ("true", "1", "yes")
+
+    @property
+    def containerized(self) -> bool:
+        return self.labels.get("heteroflow.containerized", "").lower() in ("true", "1", "yes")
+
+    def free_cards(self) -> int:
+        return sum(1 for c in self.cards if c.free)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDemand:
+    task_id: str
+    gpu_required: int
+    gpu_type: str
+    gpu_memory_utilization: int  # 1-100
+    estimated_gpu_memory_mb: int
+    memory_mb: int
+    host_ports: tuple[int, ...]  # requested host ports, 0 = from the pool
+    task_type: str = "inference"  # inference | training | container
+    model_path: str = ""
+    engine: str = ""
+    share_key: str = ""  # tenant id, or its sharing group's id
+    priority: int = 0
+    group_id: str = ""
+    multi_node: bool = False  # a stage of a pipeline group (prefers RDMA nodes)
+
+    @property
+    def inference(self) -> bool:
+        return self.task_type == "inference"
+
+    @property
+    def whole(self) -> bool:
+        """Takes whole cards outside the percentage protocol (B6): TP replicas and all
+        non-inference work (training and plain containers never share a card)."""
+        return self.gpu_required > 1 or not self.inference
+
+    @property
+    def per_card_pct(self) -> int:
+        return 100 if self.whole else self.gpu_memory_utilization
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node_id: str
+    gpu_ids: tuple[int, ...]
+    per_card_mb: int
+    memory_mb: int
+    host_ports: tuple[int, ...]
+    per_card_pct: int = 0
+    qos: str = ""
+    borrowed: bool = False  # training on the cards of a sleeping inference service (F5)
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaced:
+    reason: str
+
+
+def book(node: NodeView, p: Placement, t: TaskDemand, sign: int = 1) -> None:
+    """Add (sign=1) or take back (sign=-1) a placement in the in-memory views."""
+    node.inference_tasks += sign * int(t.inference)
+    for c in node.cards:
+        if c.index in p.gpu_ids:
+            c.committed_mb += sign * p.per_card_mb
+            c.committed_pct += sign * p.per_card_pct
+            c.holders += sign
+            c.whole_holders += sign * int(t.whole)
+            c.inference += sign * int(t.inference)
+            if c.holders == 0:
+                c.share_key = ""
+            elif sign > 0 and not c.share_key:
+                c.share_key = t.share_key
+    node.memory_committed_mb += sign * p.memory_mb
+    if sign > 0:
+        node.ports_in_use.update(p.host_ports)
+        node.occupants.append(
+            Occupant(
+                t.task_id, t.group_id, t.priority, p.gpu_ids, p.per_card_mb, p.per_card_pct,
+                p.memory_mb, t.share_key, t.inference, t.whole,
+            )
+        )
+    else:
+        node.ports_in_use.difference_update(p.host_ports)
+        node.occupants = [o for o in node.occupants if o.task_id != t.task_id]
+
+
+def unbook_occupant(node: NodeView, o: Occupant) -> None:
+    """Take an occupant's booking out of a (copied) view: what preemption would free."""
+    for c in node.cards:
+        if c.index in o.gpu_ids:
+            c.committed_mb -= o.per_card_mb
+            c.committed_pct -= o.per_card_pct
+            c.holders -= 1
+            c.whole_holders -= int(o.whole)
+            c.inference -= int(o.inference)
+            if c.holders <= 0:
+                c.holders = c.committed_mb = c.committed_pct = 0
+                c.share_key = ""
+    node.memory_committed_mb -= o.memory_mb
+    node.inference_tasks -= int(o.inference)
+    node.occupants = [x for x in node.occupants if x.task_id != o.task_id]

@@ -1,0 +1,87 @@
+"""Preemption (B4): when a task fits nowhere, which lower-priority tasks to move out.
+
+Pure: it works on copies of the views and says (node, victims); the caller moves the
+victims back to the queue through the state door and the waiting task takes the cards
+once they are released. Only tasks of strictly lower priority are victims, never a
+task already being preempted; the choice minimises first the number of victims, then
+the highest priority among them, then prefers the lowest-priority work.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from heteroflow.core.placement.model import (
+    NodeView,
+    Occupant,
+    Reservation,
+    TaskDemand,
+    unbook_occupant,
+)
+from heteroflow.core.placement.pipeline import Policy, evaluate
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    node_id: str
+    victims: tuple[Occupant, ...]
+
+
+def plan_preemption(
+    t: TaskDemand,
+    nodes: Iterable[NodeView],
+    res: Reservation,
+    pool: range,
+    policy: Policy,
+) -> Preemption | None:
+    best: tuple[tuple[int, int], Preemption] | None = None
+    for node in nodes:
+        if not node.online:
+            continue
+        if t.gpu_type and not any(c.model == t.gpu_type for c in node.cards):
+            continue
+        if t.gpu_required and not node.cards:
+            continue
+        lower = sorted(
+            (o for o in node.occupants if o.priority < t.priority and not o.preempting),
+            key=lambda o: (o.priority, -o.per_card_pct),
+        )
+        if not lower:
+            continue
+        trial = copy.deepcopy(node)
+        victims: list[Occupant] = []
+        for o in lower:
+            unbook_occupant(trial, o)
+            victims.append(o)
+            p, _, _ = evaluate(trial, t, res, pool, policy)
+            if p is not None:
+                victims = _trim(trial, node, victims, t, res, pool, policy)
+                key = (len(victims), max(v.priority for v in victims))
+                if best is None or key < best[0]:
+                    best = (key, Preemption(node.id, tuple(victims)))
+                break
+    return best[1] if best else None
+
+
+def _trim(
+    trial: NodeView,
+    node: NodeView,
+    victims: list[Occupant],
+    t: TaskDemand,
+    res: Reservation,
+    pool: range,
+    policy: Policy,
+) -> list[Occupant]:
+    """Drop victims the task does not need gone (an early low-priority victim may sit on
+    a card the task never uses)."""
+    kept = list(victims)
+    for v in list(victims[:-1]):
+        attempt = copy.deepcopy(node)
+        for o in kept:
+            if o is not v:
+                unbook_occupant(attempt, o)
+        if evaluate(attempt, t, res, pool, policy)[0] is not None:
+            kept.remove(v)
+    return kept
