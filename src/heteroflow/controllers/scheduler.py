@@ -1,8 +1,18 @@
-"""The scheduler loop (every ``scheduler_interval_s``, default 1 s)."""
+"""The scheduler loop (every ``scheduler_interval_s``, default 1 s) and its worker pool.
+
+One worker runs one round over the whole queue (up to ``round_limit`` tasks). With
+``workers`` > 1 on PostgreSQL, each worker runs rounds of ``worker_chunk`` tasks in its
+own thread and session; ``FOR UPDATE SKIP LOCKED`` hands them disjoint tasks and the
+nodes' booking CAS keeps their cards apart (see services.scheduling). Placement is CPU
+work under the GIL, so more workers buy overlap with database round trips, not more
+cores; several server instances are the way to more cores. SQLite has one writer:
+there the pool is one worker.
+"""
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.placement import Policy, Reservation
@@ -25,6 +35,9 @@ class Scheduler:
         port_pool: range,
         reservation: Reservation | None = None,
         policy: Policy | None = None,
+        workers: int = 1,
+        round_limit: int = 10_000,
+        worker_chunk: int = 1_000,
     ) -> None:
         self.db = db
         self.clock = clock
@@ -33,11 +46,33 @@ class Scheduler:
         self.port_pool = port_pool
         self.reservation = reservation or Reservation()
         self.policy = policy or Policy()
+        pg = db.engine.dialect.name == "postgresql"
+        self.workers = workers if pg else 1
+        self.round_limit = round_limit
+        self.worker_chunk = worker_chunk
 
     def reconcile_once(self) -> None:
-        self.run_round()
+        if self.workers == 1:
+            self.run_round()
+            return
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="scheduler") as pool:
+            for f in [pool.submit(self._drain) for _ in range(self.workers)]:
+                f.result()
 
-    def run_round(self) -> RoundResult:
+    def _drain(self) -> RoundResult:
+        """A pool worker: rounds of ``worker_chunk`` until one places nothing."""
+        total = RoundResult(0, 0)
+        while True:
+            r = self.run_round(limit=self.worker_chunk)
+            total.placed += r.placed
+            total.preempted += r.preempted
+            total.conflicts += r.conflicts
+            total.decision_ms.extend(r.decision_ms)
+            if r.placed == 0 and r.conflicts == 0:
+                total.unplaced = r.unplaced
+                return total
+
+    def run_round(self, limit: int | None = None) -> RoundResult:
         with self.db.session() as s:
             result = schedule_round(
                 s,
@@ -46,7 +81,11 @@ class Scheduler:
                 reservation=self.reservation,
                 port_pool=self.port_pool,
                 policy=self.policy,
+                limit=limit or self.round_limit,
             )
-        if result.placed:
-            log.info("scheduler placed %d task(s); %d waiting", result.placed, result.unplaced)
+        if result.placed or result.preempted:
+            log.info(
+                "scheduler placed %d task(s), preempted %d; %d waiting",
+                result.placed, result.preempted, result.unplaced,
+            )
         return result
