@@ -8,6 +8,7 @@ inference never sits beside non-inference, and a gang is placed whole or not at 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 import pytest
@@ -95,7 +96,7 @@ def test_no_overcommit_no_tenant_mix_no_kind_mix(
     index = FleetIndex(nodes)
     booked: list[tuple[TaskDemand, Placement]] = []
     for n, d in enumerate(queue):
-        d = TaskDemand(**{**{f: getattr(d, f) for f in d.__slots__}, "task_id": f"q{n}"})
+        d = dataclasses.replace(d, task_id=f"q{n}")
         r = place(d, index.order(d), RES, POOL)
         if isinstance(r, Placement):
             node = index.by_id[r.node_id]

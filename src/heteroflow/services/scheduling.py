@@ -27,6 +27,7 @@ from sqlalchemy import Row, Table, bindparam, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
+from heteroflow.core.engines.registry import ENGINES
 from heteroflow.core.engines.selection import (
     EngineChoice,
     NodeEngines,
@@ -47,6 +48,7 @@ from heteroflow.core.placement import (
     place_gang,
     plan_preemption,
 )
+from heteroflow.core.placement.memo import FailureMemo
 from heteroflow.core.placement.preemption import Preemption
 from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus, group_status
 from heteroflow.db.tables import Event, Node, Task, TaskGroup, Tenant
@@ -167,7 +169,13 @@ def _demand(t: Row[Any], keys: dict[str, str]) -> TaskDemand:
         priority=t.priority,
         group_id=t.group_id,
         multi_node=t.parallelism == "pipeline",
+        engine_vendors=_engine_vendors(t.engine),
     )
+
+
+def _engine_vendors(engine: str) -> frozenset[str]:
+    spec = ENGINES.get(engine)
+    return spec.vendors if spec is not None else frozenset()
 
 
 class _Round:
@@ -188,10 +196,15 @@ class _Round:
         self.keys = share_keys(s)
         self.views = node_views(s, clock, offline_after_s, self.keys)
         self.nodes = list(self.views.values())
-        self.index = FleetIndex(self.nodes, pack=policy.packs)
+        self.index = FleetIndex(
+            self.nodes,
+            pack=policy.packs,
+            load_threshold_pct=policy.load_threshold_pct,
+            inference_cap=policy.inference_cap,
+        )
         self.engines: dict[str, NodeEngines] | None = None
         self.engine_cache: dict[str, tuple[list[NodeView], dict[str, EngineChoice], str]] = {}
-        self.failed: dict[tuple[Any, ...], str] = {}  # demand shape -> reason, this round
+        self.failed = FailureMemo(policy.load_threshold_pct, policy.inference_cap)
         self.decisions: list[_Decision] = []
         self.reasons: dict[str, str] = {}  # task id -> new pending reason
         self.preemptions: list[tuple[Row[Any], Preemption]] = []
@@ -230,19 +243,20 @@ class _Round:
     def decide(self, t: Row[Any]) -> None:
         start = time.perf_counter()
         d = _demand(t, self.keys)
-        shape = (
-            d.gpu_required, d.gpu_type, d.gpu_memory_utilization, d.estimated_gpu_memory_mb,
-            d.memory_mb, d.host_ports, d.task_type, d.share_key, d.priority, t.image,
-            bool(t.engine or t.command),
-        )
-        if shape in self.failed:
-            self.unplaced(t, self.failed[shape])
+        # Priority matters only to preemption, which is retried for a higher priority
+        # than the one that already found no victims.
+        extra = (t.image, bool(t.engine or t.command))
+        known = self.failed.lookup(d, extra)
+        if known is not None and d.priority <= known[1]:
+            self.unplaced(t, known[0].reason)
             return
         choices: dict[str, EngineChoice] = {}
-        if not t.engine and not t.command:
+        if known is not None:
+            r: Placement | Unplaced = known[0]
+        elif not t.engine and not t.command:
             candidates, choices, why = self.engine_candidates(t.image)
             if not candidates:
-                self.failed[shape] = why
+                self.failed.record(d, Unplaced(why), 1001, extra)
                 self.unplaced(t, why)
                 return
             r = place(d, candidates, self.res, self.pool, self.policy)
@@ -251,9 +265,10 @@ class _Round:
         if isinstance(r, Placement):
             self._book(t, d, r, choices.get(r.node_id), time.perf_counter() - start)
             return
-        reason = self._try_preemption(t, d) or r.reason
-        self.failed[shape] = r.reason
-        self.unplaced(t, reason)
+        preempting = self._try_preemption(t, d)
+        # a found preemption books nothing yet: the next such task may preempt too
+        self.failed.record(d, r, -1 if preempting else d.priority, extra)
+        self.unplaced(t, preempting or r.reason)
 
     def _book(
         self, t: Row[Any], d: TaskDemand, p: Placement, choice: EngineChoice | None, dt: float
@@ -415,10 +430,10 @@ def _flush(rnd: _Round) -> None:
     start = time.perf_counter()
     s, now = rnd.s, rnd.clock.now()
     decisions, rnd.decisions = rnd.decisions, []
-    ok_nodes = _cas_nodes(s, {d.node.id: d.node.version for d in decisions})
-    for d in decisions:
-        if d.node.id in ok_nodes:
-            d.node.version += 1
+    touched = {d.node.id: d.node for d in decisions}
+    ok_nodes = _cas_nodes(s, {nid: n.version for nid, n in touched.items()})
+    for n in touched.values():
+        n.version += 1  # bumped in the database either way (ours or another's)
     # a gang is written whole or not at all
     bad_groups = {
         d.row.group_id for d in decisions

@@ -30,6 +30,7 @@ PORTS = "ports"
 CROSS_TENANT = "cross_tenant"
 KIND_MIX = "kind_mix"
 WHOLE_BUSY = "whole_busy"
+ENGINE_VENDOR = "engine_vendor"
 VRAM_SHORT = "vram_short"
 OVERLOADED = "overloaded"
 CONTAINER_CAP = "container_cap"
@@ -73,10 +74,17 @@ def node_gate(node: NodeView, t: TaskDemand, thr: float, cap: int) -> str:
 
 
 def typed_cards(node: NodeView, t: TaskDemand) -> tuple[list[CardView], str]:
+    """The node's cards of the task's type that its engine can drive (H1)."""
     if not node.cards:
         return [], NO_GPUS
-    cards = [c for c in node.cards if not t.gpu_type or c.model == t.gpu_type]
-    return cards, ("" if cards else TYPE_MISMATCH)
+    cards = node.cards if not t.gpu_type else [c for c in node.cards if c.model == t.gpu_type]
+    if not cards:
+        return [], TYPE_MISMATCH
+    if t.engine_vendors:
+        cards = [c for c in cards if c.vendor in t.engine_vendors]
+        if not cards:
+            return [], ENGINE_VENDOR
+    return cards, ""
 
 
 def cpu_room(node: NodeView, t: TaskDemand) -> tuple[int, int]:

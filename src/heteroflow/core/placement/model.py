@@ -10,6 +10,7 @@ across schedulers.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 DEFAULT_CPU_TASK_MEMORY_MB = 1024
@@ -102,6 +103,15 @@ class NodeView:
     def containerized(self) -> bool:
         return self.labels.get("heteroflow.containerized", "").lower() in ("true", "1", "yes")
 
+    def clone(self) -> NodeView:
+        """A copy whose cards and bookings can change without touching this view."""
+        return dataclasses.replace(
+            self,
+            cards=[dataclasses.replace(c) for c in self.cards],
+            ports_in_use=set(self.ports_in_use),
+            occupants=list(self.occupants),
+        )
+
     def free_cards(self) -> int:
         return sum(1 for c in self.cards if c.free)
 
@@ -122,16 +132,18 @@ class TaskDemand:
     priority: int = 0
     group_id: str = ""
     multi_node: bool = False  # a stage of a pipeline group (prefers RDMA nodes)
+    # card vendors the task's engine runs on ("cpu" for CPU work); empty = no engine
+    engine_vendors: frozenset[str] = frozenset()
+    # derived once (the pipeline reads them for every card it looks at)
+    inference: bool = field(init=False, repr=False, compare=False)
+    # Takes whole cards outside the percentage protocol (B6): TP replicas and all
+    # non-inference work (training and plain containers never share a card).
+    whole: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def inference(self) -> bool:
-        return self.task_type == "inference"
-
-    @property
-    def whole(self) -> bool:
-        """Takes whole cards outside the percentage protocol (B6): TP replicas and all
-        non-inference work (training and plain containers never share a card)."""
-        return self.gpu_required > 1 or not self.inference
+    def __post_init__(self) -> None:
+        inference = self.task_type == "inference"
+        object.__setattr__(self, "inference", inference)
+        object.__setattr__(self, "whole", self.gpu_required > 1 or not inference)
 
     @property
     def per_card_pct(self) -> int:
@@ -153,6 +165,8 @@ class Placement:
 @dataclass(frozen=True, slots=True)
 class Unplaced:
     reason: str
+    seen: int = 0  # nodes examined
+    counts: tuple[tuple[str, int], ...] = ()  # reason key -> nodes, for re-explaining
 
 
 def book(node: NodeView, p: Placement, t: TaskDemand, sign: int = 1) -> None:

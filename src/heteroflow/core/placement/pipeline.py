@@ -4,7 +4,8 @@ Order: online → GPU type → sharing rules and VRAM (with the B3 reservation) 
 threshold → inference container cap → commitment admission; among the nodes that pass,
 model locality, then engine availability, then the weighted scoring plugins. The
 caller gives the nodes in the order it wants them tried (``fleet.FleetIndex`` puts the
-likely winners first); the scan stops once ``Policy.sample`` nodes passed, so a
+likely winners first, then a ``None`` mark after which no node can win); the scan stops
+once ``Policy.sample`` nodes passed, or at the mark with a candidate in hand, so a
 decision costs O(sample) on a large fleet instead of O(nodes). When none passes, every
 node was examined and the reason counts them all (B2, B5).
 """
@@ -15,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from heteroflow.core.placement import filters as f
+from heteroflow.core.placement.fleet import Tally
 from heteroflow.core.placement.model import (
     CardView,
     NodeView,
@@ -35,7 +37,7 @@ class Policy:
     load_threshold_pct: float = 90.0  # a node busier than this (CPU or memory) is skipped
     inference_cap: int = 8  # inference containers per node, sleeping ones included
     scorers: tuple[tuple[str, float], ...] = (("binpack", 1.0), ("topology", 1.0), ("rdma", 1.0))
-    sample: int = 32  # stop scanning once this many nodes passed every filter
+    sample: int = 8  # stop scanning once this many nodes passed every filter
     preemption: bool = True
 
     @property
@@ -52,6 +54,8 @@ def evaluate(
         return None, [], why
     if t.gpu_required == 0:
         need, free = f.cpu_room(node, t)
+        if t.engine_vendors and "cpu" not in t.engine_vendors:
+            return None, [], f.ENGINE_VENDOR
         if why:
             return None, [], why
         if node.cpu_count < 1 or free < need:
@@ -101,7 +105,7 @@ def evaluate(
 
 def place(
     t: TaskDemand,
-    nodes: Iterable[NodeView],
+    nodes: Iterable[NodeView | Tally | None],
     res: Reservation,
     pool: range,
     policy: Policy = Policy(),  # frozen: a shared default is safe
@@ -111,6 +115,15 @@ def place(
     best: tuple[tuple[int, int, float, int], Placement] | None = None
     passed = seen = 0
     for node in nodes:
+        if node is None:  # the index's mark: what follows cannot win
+            if best is not None:
+                break
+            continue
+        if isinstance(node, Tally):  # nodes the index ruled out in bulk, for the reason
+            for k, n in node.counts.items():
+                counts[k] = counts.get(k, 0) + n
+                seen += n
+            continue
         seen += 1
         p, chosen, why = evaluate(node, t, res, pool, policy)
         if p is None:
@@ -130,7 +143,8 @@ def place(
             break
     if best is not None:
         return best[1]
-    return Unplaced(explain(t, seen, counts, policy.load_threshold_pct, policy.inference_cap))
+    why = explain(t, seen, counts, policy.load_threshold_pct, policy.inference_cap)
+    return Unplaced(why, seen, tuple(sorted(counts.items())))
 
 
 def place_gang(

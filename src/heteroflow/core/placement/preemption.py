@@ -9,7 +9,6 @@ the highest priority among them, then prefers the lowest-priority work.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -48,9 +47,9 @@ def plan_preemption(
             (o for o in node.occupants if o.priority < t.priority and not o.preempting),
             key=lambda o: (o.priority, -o.per_card_pct),
         )
-        if not lower:
+        if not lower or not _could_fit(node, t, {o.task_id for o in lower}):
             continue
-        trial = copy.deepcopy(node)
+        trial = node.clone()
         victims: list[Occupant] = []
         for o in lower:
             unbook_occupant(trial, o)
@@ -63,6 +62,23 @@ def plan_preemption(
                     best = (key, Preemption(node.id, tuple(victims)))
                 break
     return best[1] if best else None
+
+
+def _could_fit(node: NodeView, t: TaskDemand, movable: set[str]) -> bool:
+    """A cheap bound before any trial: enough cards of the type that are free or held
+    only by movable tasks."""
+    if t.gpu_required == 0:
+        return True
+    held: dict[int, bool] = {}
+    for o in node.occupants:
+        for g in o.gpu_ids:
+            held[g] = held.get(g, True) and o.task_id in movable
+    usable = sum(
+        1
+        for c in node.cards
+        if (not t.gpu_type or c.model == t.gpu_type) and held.get(c.index, c.free)
+    )
+    return usable >= t.gpu_required
 
 
 def _trim(
@@ -78,7 +94,7 @@ def _trim(
     a card the task never uses)."""
     kept = list(victims)
     for v in list(victims[:-1]):
-        attempt = copy.deepcopy(node)
+        attempt = node.clone()
         for o in kept:
             if o is not v:
                 unbook_occupant(attempt, o)

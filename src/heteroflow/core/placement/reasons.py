@@ -15,6 +15,7 @@ def explain(t: TaskDemand, seen: int, counts: dict[str, int], thr: float, cap: i
         f.NO_GPUS: "no GPU cards",
         f.TYPE_MISMATCH: f"no card of type {t.gpu_type!r}",
         f.PORTS: "requested host port in use or port pool exhausted",
+        f.ENGINE_VENDOR: f"cards of a vendor the engine {t.engine or '?'} does not run on",
         f.CROSS_TENANT: "cards hold another tenant's work (a card is shared only inside "
         "one tenant or sharing group)",
         f.KIND_MIX: "cards hold work of another kind (inference never shares a card with "
