@@ -27,7 +27,7 @@ EXPECTED_LEGAL: dict[str, set[str]] = {
     "scheduled": {"starting", "pending", "stopped", "failed"},
     "starting": {"running", "failed", "stopping", "stopped", "completed"},
     "running": {"failed", "stopping", "stopped", "completed"},
-    "stopping": {"stopped", "failed"},
+    "stopping": {"stopped", "failed", "pending"},  # pending: a preempted task requeued (B4)
     "stopped": set(),
     "failed": {"stopped"},
     "completed": {"stopped"},

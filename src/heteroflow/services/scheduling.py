@@ -51,8 +51,9 @@ from heteroflow.core.placement import (
 from heteroflow.core.placement.memo import FailureMemo
 from heteroflow.core.placement.preemption import Preemption
 from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus, group_status
-from heteroflow.db.tables import Event, Node, Task, TaskGroup, Tenant
+from heteroflow.db.tables import Event, Node, Task, TaskGroup
 from heteroflow.services.nodes import node_engines
+from heteroflow.services.sharing import tenant_share_keys
 from heteroflow.services.transitions import transition
 
 log = logging.getLogger(__name__)
@@ -80,15 +81,10 @@ class _Decision:
     compute_s: float
 
 
-def share_keys(s: Session) -> dict[str, str]:
-    """tenant id -> the key cards are shared by: its sharing group, else itself (B5)."""
-    return {tid: gid or tid for tid, gid in s.execute(select(Tenant.id, Tenant.sharing_group_id))}
-
-
 def node_views(
     s: Session, clock: Clock, offline_after_s: float, keys: dict[str, str] | None = None
 ) -> dict[str, NodeView]:
-    keys = share_keys(s) if keys is None else keys
+    keys = tenant_share_keys(s) if keys is None else keys
     cutoff = clock.now() - timedelta(seconds=offline_after_s)
     views: dict[str, NodeView] = {}
     cols = (
@@ -193,7 +189,7 @@ class _Round:
         self.s, self.clock, self.res, self.pool, self.policy = (
             s, clock, reservation, port_pool, policy,
         )
-        self.keys = share_keys(s)
+        self.keys = tenant_share_keys(s)
         self.views = node_views(s, clock, offline_after_s, self.keys)
         self.nodes = list(self.views.values())
         self.index = FleetIndex(
@@ -464,8 +460,11 @@ def _flush(rnd: _Round) -> None:
             ),
             [_task_values(d) for d in keep],
         )
-        # verify (SQLite has no row locks on the queue read): only what really moved
-        moved = _scheduled_ids(s, [d.row.id for d in keep])
+        # PostgreSQL: the queue rows are ours (FOR UPDATE), so every row moved. SQLite has
+        # no row locks: verify which rows really moved.
+        ids = [d.row.id for d in keep]
+        pg = s.get_bind().dialect.name == "postgresql"
+        moved = set(ids) if pg else _scheduled_ids(s, ids)
         written = [d for d in keep if d.row.id in moved]
         rnd.result.conflicts += len(keep) - len(written)
         if written:

@@ -37,7 +37,7 @@ class Policy:
     load_threshold_pct: float = 90.0  # a node busier than this (CPU or memory) is skipped
     inference_cap: int = 8  # inference containers per node, sleeping ones included
     scorers: tuple[tuple[str, float], ...] = (("binpack", 1.0), ("topology", 1.0), ("rdma", 1.0))
-    sample: int = 8  # stop scanning once this many nodes passed every filter
+    sample: int = 4  # stop scanning once this many nodes passed every filter
     preemption: bool = True
 
     @property
