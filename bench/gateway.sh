@@ -1,15 +1,60 @@
 #!/usr/bin/env bash
-# Gateway overhead: HeteroFlow's gateway beside a direct call, nginx and LiteLLM, in one
-# run of the shared harness (../shared/bench/gateway). Prints the harness's tables, then
-# one JSON line of figures and ratios against the baselines of the same run.
-# Knobs: DUR (s per cell, default 10), TARGETS, CONCS — see the harness README.
+# Gateway overhead: HeteroFlow's gateway beside a direct call, nginx and LiteLLM, in the
+# shared harness (../shared/bench/gateway). Our gateway runs as deployed at the edge —
+# `heteroflow gateway --routes FILE` (bench/gateway_slot.py) — with key auth, RPM/TPM
+# limits in a Redis of its own, usage accounting and least_connections all on.
+# Prints the harness's tables, then (last line) one JSON object of figures
+# (bench/gateway_summary.py): cpu_ms_per_req, cpu_ms_per_stream, litellm_/nginx_cpu_ms_per_req,
+# errors_c450, added_p50_ms_c1 (median of RUNS), redis_cpu_ms_per_req, soak_rss_growth_pct.
+#
+# Knobs: RUNS (harness runs, default 1; the issue's target is the median of 3),
+#   SOAK_S (0 = no soak; 600 = the 10-minute soak at SOAK_C=450 streams, after the runs),
+#   REDIS_PORT (16379), and the harness's own (DUR, TARGETS, CONCS, CPU_GW, ...).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 HARNESS="${HARNESS:-$ROOT/../shared/bench/gateway}"
 PY="${PY:-$ROOT/.venv/bin/python}"
-export RESDIR="${RESDIR:-$ROOT/bench/results/gateway-$(date +%Y%m%d-%H%M%S)}"
-mkdir -p "$RESDIR"
+RUNS="${RUNS:-1}"
+SOAK_S="${SOAK_S:-0}"
+SOAK_C="${SOAK_C:-450}"
+REDIS_PORT="${REDIS_PORT:-16379}"
+OUT="${RESDIR:-$ROOT/bench/results/gateway-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+
+# A Redis of our own (no persistence), on the backend's core, so its CPU is ours to
+# count and nobody else's traffic is in it. Its CPU is reported per request served.
+pin() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
+pin "${CPU_BACKEND:-1}" redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" \
+  --appendonly no --logfile "$OUT/redis.log" &
+REDIS_PID=$!
+trap 'kill "$REDIS_PID" 2>/dev/null || true' EXIT
+for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+redis_stats() {  # "cpu_seconds commands"
+  redis-cli -p "$REDIS_PORT" INFO all | tr -d '\r' | awk -F: '
+    /^used_cpu_(sys|user):/ {cpu += $2} /^total_commands_processed:/ {cmd = $2}
+    END {printf "%.6f %d\n", cpu, cmd}'
+}
+export HETEROFLOW_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 export GATEWAY_NAME=heteroflow GATEWAY_URL=http://127.0.0.1:18090 GATEWAY_KEY=sk-bench-heteroflow
-export GATEWAY_CMD="exec $PY $ROOT/bench/gateway_slot.py --port 18090 --upstream \"\$BENCH_BACKEND_URL\" --key $GATEWAY_KEY"
-bash "$HARNESS/run.sh"
-"$PY" "$ROOT/bench/gateway_summary.py" "$RESDIR/results.jsonl"
+
+runs=()
+for i in $(seq "$RUNS"); do
+  run="$OUT/run$i"
+  mkdir -p "$run"
+  export RESDIR="$run"
+  export GATEWAY_CMD="exec $PY $ROOT/bench/gateway_slot.py --port 18090 --upstream \"\$BENCH_BACKEND_URL\" --key $GATEWAY_KEY --workdir $run"
+  read -r cpu0 cmd0 < <(redis_stats)
+  bash "$HARNESS/run.sh"
+  read -r cpu1 cmd1 < <(redis_stats)
+  printf '{"cpu_s": %s, "commands": %s}\n' "$(awk "BEGIN {printf \"%.6f\", $cpu1 - $cpu0}")" "$((cmd1 - cmd0))" >"$run/redis.json"
+  runs+=("$run")
+done
+
+soak=()
+if [[ "$SOAK_S" != "0" ]]; then
+  "$PY" "$ROOT/bench/gateway_soak.py" --harness "$HARNESS" \
+    --bench-python "${BENCH_VENV:-/tmp/venv-bench}/bin/python" \
+    --duration "$SOAK_S" --concurrency "$SOAK_C" --out "$OUT/soak.json"
+  soak=(--soak "$OUT/soak.json")
+fi
+"$PY" "$ROOT/bench/gateway_summary.py" "${runs[@]}" "${soak[@]}"

@@ -10,6 +10,7 @@ import asyncio
 import getpass
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -97,36 +98,103 @@ def _agent(a: argparse.Namespace) -> int:
     return 0
 
 
-async def _run_gateway(server_url: str, token: str, host: str, port: int) -> None:
+async def _run_gateway(a: argparse.Namespace, token: str) -> int:
+    from heteroflow.core.clock import SystemClock
     from heteroflow.gateway.app import GatewayApp
     from heteroflow.gateway.poller import SnapshotPoller
+    from heteroflow.gateway.routes_file import RoutesFileError, RoutesFileWatcher
     from heteroflow.gateway.snapshot import SnapshotHolder
+    from heteroflow.gateway.store import open_store
+    from heteroflow.gateway.usage import (
+        HttpUsageSink,
+        JsonLinesUsageSink,
+        UsageCollector,
+        UsageSink,
+    )
     from heteroflow.server import bind, http_server, install_stop_signals
 
+    settings = ServerSettings()
     holder = SnapshotHolder()
-    app = GatewayApp(holder)
-    sock = bind(host, port)
+    sink: UsageSink | None
+    if a.routes:
+        # Standalone: routes from a file, no server; usage to a JSON-lines file or dropped.
+        watcher = RoutesFileWatcher(
+            Path(a.routes), holder, interval_s=settings.routes_reload_interval_s
+        )
+        try:
+            watcher.load()
+        except RoutesFileError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, watcher.request_reload)
+        source = watcher.run
+        sink = JsonLinesUsageSink(Path(a.usage_log)) if a.usage_log else None
+    else:
+        interval = settings.gateway_poll_interval_s
+        source = SnapshotPoller(a.server, token, holder, interval_s=interval).run
+        sink = HttpUsageSink(a.server, token)
+    usage = (
+        None
+        if sink is None
+        else UsageCollector(
+            sink,
+            SystemClock(),
+            interval_s=settings.usage_flush_interval_s,
+            max_records=settings.usage_flush_max_records,
+        )
+    )
+    # HETEROFLOW_REDIS_URL: limits and idempotency keys shared with other gateways (M8, M9)
+    store = open_store(settings.redis_url, settings.redis_key_prefix)
+    app = GatewayApp(holder, usage=usage, store=store)
+    sock = bind(a.host, a.port)
     stop = asyncio.Event()
     install_stop_signals(stop)
     server = http_server(app, lifespan="off")
-    interval = ServerSettings().gateway_poll_interval_s
-    poller = asyncio.create_task(
-        SnapshotPoller(server_url, token, holder, interval_s=interval).run(stop)
-    )
+    background = [asyncio.create_task(source(stop))]
+    if usage is not None:
+        background.append(asyncio.create_task(usage.run(stop)))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
-    print(f"HeteroFlow gateway listening on http://{host}:{sock.getsockname()[1]}", flush=True)
+    print(f"HeteroFlow gateway listening on http://{a.host}:{sock.getsockname()[1]}", flush=True)
     await stop.wait()
     server.should_exit = True
-    await asyncio.gather(serving, poller, return_exceptions=True)
+    await asyncio.gather(serving, *background, return_exceptions=True)
+    if usage is not None:
+        await usage.close()  # after the last request ended: nothing counted is lost
     await app.aclose()
+    return 0
 
 
 def _gateway(a: argparse.Namespace) -> int:
-    token = a.token or os.environ.get("HETEROFLOW_GATEWAY_TOKEN", "")
-    if not token:
-        print("a gateway token is needed: --token or HETEROFLOW_GATEWAY_TOKEN", file=sys.stderr)
+    if (a.server is None) == (a.routes is None):
+        print("give --server URL or --routes FILE (standalone)", file=sys.stderr)
         return 2
-    asyncio.run(_run_gateway(a.server, token, a.host, a.port))
+    if a.usage_log and not a.routes:
+        print("--usage-log is for --routes (a server gateway reports to it)", file=sys.stderr)
+        return 2
+    token = ""
+    if a.server:
+        token = a.token or os.environ.get("HETEROFLOW_GATEWAY_TOKEN", "")
+        if not token:
+            print("a gateway token is needed: --token or HETEROFLOW_GATEWAY_TOKEN", file=sys.stderr)
+            return 2
+    return asyncio.run(_run_gateway(a, token))
+
+
+def _hash_key(a: argparse.Namespace) -> int:
+    from heteroflow.gateway.snapshot import hash_key
+
+    if a.new:
+        from heteroflow.core.ids import new_api_key
+
+        key = new_api_key()
+        print(f"key (shown once): {key}")
+        print(f"sha256: {hash_key(key)}")
+        return 0
+    key = (a.key if a.key is not None else sys.stdin.readline()).strip()
+    if not key:
+        print("no key given (argument or one line on stdin)", file=sys.stderr)
+        return 2
+    print(hash_key(key))
     return 0
 
 
@@ -162,6 +230,8 @@ def _services(a: argparse.Namespace) -> int:
         body: dict[str, object] = {"name": a.name, "task": task}
         if a.model_name:
             body["model_name"] = a.model_name
+        if a.priority is not None:
+            body["priority"] = a.priority
         remote.create_service(body, wait=not a.no_wait)
     elif a.action == "list":
         remote.list_services()
@@ -175,17 +245,51 @@ def _services(a: argparse.Namespace) -> int:
 def _simple(a: argparse.Namespace) -> int:
     from heteroflow.cmd import remote
 
-    path = {"tenants": "/api/v1/tenants", "users": "/api/v1/users", "nodes": "/api/v1/nodes"}
+    path = {"users": "/api/v1/users", "nodes": "/api/v1/nodes"}
     if getattr(a, "action", "list") == "create":
-        if a.cmd == "tenants":
-            remote.post(path["tenants"], {"name": a.name})
-        else:
-            body = {"username": a.username, "password": a.password, "role": a.role}
-            if a.tenant_id:
-                body["tenant_id"] = a.tenant_id
-            remote.post(path["users"], body)
+        body = {"username": a.username, "password": a.password, "role": a.role}
+        if a.tenant_id:
+            body["tenant_id"] = a.tenant_id
+        remote.post(path["users"], body)
     else:
         remote.get(path[a.cmd])
+    return 0
+
+
+def _tenants(a: argparse.Namespace) -> int:
+    from heteroflow.cmd import remote
+
+    if a.action == "list":
+        remote.get("/api/v1/tenants")
+        return 0
+    body: dict[str, object] = {"name": a.name} if a.action == "create" else {}
+    if a.priority_ceiling is not None:
+        body["priority_ceiling"] = a.priority_ceiling
+    if a.sharing_group is not None:
+        body["sharing_group_id"] = None if a.sharing_group == "none" else a.sharing_group
+    if a.action == "create":
+        remote.post("/api/v1/tenants", body)
+    else:
+        remote.patch(f"/api/v1/tenants/{a.id}", body)
+    return 0
+
+
+def _sharing_groups(a: argparse.Namespace) -> int:
+    from heteroflow.cmd import remote
+
+    base = "/api/v1/sharing-groups"
+    if a.action == "list":
+        remote.get(base)
+    elif a.action == "show":
+        remote.get(f"{base}/{a.id}")
+    elif a.action == "create":
+        remote.post(base, {"name": a.name})
+    elif a.action == "delete":
+        remote.delete(f"{base}/{a.id}")
+    elif a.action == "add-tenant":
+        remote.post(f"{base}/{a.id}/tenants", {"tenant_id": a.tenant_id})
+    elif a.action == "remove-tenant":
+        remote.delete(f"{base}/{a.id}/tenants/{a.tenant_id}")
     return 0
 
 
@@ -231,12 +335,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ag.set_defaults(fn=_agent)
 
-    gw = sub.add_parser("gateway", help="a separate gateway polling a server's snapshot")
-    gw.add_argument("--server", required=True)
+    gw = sub.add_parser(
+        "gateway", help="a separate gateway: a server's routes, or standalone from a file"
+    )
+    gw.add_argument("--server", default=None, help="poll this server's routing snapshot")
     gw.add_argument("--token", default=None)
+    gw.add_argument(
+        "--routes", default=None, help="standalone: routing file (JSON, or .toml); no server"
+    )
+    gw.add_argument(
+        "--usage-log", default=None, help="standalone: append usage as JSON lines (else dropped)"
+    )
     gw.add_argument("--host", default="127.0.0.1")
     gw.add_argument("--port", type=int, default=3333)
     gw.set_defaults(fn=_gateway)
+
+    hk = sub.add_parser("hash-key", help="print an API key's sha256 for a routing file")
+    hk.add_argument("key", nargs="?", default=None, help="default: one line from stdin")
+    hk.add_argument("--new", action="store_true", help="make a new key and print both")
+    hk.set_defaults(fn=_hash_key)
 
     sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(fn=_migrate)
 
@@ -256,6 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--gpus", type=int, default=1)
     c.add_argument("--engine", default="")
     c.add_argument("--engine-arg", action="append", default=[])
+    c.add_argument(
+        "--priority", type=int, default=None, help="0-1000, higher first (members: up to "
+        "their tenant's priority ceiling)"
+    )
     c.add_argument("--no-wait", action="store_true")
     svs.add_parser("list")
     for action in ("show", "delete"):
@@ -265,8 +386,30 @@ def build_parser() -> argparse.ArgumentParser:
     tn = sub.add_parser("tenants", help="tenants (operators create them)")
     tns = tn.add_subparsers(dest="action", required=True)
     tns.add_parser("list")
-    tns.add_parser("create").add_argument("name")
-    tn.set_defaults(fn=_simple)
+    tc = tns.add_parser("create")
+    tc.add_argument("name")
+    tu = tns.add_parser("update", help="operators: priority ceiling, sharing group")
+    tu.add_argument("id")
+    for t in (tc, tu):
+        t.add_argument("--priority-ceiling", type=int, default=None, help="0-1000 (default 100)")
+        t.add_argument(
+            "--sharing-group", default=None, metavar="ID", help="a sharing group id; none: no group"
+        )
+    tn.set_defaults(fn=_tenants)
+
+    sg = sub.add_parser(
+        "sharing-groups", help="tenants that may share GPU cards (operators only)"
+    )
+    sgs = sg.add_subparsers(dest="action", required=True)
+    sgs.add_parser("list")
+    sgs.add_parser("create").add_argument("name")
+    for action in ("show", "delete"):
+        sgs.add_parser(action).add_argument("id")
+    for action in ("add-tenant", "remove-tenant"):
+        m = sgs.add_parser(action)
+        m.add_argument("id", help="the sharing group id")
+        m.add_argument("tenant_id")
+    sg.set_defaults(fn=_sharing_groups)
 
     us = sub.add_parser("users", help="users (operators create them)")
     uss = us.add_subparsers(dest="action", required=True)

@@ -27,7 +27,10 @@ from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.db.engine import Database, migrate
 from heteroflow.gateway.app import GatewayApp
 from heteroflow.gateway.snapshot import SnapshotHolder
+from heteroflow.gateway.store import open_store
+from heteroflow.gateway.usage import UsageCollector
 from heteroflow.services.auth import Bootstrap, Tokens, bootstrap, shared_secret
+from heteroflow.services.usage import DbUsageSink
 from heteroflow.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -103,10 +106,24 @@ class ServerApp:
             node_token=self.node_token,
             gateway_token=self.gateway_token,
         )
+        self.usage = UsageCollector(
+            DbUsageSink(self.db),
+            self.clock,
+            interval_s=settings.usage_flush_interval_s,
+            max_records=settings.usage_flush_max_records,
+        )
         self.gateway = GatewayApp(
             self.holder,
+            usage=self.usage,
             models_cache_ttl_s=settings.models_cache_ttl_s,
             upstream_timeout_s=settings.upstream_timeout_s,
+            max_card_temp_c=settings.gateway_max_card_temp_c,
+            probe_interval_s=settings.gateway_probe_interval_s,
+            probe_timeout_s=settings.gateway_probe_timeout_s,
+            scrape_interval_s=settings.gateway_scrape_interval_s,
+            auto_long_prompt_tokens=settings.gateway_auto_long_prompt_tokens,
+            store=open_store(settings.redis_url, settings.redis_key_prefix),
+            clock=self.clock,
         )
         self.asgi = Dispatcher(self.gateway, create_api(self.ctx))
         self.scheduler = Scheduler(
@@ -117,6 +134,7 @@ class ServerApp:
             port_pool=settings.port_pool(),
             reservation=settings.reservation(),
             policy=settings.placement_policy(),
+            workers=settings.scheduler_workers,
         )
         self.node_watch = NodeWatch(
             self.db,
@@ -148,6 +166,8 @@ class ServerApp:
         await asyncio.gather(*extras, return_exceptions=True)
         server.should_exit = True
         await asyncio.gather(serving, *loops, return_exceptions=True)
+        # After the last request ended: nothing counted is lost.
+        await self.usage.close()
         await self.gateway.aclose()
         self.db.dispose()
 

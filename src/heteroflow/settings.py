@@ -52,7 +52,7 @@ class ServerSettings(BaseSettings):
     # nodes that must pass the filters before the best is chosen; preemption on/off;
     # scheduler workers (threads; each claims disjoint queued tasks on PostgreSQL).
     scheduler_scorers: str = "binpack:1,topology:1,rdma:1"
-    scheduler_sample: int = Field(default=32, ge=1)
+    scheduler_sample: int = Field(default=4, ge=1)
     scheduler_preemption: bool = True
     scheduler_workers: int = Field(default=1, ge=1, le=32)
     # Host ports given to tasks whose mapping says host_port 0.
@@ -64,6 +64,10 @@ class ServerSettings(BaseSettings):
     # A separate gateway's snapshot poll; with snapshot_interval_s it bounds how fast a
     # deleted key stops working (0.5 + 1.0 s < the 2 s promise).
     gateway_poll_interval_s: float = 1.0
+    # M8/M9: per-key limits and idempotency keys shared by every gateway instance through
+    # this Redis (redis://host:6379/0); empty = in this process's memory (one instance).
+    redis_url: str = ""
+    redis_key_prefix: str = "hf:"
     # Gateway routing (M2, M4, M5, M10): backends on cards hotter than this are avoided
     # while a cooler one exists; active probes (GET /health) of every backend; engine
     # metrics scrapes of engine_aware backends (at most 250 ms apart); model=auto prefers

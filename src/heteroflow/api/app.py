@@ -8,7 +8,18 @@ from fastapi import FastAPI
 
 from heteroflow.api import errors
 from heteroflow.api.context import ServerContext
-from heteroflow.api.routes import auth, files, gateway, logs, nodes, task_groups, tenants
+from heteroflow.api.routes import (
+    auth,
+    drain,
+    files,
+    gateway,
+    logs,
+    nodes,
+    sharing_groups,
+    task_groups,
+    tenants,
+    usage,
+)
 
 
 def create_api(ctx: ServerContext) -> FastAPI:
@@ -25,8 +36,11 @@ def create_api(ctx: ServerContext) -> FastAPI:
     for r in (
         auth.router,
         tenants.router,
+        sharing_groups.router,
         task_groups.router,
+        drain.router,
         gateway.router,
+        usage.router,
         nodes.router,
         logs.router,
         files.router,
@@ -44,14 +58,17 @@ ASGIApp = Any
 
 
 class Dispatcher:
-    """/v1 goes straight to the gateway (no framework on the hot path); the rest to the API."""
+    """/v1 (and the gateway's /metrics) go straight to the gateway (no framework on the hot
+    path); the rest to the API."""
 
     def __init__(self, gateway: ASGIApp, api: ASGIApp) -> None:
         self.gateway = gateway
         self.api = api
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and (
+            scope["path"].startswith("/v1") or scope["path"] == "/metrics"
+        ):
             await self.gateway(scope, receive, send)
         else:
             await self.api(scope, receive, send)

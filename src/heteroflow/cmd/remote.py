@@ -64,6 +64,16 @@ def login(server: str, username: str, password: str) -> None:
     print(f"logged in to {server} as {username}")
 
 
+def _task_note(t: dict[str, Any]) -> str:
+    """A pending task's whole reason (why it is not placed); else the message's first line."""
+    message = str(t["status_message"]).strip()
+    if not message:
+        return ""
+    if t["status"] == "pending":
+        return "why pending: " + "\n      ".join(message.splitlines())
+    return message.splitlines()[0]
+
+
 def _print_group(g: dict[str, Any]) -> None:
     print(f"{g['id']}  {g['name']}  model={g['model_name']}  status={g['status']}")
     if g.get("status_message"):
@@ -72,8 +82,9 @@ def _print_group(g: dict[str, Any]) -> None:
         where = t["node_id"] or "-"
         ports = ",".join(f"{p['container_port']}->{p['host_port']}" for p in t["ports"])
         print(f"  {t['id']}  rank={t['rank']}  {t['status']}  node={where}  ports={ports}")
-        if t["status_message"]:
-            print(f"    {t['status_message'].splitlines()[0]}")
+        note = _task_note(t)
+        if note:
+            print(f"    {note}")
 
 
 def create_service(body: dict[str, Any], wait: bool, timeout_s: float = 600) -> None:
@@ -86,13 +97,14 @@ def create_service(body: dict[str, Any], wait: bool, timeout_s: float = 600) -> 
             print(f"warning: {w}", file=sys.stderr)
         if not wait:
             return
-        last, deadline = "", time.monotonic() + timeout_s
+        last, deadline = ("", ""), time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             g = _check(c.get(f"/api/v1/task-groups/{g['id']}"))
-            if g["status"] != last:
-                reason = next((t["status_message"] for t in g["tasks"] if t["status_message"]), "")
-                print(f"  {g['status']}" + (f" — {reason.splitlines()[0]}" if reason else ""))
-                last = g["status"]
+            reason = next((t["status_message"] for t in g["tasks"] if t["status_message"]), "")
+            reason = reason.splitlines()[0] if reason else ""
+            if (g["status"], reason) != last:  # a pending reason that changes is news too
+                print(f"  {g['status']}" + (f" — {reason}" if reason else ""))
+                last = (g["status"], reason)
             if g["status"] in ("running", "failed", "stopped"):
                 return
             time.sleep(0.5)
@@ -124,6 +136,18 @@ def get(path: str) -> None:
 def post(path: str, body: dict[str, Any]) -> None:
     with _client() as c:
         print(json.dumps(_check(c.post(path, json=body)), indent=2))
+
+
+def patch(path: str, body: dict[str, Any]) -> None:
+    with _client() as c:
+        print(json.dumps(_check(c.patch(path, json=body)), indent=2))
+
+
+def delete(path: str) -> None:
+    """DELETE; prints the answer when there is one, else what was deleted."""
+    with _client() as c:
+        answer = _check(c.delete(path))
+    print(json.dumps(answer, indent=2) if answer is not None else f"deleted {path}")
 
 
 def logs(task_id: str, follow: bool = False) -> None:

@@ -8,7 +8,8 @@ request is its throughput limit (see bench/gateway: a bare relay costs ~0.2 ms/r
 
 Paths: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
 ``GET /v1/models`` and ``GET /v1/models/{id}``. Anything else under ``/v1`` is an
-OpenAI-shaped 404 (or 405 for a known path with the wrong method).
+OpenAI-shaped 404 (or 405 for a known path with the wrong method). ``GET /metrics`` is
+the gateway's Prometheus text (``metrics``).
 """
 
 from __future__ import annotations
@@ -16,21 +17,49 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
+from collections.abc import Sequence
 
 import aiohttp
 import orjson
 
+from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.gateway import errors
-from heteroflow.gateway.balancing import Balancer
-from heteroflow.gateway.errors import Receive, Scope, Send
+from heteroflow.gateway.auto import (
+    AUTO_MODEL,
+    CAPABILITIES_HEADER,
+    DEFAULT_LONG_PROMPT_TOKENS,
+    AutoChoice,
+    NoAutoChoice,
+    choose_model,
+    estimate_prompt_tokens,
+    parse_capabilities,
+)
+from heteroflow.gateway.balancing import DEFAULT_MAX_TEMP_C, Balancer
+from heteroflow.gateway.engine_metrics import EngineLoad
+from heteroflow.gateway.errors import Message, Receive, Scope, Send
 from heteroflow.gateway.health import DEFAULT_COOLDOWN_S, PassiveHealth
-from heteroflow.gateway.snapshot import KeyEntry, RoutingSnapshot, SnapshotHolder
+from heteroflow.gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
+from heteroflow.gateway.idempotency import Idempotency, Pending, Recorder
+from heteroflow.gateway.limits import Limiter, Ticket
+from heteroflow.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from heteroflow.gateway.metrics import GatewayMetrics
+from heteroflow.gateway.probes import (
+    DEFAULT_PROBE_INTERVAL_S,
+    DEFAULT_PROBE_TIMEOUT_S,
+    DEFAULT_SCRAPE_INTERVAL_S,
+    BackendMonitor,
+)
+from heteroflow.gateway.snapshot import KeyEntry, RouteTarget, RoutingSnapshot, SnapshotHolder
+from heteroflow.gateway.store import GatewayStore, MemoryStore
 from heteroflow.gateway.upstream import Upstream
+from heteroflow.gateway.usage import Usage, UsageCollector, UsageTracker
 
 logger = logging.getLogger(__name__)
 
 _INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 _MODELS_PREFIX = "/v1/models/"
+_METRICS_PATH = "/metrics"
 MAX_BODY_BYTES = 64 * 1024 * 1024
 # Backend response headers passed on to the client; hop-by-hop and framing headers are
 # the server's business (uvicorn sets content-length or chunked itself).
@@ -52,6 +81,28 @@ class _Watch:
         self.disconnected = False
 
 
+class _Exchange:
+    """The ``send`` of one inference request: notes the status and model for metrics."""
+
+    __slots__ = ("extra_headers", "model", "recorder", "send", "status")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.status = 0  # 0 until a response starts (the client left first)
+        self.model = ""  # the routed model name, once the route is known
+        self.extra_headers: list[tuple[bytes, bytes]] = []  # added to the response start
+        self.recorder: Recorder | None = None  # M9: keeps the answer for replays
+
+    async def __call__(self, msg: Message) -> None:
+        if self.recorder is not None:
+            self.recorder.observe(msg)  # before extra_headers: those are not replayed
+        if msg["type"] == "http.response.start":
+            self.status = msg["status"]
+            if self.extra_headers:
+                msg = {**msg, "headers": [*msg.get("headers", ()), *self.extra_headers]}
+        await self.send(msg)
+
+
 class GatewayApp:
     """ASGI3 callable for ``/v1``; mount it before any other app for that prefix."""
 
@@ -64,10 +115,40 @@ class GatewayApp:
         connect_timeout_s: float = 5.0,
         eject_cooldown_s: float = DEFAULT_COOLDOWN_S,
         max_sessions: int = 10_000,
+        usage: UsageCollector | None = None,
+        metrics: GatewayMetrics | None = None,
+        max_card_temp_c: float | None = DEFAULT_MAX_TEMP_C,
+        probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+        probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S,
+        scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
+        auto_long_prompt_tokens: int = DEFAULT_LONG_PROMPT_TOKENS,
+        store: GatewayStore | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._holder = holder
+        # M8 limits and M9 idempotency keys: in memory, or shared through Redis
+        # (store.RedisStore); closed with the app.
+        self._store: GatewayStore = store or MemoryStore()
+        clock = clock or SystemClock()
+        self._limiter = Limiter(self._store, clock)
+        self._idempotency = Idempotency(self._store, clock, lease_s=upstream_timeout_s + 60.0)
+        self._usage = usage  # None: tokens are counted for metrics (and limits) only
+        self.metrics = metrics or GatewayMetrics()
         self._health = PassiveHealth(eject_cooldown_s)
-        self._balancer = Balancer(self._health, max_sessions=max_sessions)
+        loads: dict[str, EngineLoad] = {}  # engine_aware: written by the monitor
+        self._balancer = Balancer(
+            self._health, max_sessions=max_sessions, max_temp_c=max_card_temp_c, loads=loads
+        )
+        # M5 active probes and M2 engine metrics; started by the first proxied request
+        self._monitor = BackendMonitor(
+            self._health,
+            loads,
+            self._balancer.in_flight_at,
+            probe_interval_s=probe_interval_s,
+            probe_timeout_s=probe_timeout_s,
+            scrape_interval_s=scrape_interval_s,
+        )
+        self._auto_long_prompt_tokens = auto_long_prompt_tokens
         self._upstream = Upstream(
             models_cache_ttl_s=models_cache_ttl_s,
             upstream_timeout_s=upstream_timeout_s,
@@ -76,8 +157,10 @@ class GatewayApp:
         self._seen_version: int | None = None
 
     async def aclose(self) -> None:
-        """Close the upstream connection pool(s)."""
+        """Stop the backend monitor; close the upstream connection pool(s) and the store."""
+        await self._monitor.aclose()
         await self._upstream.aclose()
+        await self._store.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -86,12 +169,24 @@ class GatewayApp:
             method: str = scope["method"]
             if path in _INFERENCE_PATHS:
                 if method == "POST":
-                    await self._proxy(scope, receive, send, path)
+                    ex = _Exchange(send)
+                    metrics = self.metrics
+                    metrics.in_flight += 1
+                    try:
+                        await self._proxy(scope, receive, ex, path)
+                    finally:
+                        metrics.in_flight -= 1
+                        metrics.request_done(path, ex.model, ex.status)
                 else:
                     await _not_allowed(send, method, path, b"POST")
             elif path == "/v1/models" or path.startswith(_MODELS_PREFIX):
                 if method == "GET":
                     await self._list_models(scope, send, path)
+                else:
+                    await _not_allowed(send, method, path, b"GET")
+            elif path == _METRICS_PATH:
+                if method == "GET":
+                    await self._send_metrics(send)
                 else:
                     await _not_allowed(send, method, path, b"GET")
             else:
@@ -108,6 +203,12 @@ class GatewayApp:
                 await self.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    async def _send_metrics(self, send: Send) -> None:
+        body = self.metrics.render()
+        headers = [(b"content-type", METRICS_CONTENT_TYPE), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     async def _list_models(self, scope: Scope, send: Send, path: str) -> None:
         snap = self._holder.current
@@ -128,7 +229,7 @@ class GatewayApp:
             body = orjson.dumps(_model_object(model))
         await errors.send_json(send, 200, body)
 
-    async def _proxy(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+    async def _proxy(self, scope: Scope, receive: Receive, send: _Exchange, path: str) -> None:
         snap = self._holder.current
         entry = _authenticate(scope, snap)
         if isinstance(entry, errors.OpenAIError):
@@ -156,16 +257,27 @@ class GatewayApp:
                 send, errors.invalid_request("The request body must be a JSON object.")
             )
             return
+        client_raw = raw  # what an idempotency key's fingerprint covers (M9)
         model = body.get("model")
         if not isinstance(model, str):
             await errors.send_error(
                 send, errors.invalid_request("You must provide a model parameter.", "model")
             )
             return
+        if model == AUTO_MODEL and (entry.tenant_id, model) not in snap.routes:
+            # M10: choose among the key's models; the upstream gets the chosen name.
+            auto = self._choose_auto(scope, snap, entry, body, path)
+            if isinstance(auto, errors.OpenAIError):
+                await errors.send_error(send, auto)
+                return
+            model = body["model"] = auto.model
+            raw = orjson.dumps(body)
+            send.extra_headers.append(auto.header())
         targets = snap.routes.get((entry.tenant_id, model)) if model in entry.models else None
         if targets is None:
             await errors.send_error(send, errors.model_not_found(model))
             return
+        send.model = model
         # M4: X-Session-Id, else the body's ``user``, pins the session to a backend of
         # this route (scoped by tenant and model, so equal ids elsewhere do not collide).
         sid = _session_id(scope)
@@ -183,6 +295,41 @@ class GatewayApp:
             self._upstream.retain(
                 b.base_url for ts in snap.routes.values() for t in ts for b in t.backends
             )
+            self._monitor.track(snap)
+            self._monitor.start()
+
+        # M9 first (a replay, 409 or 422 costs no rate limit), then M8.
+        pending: Pending | None = None
+        idem_key = _header(scope, IDEMPOTENCY_HEADER)
+        if idem_key is not None:
+            pending = await self._idempotency.begin(
+                send, entry.endpoint_id, idem_key, path, client_raw
+            )
+            if pending is None:
+                return  # answered: the replay, or why the key cannot be used now
+            send.recorder = pending.recorder
+        ticket: Ticket | None = None
+        if entry.rpm_limit or entry.tpm_limit or entry.quota_tokens:
+            admitted = await self._limiter.admit(entry, path, body, len(client_raw))
+            if not isinstance(admitted, Ticket):
+                await errors.send_error(send, *admitted)
+                if pending is not None:
+                    await self._idempotency.end(pending, False)
+                return
+            ticket = admitted
+            send.extra_headers += ticket.headers
+        delivered = False  # the relay delivered the whole answer
+
+        # M7: an engine reports a stream's tokens only when asked to; ask, and hide the
+        # extra usage event from a client that did not ask (it must see what OpenAI sends).
+        dirty = hide_usage = False
+        if body.get("stream") is True and path != "/v1/embeddings":
+            opts = body.get("stream_options")
+            if opts is None or (isinstance(opts, dict) and opts.get("include_usage") is not True):
+                body["stream_options"] = {**(opts or {}), "include_usage": True}
+                dirty = hide_usage = True
+        usage = UsageTracker(hide=hide_usage)
+        answered = False  # a 2xx answer began: the request counts for usage
 
         task = asyncio.current_task()
         assert task is not None
@@ -198,25 +345,31 @@ class GatewayApp:
             known = await self._upstream.model_ids(backend.base_url)
             if known is not None and known.first is not None and model not in known.ids:
                 body["model"] = known.first
+                dirty = True
+            if dirty:
                 raw = orjson.dumps(body)
             url = backend.base_url + path
             if scope.get("query_string"):
                 url += "?" + scope["query_string"].decode("latin-1")
+            sent_at = time.perf_counter()
             resp = await self._upstream.open(url, raw, backend)
             if isinstance(resp, errors.OpenAIError):
                 self._eject(backend.base_url)  # unreachable, reset or timed out
                 watch.finished = True
                 await errors.send_error(send, resp)
                 return
+            self.metrics.upstream_latency(model, time.perf_counter() - sent_at)
+            answered = resp.status < 300
             if resp.status >= 500:
                 self._eject(backend.base_url)  # relayed as is; the next request goes elsewhere
             try:
-                ok = await _relay(resp, send, watch, backend.base_url)
+                ok = await _relay(resp, send, watch, backend.base_url, usage)
             except BaseException:
                 resp.close()  # an unfinished answer: drop the connection, never pool it
                 raise
             if not ok:
                 self._eject(backend.base_url)
+            delivered = ok
             resp.release()
         except asyncio.CancelledError:
             if watch.disconnected:
@@ -228,10 +381,59 @@ class GatewayApp:
         finally:
             balancer.release(backend)
             watcher.cancel()
+            if answered:  # also when the stream broke or the client left (tokens unknown)
+                self._account(entry, model, usage.usage)
+            if ticket is not None:  # M8: correct the reservation by the real usage
+                u = usage.usage
+                used = None if u is None else u.prompt_tokens + u.completion_tokens
+                self._limiter.settle(ticket, send.status or None, used)
+            if pending is not None:
+                await self._idempotency.end(pending, delivered)
+
+    def _choose_auto(
+        self,
+        scope: Scope,
+        snap: RoutingSnapshot,
+        entry: KeyEntry,
+        body: dict[str, object],
+        path: str,
+    ) -> AutoChoice | errors.OpenAIError:
+        tenant = entry.tenant_id
+        routes = {m: ts for m in entry.models if (ts := snap.routes.get((tenant, m))) is not None}
+        choice = choose_model(
+            routes,
+            embeddings=path == "/v1/embeddings",
+            capabilities=parse_capabilities(_header(scope, CAPABILITIES_HEADER)),
+            prompt_tokens=estimate_prompt_tokens(body),
+            long_prompt_tokens=self._auto_long_prompt_tokens,
+            load=self._model_load,
+        )
+        if isinstance(choice, NoAutoChoice):
+            return errors.OpenAIError(
+                404,
+                f"model=auto: {choice.message}.",
+                "invalid_request_error",
+                "model",
+                "model_not_found",
+            )
+        return choice
+
+    def _model_load(self, targets: Sequence[RouteTarget]) -> float:
+        """Requests in flight through this gateway per usable backend of a model."""
+        in_flight = self._balancer.in_flight
+        counts = [in_flight(b) for t in targets for b in t.backends if not b.draining]
+        return sum(counts) / len(counts) if counts else 0.0
+
+    def _account(self, entry: KeyEntry, model: str, usage: Usage | None) -> None:
+        if self._usage is not None:
+            self._usage.record(entry.endpoint_id, entry.tenant_id, model, usage)
+        if usage is not None:
+            self.metrics.tokens_used(model, usage.prompt_tokens, usage.completion_tokens)
 
     def _eject(self, base_url: str) -> None:
         """M5: keep a failing backend out of selection for a cooldown (routing only)."""
         if self._health.eject(base_url):
+            self.metrics.ejected(base_url)
             logger.warning(
                 "backend %s: ejected from routing for %.1f s after a failure",
                 base_url,
@@ -239,8 +441,13 @@ class GatewayApp:
             )
 
 
-async def _relay(resp: aiohttp.ClientResponse, send: Send, watch: _Watch, base_url: str) -> bool:
-    """Relay the backend's answer; False when reading it from the backend failed."""
+async def _relay(
+    resp: aiohttp.ClientResponse, send: Send, watch: _Watch, base_url: str, usage: UsageTracker
+) -> bool:
+    """Relay the backend's answer; False when reading it from the backend failed.
+
+    ``usage`` picks up the answer's token usage on the way (``usage.usage``).
+    """
     # ASGI wants lower-case header names; raw_headers keep the backend's spelling.
     headers = [(n.lower(), v) for n, v in resp.raw_headers if n.lower() in _RELAYED_HEADERS]
     ctype = resp.headers.get("Content-Type", "")
@@ -258,16 +465,20 @@ async def _relay(resp: aiohttp.ClientResponse, send: Send, watch: _Watch, base_u
             watch.finished = True
             await errors.send_error(send, errors.upstream_error())
             return False
+        if resp.status < 300:
+            usage.read_body(data)
         headers.append((b"content-length", str(len(data)).encode()))
         watch.finished = True
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
         return True
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-    tail = b""
     try:
         async for chunk in resp.content.iter_any():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            out = usage.feed(chunk)  # whole events only; the hidden usage event dropped
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+        tail = usage.finish()
     except (aiohttp.ClientError, TimeoutError) as exc:
         # Headers are gone already; an SSE error event is how OpenAI clients learn that
         # the stream broke (the SDK raises APIError on it) instead of a silent truncation.
@@ -279,10 +490,14 @@ async def _relay(resp: aiohttp.ClientResponse, send: Send, watch: _Watch, base_u
             None,
             _SSE_ERROR_CODE,
         )
+        # A partial event held back is dropped: the client gets a clean error event.
         tail = b"data: " + err.body() + b"\n\n"
+        watch.finished = True
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        return False
     watch.finished = True
     await send({"type": "http.response.body", "body": tail, "more_body": False})
-    return not tail
+    return True
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[object], watch: _Watch) -> None:
@@ -310,6 +525,13 @@ def _authenticate(scope: Scope, snap: RoutingSnapshot) -> KeyEntry | errors.Open
             entry = snap.keys.get(hashlib.sha256(key).hexdigest())
             return entry if entry is not None else errors.invalid_api_key(missing=False)
     return errors.invalid_api_key(missing=True)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for n, value in scope["headers"]:
+        if n == name:
+            return bytes(value)
+    return None
 
 
 def _session_id(scope: Scope) -> str | None:

@@ -2,13 +2,14 @@
 
 Policy, applied to the targets of one ``(tenant, model)`` route:
 
-1. Priority: the lowest ``priority`` value among targets that have at least one usable
-   backend wins; higher values are failover levels used only when every better level is
-   empty.
-2. Weight: inside that level, targets with ``weight > 0`` share requests in proportion to
-   their weights (smooth weighted round-robin, as nginx does, so a 3:1 split interleaves
-   A A B A rather than A A A B). ``weight == 0`` marks a fallback-only target, used only
-   when no positive-weight target of the level has a usable backend; several such
+1. Priority (M3): the lowest ``priority`` value among targets that have at least one
+   usable backend wins; higher values are failover levels used only when every better
+   level is empty.
+2. Weight (M3 canary): inside that level, targets with ``weight > 0`` share requests in
+   proportion to their weights (smooth weighted round-robin, as nginx does, so a 3:1
+   split interleaves A A B A rather than A A A B, and a 90:10 canary gets exactly 10 of
+   every 100 requests of this gateway). ``weight == 0`` marks a fallback-only target, used
+   only when no positive-weight target of the level has a usable backend; several such
    fallbacks share equally.
 3. Backend (M2), by the chosen target's ``algorithm``:
 
@@ -17,21 +18,29 @@ Policy, applied to the targets of one ``(tenant, model)`` route:
    * ``least_connections``: the backend with the fewest requests in flight through this
      gateway (``acquire``/``release`` around each upstream request, streams included);
      ties go round-robin so that an idle route still spreads;
-   * ``engine_aware`` is not implemented yet: it is served as ``least_connections``, the
-     closest signal this gateway has on its own (local in-flight counts).
+   * ``engine_aware``: the lowest ``engine_metrics.engine_score`` from the engines' own
+     ``/metrics`` (scraped by ``gateway.probes``: running, waiting, KV cache use, plus
+     this gateway's in-flight change since the scrape); served as
+     ``least_connections`` while any candidate has no fresh scrape.
 
-Passive health (M5): a backend ejected in ``PassiveHealth`` is not usable, so a level
-whose backends are all ejected is skipped like an empty one. When *every* backend of
-every level is ejected, selection fails open: it ignores ejection and picks as if all
-were healthy. A cooldown is a guess made from one failure; trying a backend that may
-have recovered beats answering 503 for the rest of the cooldown, and a dead one costs
-the same 502 it would have cost anyway.
+Usable backends. A *draining* backend (M11) is never chosen: in-flight requests finish,
+new ones go elsewhere, and a route whose backends all drain answers 503. The other
+conditions are preferences, relaxed in this order when nothing in the whole route meets
+them, so that a route is never left empty by a guess:
+
+* a backend on a card hotter than ``max_temp_c`` (M4 temperature filter) is avoided
+  while any cooler usable backend exists (even in a failover level or a weight-0
+  fallback: cooling a card beats the canary split);
+* a backend ejected in ``PassiveHealth`` (M5: a failed request, or a failed active
+  probe) is skipped; when *every* non-draining backend is ejected, selection fails open
+  and tries one anyway: a cooldown is a guess made from one failure, and a dead backend
+  costs the same 502 it would have cost.
 
 Stickiness (M4): with a ``session`` key, the backend chosen for it is remembered
-(a bounded LRU map) and returned again while it is still a usable backend of a target
-that normal selection would choose among (same priority level and weight class, so
-stickiness never overrides failover or fallback-only rules); otherwise the session is
-re-pinned to a freshly selected backend.
+(a bounded LRU map of base URLs) and returned again while it is still a usable backend
+(same filter: not draining, ejected or hot) of a target that normal selection would
+choose among (same priority level and weight class, so stickiness never overrides
+failover or fallback-only rules); otherwise the session is re-pinned.
 
 The ``Balancer`` keeps only counters and maps; it is not thread-safe and is meant to be
 used from one event loop.
@@ -41,8 +50,10 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import NamedTuple
 
+from heteroflow.gateway.engine_metrics import EngineLoad, engine_score
 from heteroflow.gateway.health import PassiveHealth
 from heteroflow.gateway.snapshot import Backend, RouteTarget
 
@@ -50,6 +61,7 @@ from heteroflow.gateway.snapshot import Backend, RouteTarget
 # a rotation position is harmless, unbounded growth over months of route churn is not.
 _MAX_COUNTERS = 10_000
 DEFAULT_MAX_SESSIONS = 10_000
+DEFAULT_MAX_TEMP_C = 85.0
 
 ROUND_ROBIN = "round_robin"
 RANDOM = "random"
@@ -58,10 +70,36 @@ ENGINE_AWARE = "engine_aware"
 _LEAST = frozenset({LEAST_CONNECTIONS, ENGINE_AWARE})
 
 
+class _Filter(NamedTuple):
+    """Which backends count as usable (draining ones never do)."""
+
+    health: PassiveHealth | None  # None: ignore ejection
+    max_temp_c: float | None  # None: ignore temperature
+
+    def ok(self, b: Backend) -> bool:
+        if b.draining:
+            return False
+        limit = self.max_temp_c
+        if limit is not None and b.temperature_c is not None and b.temperature_c > limit:
+            return False
+        health = self.health
+        return health is None or not health.is_ejected(b.base_url)
+
+
 class Balancer:
     """Chooses one backend for a request; holds the selection state between calls."""
 
-    __slots__ = ("_health", "_inflight", "_max_sessions", "_rng", "_rr", "_smooth", "_sticky")
+    __slots__ = (
+        "_health",
+        "_inflight",
+        "_loads",
+        "_max_sessions",
+        "_max_temp_c",
+        "_rng",
+        "_rr",
+        "_smooth",
+        "_sticky",
+    )
 
     def __init__(
         self,
@@ -69,14 +107,19 @@ class Balancer:
         *,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         rng: random.Random | None = None,
+        max_temp_c: float | None = DEFAULT_MAX_TEMP_C,
+        loads: Mapping[str, EngineLoad] | None = None,
     ) -> None:
         self._health = health if health is not None else PassiveHealth()
         self._smooth: dict[str, int] = {}  # route_id -> current smooth-WRR weight
         self._rr: dict[str, int] = {}  # route_id -> next backend index
         self._inflight: dict[str, int] = {}  # base_url -> requests in flight (> 0 only)
-        self._sticky: OrderedDict[Hashable, Backend] = OrderedDict()  # session -> backend
+        self._sticky: OrderedDict[Hashable, str] = OrderedDict()  # session -> base_url
         self._max_sessions = max_sessions
         self._rng = rng if rng is not None else random.Random()
+        self._max_temp_c = max_temp_c
+        # base_url -> the latest engine scrape (kept current by gateway.probes)
+        self._loads: Mapping[str, EngineLoad] = loads if loads is not None else {}
 
     @property
     def health(self) -> PassiveHealth:
@@ -102,33 +145,38 @@ class Balancer:
     def in_flight(self, backend: Backend) -> int:
         return self._inflight.get(backend.base_url, 0)
 
+    def in_flight_at(self, base_url: str) -> int:
+        return self._inflight.get(base_url, 0)
+
     # -- selection ----------------------------------------------------------------------
 
     def choose(
         self, targets: Sequence[RouteTarget], session: Hashable | None = None
     ) -> Backend | None:
-        """The backend for the next request, or None when no target has a backend."""
-        health: PassiveHealth | None = self._health
-        if health is not None and health.any_ejected():
-            level = _eligible(targets, health)
-            if level is None:
-                health = None  # fail open: every backend is ejected, try one anyway
-                level = _eligible(targets, None)
-        else:
-            health = None
-            level = _eligible(targets, None)
+        """The backend for the next request, or None when no target has a usable one."""
+        health = self._health if self._health.any_ejected() else None
+        flt = _Filter(health, self._max_temp_c)
+        level = _eligible(targets, flt)
+        if level is None and flt.max_temp_c is not None:
+            flt = _Filter(health, None)  # every cool backend is out: accept a hot one
+            level = _eligible(targets, flt)
+        if level is None and health is not None:
+            flt = _Filter(None, None)  # fail open: every backend is ejected, try one anyway
+            level = _eligible(targets, flt)
         if level is None:
             return None
         if session is not None:
             pinned = self._sticky.get(session)
-            if pinned is not None and _usable_in(pinned, level, health):
-                self._sticky.move_to_end(session)
-                return pinned
+            if pinned is not None:
+                current = _find(pinned, level, flt)
+                if current is not None:
+                    self._sticky.move_to_end(session)
+                    return current
         target = level[0] if len(level) == 1 else self._pick_weighted(level, level[0].weight > 0)
-        backend = self._next_backend(target, health)
+        backend = self._next_backend(target, flt)
         if session is not None:
             sticky = self._sticky
-            sticky[session] = backend
+            sticky[session] = backend.base_url
             sticky.move_to_end(session)
             if len(sticky) > self._max_sessions:
                 sticky.popitem(last=False)
@@ -151,10 +199,10 @@ class Balancer:
         smooth[chosen.route_id] -= total
         return chosen
 
-    def _next_backend(self, target: RouteTarget, health: PassiveHealth | None) -> Backend:
+    def _next_backend(self, target: RouteTarget, flt: _Filter) -> Backend:
         backends = target.backends
-        if health is not None:
-            backends = tuple(b for b in backends if not health.is_ejected(b.base_url))
+        if not all(map(flt.ok, backends)):
+            backends = tuple(filter(flt.ok, backends))
         n = len(backends)
         if n == 1:
             return backends[0]
@@ -168,6 +216,10 @@ class Balancer:
         rr[target.route_id] = (i + 1) % n
         if algorithm not in _LEAST:
             return backends[i]
+        if algorithm == ENGINE_AWARE and self._loads:
+            best = self._least_loaded(backends, i)
+            if best is not None:
+                return best
         # Fewest in flight; scanning from the round-robin position breaks ties in turn.
         inflight = self._inflight
         best = backends[i]
@@ -181,32 +233,49 @@ class Balancer:
                 best, best_n = b, c
         return best
 
+    def _least_loaded(self, backends: Sequence[Backend], start: int) -> Backend | None:
+        """Lowest engine score, ties in turn from ``start``; None if a scrape is missing."""
+        loads = self._loads
+        inflight = self._inflight
+        n = len(backends)
+        best: Backend | None = None
+        best_score = 0.0
+        for k in range(n):
+            b = backends[(start + k) % n]
+            load = loads.get(b.base_url)
+            if load is None:
+                return None  # scores and counts do not mix: least_connections decides
+            score = engine_score(load, inflight.get(b.base_url, 0))
+            if best is None or score < best_score:
+                best, best_score = b, score
+        return best
 
-def _usable(t: RouteTarget, health: PassiveHealth | None) -> bool:
-    if health is None:
-        return bool(t.backends)
-    return any(not health.is_ejected(b.base_url) for b in t.backends)
 
-
-def _eligible(
-    targets: Sequence[RouteTarget], health: PassiveHealth | None
-) -> list[RouteTarget] | None:
+def _eligible(targets: Sequence[RouteTarget], flt: _Filter) -> list[RouteTarget] | None:
     """The targets normal selection chooses among: best usable level, weight class."""
+    ok = flt.ok
     best: int | None = None
+    usable: list[RouteTarget] = []
     for t in targets:
-        if (best is None or t.priority < best) and _usable(t, health):
-            best = t.priority
+        if (best is None or t.priority <= best) and any(map(ok, t.backends)):
+            if best is None or t.priority < best:
+                best = t.priority
+                usable = [t]
+            else:
+                usable.append(t)
     if best is None:
         return None
-    level = [t for t in targets if t.priority == best and _usable(t, health)]
-    if len(level) > 1:
-        weighted = [t for t in level if t.weight > 0]
+    if len(usable) > 1:
+        weighted = [t for t in usable if t.weight > 0]
         if weighted:
             return weighted
-    return level
+    return usable
 
 
-def _usable_in(backend: Backend, level: list[RouteTarget], health: PassiveHealth | None) -> bool:
-    if health is not None and health.is_ejected(backend.base_url):
-        return False
-    return any(backend in t.backends for t in level)
+def _find(base_url: str, level: list[RouteTarget], flt: _Filter) -> Backend | None:
+    """The current, usable backend at ``base_url`` among ``level``'s targets."""
+    for t in level:
+        for b in t.backends:
+            if b.base_url == base_url:
+                return b if flt.ok(b) else None
+    return None

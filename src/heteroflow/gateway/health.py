@@ -2,9 +2,10 @@
 
 A backend that failed a request (could not be reached, broke its answer, or answered
 with a 5xx) is *ejected*: the balancer skips it for ``cooldown_s`` seconds, after which
-it is restored by itself (lazily, on the next look-up; no timer runs). Only routing is
-affected; the task and its container are left alone, since the scheduler's active health
-checks decide about those.
+it is restored by itself (lazily, on the next look-up; no timer runs). The gateway's
+active probes (``gateway.probes``) use the same state: a failed probe ejects until the
+next probe, a passing one restores at once. Only routing is affected; the task and its
+container are left alone, since the agent's health checks decide about those.
 
 Backends are keyed by ``base_url`` (the address that failed). The clock is injectable so
 that unit tests need not sleep. Like the ``Balancer``, this is meant for one event loop
@@ -49,16 +50,24 @@ class PassiveHealth:
         """
         return bool(self._until)
 
-    def eject(self, base_url: str) -> bool:
-        """Eject ``base_url`` for one cooldown from now; True if it was not ejected before."""
+    def eject(self, base_url: str, seconds: float | None = None) -> bool:
+        """Eject ``base_url`` for one cooldown (or ``seconds``) from now, never shortening
+        a longer ejection; True if it was not ejected before."""
         until = self._until
         now = self._clock()
         fresh = until.get(base_url, now) <= now
         if fresh and len(until) >= _MAX_ENTRIES:
             for url in [u for u, t in until.items() if t <= now]:
                 del until[url]
-        until[base_url] = now + self._cooldown
+        deadline = now + (self._cooldown if seconds is None else seconds)
+        if fresh or deadline > until[base_url]:
+            until[base_url] = deadline
         return fresh
+
+    def restore(self, base_url: str) -> bool:
+        """End an ejection early (an active probe passed); True if it was ejected."""
+        deadline = self._until.pop(base_url, None)
+        return deadline is not None and deadline > self._clock()
 
     def is_ejected(self, base_url: str) -> bool:
         until = self._until

@@ -25,6 +25,10 @@ class Backend:
 
     task_id: str
     base_url: str  # e.g. http://127.0.0.1:20123 (no trailing slash, no /v1)
+    # M11: marked for draining (POST /api/v1/tasks/{id}/drain): no new requests
+    draining: bool = False
+    # M4: the hottest of the task's cards at the last heartbeat; None when unknown
+    temperature_c: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +40,11 @@ class RouteTarget:
     priority: int
     weight: int
     backends: tuple[Backend, ...]
-    # How a backend of this target is picked (M2): round_robin, random, least_connections
-    # (engine_aware is served as least_connections for now; see gateway.balancing).
+    # How a backend of this target is picked (M2): round_robin, random, least_connections,
+    # engine_aware (see gateway.balancing).
     algorithm: str = "round_robin"
+    # Capability tags for model=auto (M10), e.g. ("code", "long-context").
+    tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +55,11 @@ class KeyEntry:
     tenant_id: str
     group_id: str | None
     models: frozenset[str]  # model names this key may call
+    # M8 limits of the key's endpoint; 0 = none. quota_tokens per quota_period (day|month).
+    rpm_limit: int = 0
+    tpm_limit: int = 0
+    quota_tokens: int = 0
+    quota_period: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +78,10 @@ class RoutingSnapshot:
                     "tenant_id": k.tenant_id,
                     "group_id": k.group_id,
                     "models": sorted(k.models),
+                    "rpm_limit": k.rpm_limit,
+                    "tpm_limit": k.tpm_limit,
+                    "quota_tokens": k.quota_tokens,
+                    "quota_period": k.quota_period,
                 }
                 for h, k in self.keys.items()
             },
@@ -81,8 +96,15 @@ class RoutingSnapshot:
                             "priority": t.priority,
                             "weight": t.weight,
                             "algorithm": t.algorithm,
+                            "tags": list(t.tags),
                             "backends": [
-                                {"task_id": b.task_id, "base_url": b.base_url} for b in t.backends
+                                {
+                                    "task_id": b.task_id,
+                                    "base_url": b.base_url,
+                                    "draining": b.draining,
+                                    "temperature_c": b.temperature_c,
+                                }
+                                for b in t.backends
                             ],
                         }
                         for t in targets
@@ -100,6 +122,10 @@ class RoutingSnapshot:
                 tenant_id=k["tenant_id"],
                 group_id=k.get("group_id"),
                 models=frozenset(k["models"]),
+                rpm_limit=int(k.get("rpm_limit", 0)),
+                tpm_limit=int(k.get("tpm_limit", 0)),
+                quota_tokens=int(k.get("quota_tokens", 0)),
+                quota_period=str(k.get("quota_period", "")),
             )
             for h, k in data["keys"].items()
         }
@@ -112,10 +138,16 @@ class RoutingSnapshot:
                     priority=t["priority"],
                     weight=t["weight"],
                     backends=tuple(
-                        Backend(task_id=b["task_id"], base_url=b["base_url"])
+                        Backend(
+                            task_id=b["task_id"],
+                            base_url=b["base_url"],
+                            draining=bool(b.get("draining", False)),
+                            temperature_c=b.get("temperature_c"),
+                        )
                         for b in t["backends"]
                     ),
                     algorithm=t.get("algorithm", "round_robin"),
+                    tags=tuple(t.get("tags", ())),
                 )
                 for t in r["targets"]
             )

@@ -21,13 +21,27 @@ class LoginResponse(BaseModel):
     expires_in: int
 
 
+PRIORITY_CEILING_DOC = "the highest task-group priority (0-1000) a member of it may set"
+
+
 class TenantCreate(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    priority_ceiling: int = Field(default=100, ge=0, le=1000, description=PRIORITY_CEILING_DOC)
+    sharing_group_id: str | None = Field(default=None, max_length=32)
+
+
+class TenantUpdate(Strict):
+    """Operators only. Fields left out stay; ``sharing_group_id: null`` leaves the group."""
+
+    priority_ceiling: int | None = Field(default=None, ge=0, le=1000)
+    sharing_group_id: str | None = Field(default=None, max_length=32)
 
 
 class TenantRead(BaseModel):
     id: str
     name: str
+    priority_ceiling: int
+    sharing_group_id: str | None
     created_at: datetime
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StringConstraints
 
 from heteroflow.schemas.common import Strict
 
@@ -17,6 +18,11 @@ class EndpointRead(BaseModel):
     port: int
     external_port: int
     key_prefix: str
+    # M8 limits of the key; 0 = none. quota_tokens per quota_period ("day" | "month").
+    rpm_limit: int = 0
+    tpm_limit: int = 0
+    quota_tokens: int = 0
+    quota_period: str = ""
     created_at: datetime
     updated_at: datetime
 
@@ -25,6 +31,10 @@ class EndpointUpdate(Strict):
     rotate_key: bool = False
     name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
     external_port: int | None = Field(default=None, ge=0, le=65535)
+    rpm_limit: int | None = Field(default=None, ge=0, le=1_000_000_000)
+    tpm_limit: int | None = Field(default=None, ge=0, le=1_000_000_000_000)
+    quota_tokens: int | None = Field(default=None, ge=0, le=1_000_000_000_000_000)
+    quota_period: Literal["day", "month", ""] | None = None
 
 
 class EndpointUpdated(EndpointRead):
@@ -41,6 +51,11 @@ class ModelRouteRead(BaseModel):
     version: str
     active: bool
     algorithm: str
+    tags: list[str] = Field(default_factory=list)
+
+
+# A capability tag for model=auto (M10): "code", "long-context", "embedding", ...
+RouteTag = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,31}$")]
 
 
 class ModelRouteUpdate(Strict):
@@ -49,3 +64,4 @@ class ModelRouteUpdate(Strict):
     version: str | None = Field(default=None, min_length=1, max_length=64)
     active: bool | None = None
     algorithm: str | None = None
+    tags: list[RouteTag] | None = Field(default=None, max_length=16)

@@ -116,6 +116,13 @@ class TaskRead(BaseModel):
     memory_mb: int
     kv_offload_gb: int
     launch_argv: list[str]
+    # H5: derived at placement (gold: MIG, silver: MPS, else bronze); "" until placed
+    qos: str = ""
+    # B4: the task this one is being stopped for (it returns to the queue afterwards)
+    preempted_by: str = ""
+    priority: int = 0
+    # M11: the gateway sends it no new requests (POST/DELETE /api/v1/tasks/{id}/drain)
+    draining: bool = False
     started_at: datetime | None
     created_at: datetime
     updated_at: datetime

@@ -20,7 +20,7 @@ from heteroflow.core.containers import (
     shared_memory,
 )
 from heteroflow.core.engines.commands import CommandError, LaunchShape, build_command
-from heteroflow.core.placement import NodeView, Placement, Reservation, commit, place
+from heteroflow.core.placement import NodeView, Placement, Policy, Reservation, book, place
 from heteroflow.schemas.task_groups import (
     ContainerPlanRead,
     DryRunPlan,
@@ -30,6 +30,7 @@ from heteroflow.schemas.task_groups import (
 from heteroflow.services.auth import Principal
 from heteroflow.services.planning import GroupPlan, plan_group
 from heteroflow.services.scheduling import node_views
+from heteroflow.services.sharing import tenant_share_keys
 
 PLANNED_ID = "task-<assigned-at-create>"
 
@@ -43,15 +44,23 @@ def dry_run(
     offline_after_s: float,
     reservation: Reservation,
     port_pool: range,
+    policy: Policy | None = None,
 ) -> DryRunPlan:
-    views = node_views(s, clock, offline_after_s)
+    """What a create would do, written nowhere: the plan and where each task would go
+    now, by the same filters, sharing rules and scorers as a scheduler round (a pipeline
+    group is shown stage by stage; the round places it all-or-nothing)."""
+    policy = policy or Policy()
+    keys = tenant_share_keys(s)
+    views = node_views(s, clock, offline_after_s, keys)
     plan = plan_group(s, who, req, list(views.values()), reservation)
+    share_key = keys.get(who.tenant_id, who.tenant_id)
     tasks: list[PlannedTask] = []
     for rank in range(plan.replicas):
-        decision = place(plan.demand(), list(views.values()), reservation, port_pool)
+        demand = plan.demand(share_key, task_id=f"planned-{rank}")
+        decision = place(demand, list(views.values()), reservation, port_pool, policy)
         if isinstance(decision, Placement):
             node = views[decision.node_id]
-            commit(node, decision)
+            book(node, decision, demand)
             tasks.append(_planned(plan, rank, decision, node))
         else:
             tasks.append(_planned(plan, rank, None, None, decision.reason))

@@ -52,6 +52,7 @@ def update_endpoint(
         e.name = req.name
     if req.external_port is not None:
         e.external_port = req.external_port
+    _apply_limits(e, req)
     key: str | None = None
     if req.rotate_key:
         key = new_api_key()
@@ -60,6 +61,18 @@ def update_endpoint(
     e.updated_at = clock.now()
     s.flush()
     return EndpointUpdated(**endpoint_read(e).model_dump(), api_key=key)
+
+
+def _apply_limits(e: InferenceEndpoint, req: EndpointUpdate) -> None:
+    """M8: per-key limits; 0 clears one. A quota needs its period (UTC day or month)."""
+    for name in ("rpm_limit", "tpm_limit", "quota_tokens", "quota_period"):
+        value = getattr(req, name)
+        if value is not None:
+            setattr(e, name, value)
+    if (e.quota_tokens or 0) > 0 and e.quota_period not in ("day", "month"):
+        raise ValidationFailed(
+            "quota_tokens needs quota_period 'day' or 'month'", field="quota_period"
+        )
 
 
 def delete_endpoint(s: Session, who: Principal, endpoint_id: str) -> None:
@@ -98,6 +111,8 @@ def update_route(
         r.version = req.version
     if req.active is not None:
         r.active = req.active
+    if req.tags is not None:
+        r.tags = sorted(set(req.tags))  # M10 capability tags (model=auto)
     r.updated_at = clock.now()
     s.flush()
     return route_read(r)

@@ -1,8 +1,8 @@
 """Validating a task-group request into a plan, shared by create and dry run.
 
-``plan_group`` checks every rule that needs no write (engine, shape, ports, health
-check, kv offload, endpoint-name clash, the create-time memory precheck) and returns
-the derived values; ``create_group`` writes them and ``dry_run`` shows them.
+``plan_group`` checks every rule that needs no write (priority ceiling, engine, shape,
+ports, health check, kv offload, endpoint-name clash, the create-time memory precheck)
+and returns the derived values; ``create_group`` writes them and ``dry_run`` shows them.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.engines import CPU_CAPABLE, LLAMACPP_AGENT_FLAGS, owned_flag_in, resolve_engine
+from heteroflow.core.engines.registry import ENGINES
 from heteroflow.core.engines.selection import NodeEngines
 from heteroflow.core.engines.templates import Template, inference_templates
 from heteroflow.core.errors import Conflict, ValidationFailed
 from heteroflow.core.estimate import MemoryEstimate
 from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
-from heteroflow.db.tables import InferenceEndpoint, Node
+from heteroflow.db.tables import InferenceEndpoint, Node, Tenant
 from heteroflow.models.estimate import estimate_model_path
 from heteroflow.schemas.task_groups import HealthCheckIn, TaskGroupCreate
 from heteroflow.services.auth import Principal
@@ -52,19 +53,28 @@ class GroupPlan:
 
     @property
     def world_size(self) -> int:
-        if self.req.parallelism == "split":
+        if self.req.parallelism in ("split", "pipeline"):
             return self.req.world_size
         return self.replicas * self.gpus_per_task
 
-    def demand(self) -> TaskDemand:
+    def demand(self, share_key: str = "", task_id: str = "") -> TaskDemand:
+        """What one task of the group asks the scheduler for (as a round would see it)."""
+        spec = ENGINES.get(self.engine)
         return TaskDemand(
-            task_id="",
+            task_id=task_id,
             gpu_required=self.gpus_per_task,
             gpu_type=self.req.task.gpu_type,
             gpu_memory_utilization=self.req.gpu_memory_utilization,
             estimated_gpu_memory_mb=self.estimated_gpu_memory_mb,
             memory_mb=self.memory_mb,
             host_ports=tuple(p["host_port"] for p in self.ports),
+            task_type=self.task_type,
+            model_path=self.req.task.model_path,
+            engine=self.engine,
+            share_key=share_key,
+            priority=self.req.priority,
+            multi_node=self.req.parallelism == "pipeline",
+            engine_vendors=spec.vendors if spec is not None else frozenset(),
         )
 
 
@@ -77,14 +87,21 @@ def infer_task_type(req: TaskGroupCreate, engine: str) -> str:
     return "container"
 
 
-def _replica_shape(req: TaskGroupCreate) -> tuple[int, int]:
+def _replica_shape(req: TaskGroupCreate, task_type: str) -> tuple[int, int]:
     """(number of tasks, GPUs per task) for the requested parallelism."""
     if req.parallelism == "pipeline":
-        raise ValidationFailed(
-            "parallelism 'pipeline' needs gang placement across nodes, which this release "
-            "does not have yet; use single, tensor_parallel or split",
-            field="parallelism",
-        )
+        # G1: world_size stages, placed all-or-nothing across nodes. Serving one model
+        # across nodes needs engine wiring (e.g. vLLM over Ray) that is not built yet.
+        if task_type == "inference":
+            raise ValidationFailed(
+                "parallelism 'pipeline' is for training and container groups in this "
+                "release: multi-node serving of one model is not wired into the engines "
+                "yet; use single, tensor_parallel or split",
+                field="parallelism",
+            )
+        if req.world_size < 2:
+            raise ValidationFailed("pipeline needs world_size >= 2 stages", field="world_size")
+        return req.world_size, req.task.gpu_required
     if req.parallelism == "tensor_parallel":
         if req.world_size < 2:
             raise ValidationFailed("tensor_parallel needs world_size >= 2", field="world_size")
@@ -146,6 +163,18 @@ def _check_fields(req: TaskGroupCreate, who: Principal, engine: str, task_type: 
     _check_kv_offload(req, engine, task_type)
 
 
+def _check_strict_type(gpu_type: str, nodes: list[NodeView]) -> None:
+    """B7: pipeline stages that name a gpu_type take only that type; a type no node has
+    ever reported is refused now (one that is only offline waits in the queue)."""
+    if gpu_type and not any(c.model == gpu_type for n in nodes for c in n.cards):
+        known = sorted({c.model for n in nodes for c in n.cards})
+        raise ValidationFailed(
+            f"no registered node reports gpu_type {gpu_type!r} (known: "
+            f"{', '.join(known) or 'none'}); pipeline stages never fall back to another type",
+            field="task.gpu_type",
+        )
+
+
 def _health(req: TaskGroupCreate, container_ports: list[int]) -> dict[str, Any]:
     health = (req.health_check or HealthCheckIn()).model_dump()
     if health["port"] is None:
@@ -200,6 +229,19 @@ def one_click(
     ), [{"engine": t.engine, "image": t.image, "reason": t.reason} for t in best]
 
 
+def _check_priority(s: Session, who: Principal, priority: int) -> None:
+    """B4: operators set any priority 0-1000; members up to their tenant's ceiling."""
+    if who.is_operator:
+        return
+    ceiling = s.scalar(select(Tenant.priority_ceiling).where(Tenant.id == who.tenant_id))
+    if ceiling is not None and priority > ceiling:
+        raise ValidationFailed(
+            f"priority {priority} is above your tenant's ceiling of {ceiling}; use 0-{ceiling} "
+            "or ask a platform operator",
+            field="priority",
+        )
+
+
 def plan_group(
     s: Session,
     who: Principal,
@@ -207,6 +249,7 @@ def plan_group(
     nodes: list[NodeView],
     reservation: Reservation,
 ) -> GroupPlan:
+    _check_priority(s, who, req.priority)
     templates: list[dict[str, str]] = []
     if not req.task.image and not req.task.command:
         req, templates = one_click(s, req, {n.id for n in nodes if n.online})
@@ -221,8 +264,10 @@ def plan_group(
         {"container_port": DEFAULT_CONTAINER_PORT, "host_port": 0}
     ]
     container_ports = [p["container_port"] for p in ports]
-    replicas, gpus = _replica_shape(req)
+    replicas, gpus = _replica_shape(req, task_type)
     _check_fields(req, who, engine, task_type, gpus, container_ports)
+    if req.parallelism == "pipeline":
+        _check_strict_type(req.task.gpu_type, nodes)
     plan = GroupPlan(
         req=req,
         engine=engine,

@@ -8,6 +8,7 @@ routes and no endpoints, so their keys and models vanish with the next snapshot.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -19,7 +20,11 @@ from heteroflow.gateway.snapshot import Backend, KeyEntry, RouteTarget, RoutingS
 
 def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
     routes = list(s.scalars(select(ModelRoute).where(ModelRoute.active.is_(True))))
-    addresses = {n.id: n.address for n in s.scalars(select(Node))}
+    addresses: dict[str, str] = {}
+    temperatures: dict[str, dict[int, int]] = {}  # node id -> card index -> °C
+    for n in s.scalars(select(Node)):
+        addresses[n.id] = n.address
+        temperatures[n.id] = _card_temperatures(n.gpus)
     backends: dict[str, list[Backend]] = defaultdict(list)
     for t in s.scalars(
         select(Task).where(Task.status == TaskStatus.RUNNING.value).order_by(Task.rank)
@@ -27,8 +32,15 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
         host_port = next((p["host_port"] for p in t.ports if p.get("host_port")), 0)
         if not host_port or t.node_id not in addresses:
             continue  # a task without a port mapping is not a backend (A3)
+        cards = temperatures[t.node_id]
+        temps = [cards[i] for i in t.gpu_ids if i in cards]
         backends[t.group_id].append(
-            Backend(task_id=t.id, base_url=f"http://{addresses[t.node_id]}:{host_port}")
+            Backend(
+                task_id=t.id,
+                base_url=f"http://{addresses[t.node_id]}:{host_port}",
+                draining=bool(t.draining),
+                temperature_c=max(temps) if temps else None,
+            )
         )
 
     by_model: dict[tuple[str, str], list[RouteTarget]] = defaultdict(list)
@@ -42,6 +54,7 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
                 weight=r.weight,
                 backends=tuple(backends.get(r.group_id, ())),
                 algorithm=r.algorithm or "round_robin",
+                tags=tuple(str(tag) for tag in r.tags or ()),
             )
         )
         models_of_group[r.group_id].add(r.model_name)
@@ -52,6 +65,10 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
             tenant_id=e.tenant_id,
             group_id=e.group_id,
             models=frozenset(models_of_group.get(e.group_id or "", ())),
+            rpm_limit=e.rpm_limit or 0,
+            tpm_limit=e.tpm_limit or 0,
+            quota_tokens=e.quota_tokens or 0,
+            quota_period=e.quota_period or "",
         )
         for e in s.scalars(select(InferenceEndpoint))
     }
@@ -63,3 +80,13 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
             for k, v in by_model.items()
         },
     )
+
+
+def _card_temperatures(gpus: list[Any]) -> dict[int, int]:
+    """Card index -> temperature (°C) from a node's last heartbeat; unknown ones left out."""
+    out: dict[int, int] = {}
+    for g in gpus:
+        temp = g.get("temperature_c") if isinstance(g, dict) else None
+        if isinstance(temp, int | float) and g.get("index") is not None:
+            out[int(g["index"])] = int(temp)
+    return out

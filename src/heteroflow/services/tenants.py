@@ -1,4 +1,4 @@
-"""Tenants and users (operators create both; members see only their own tenant)."""
+"""Tenants and users (operators create both and change tenants; members see their own)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,22 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.errors import Conflict, Forbidden, NotFound
+from heteroflow.core.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from heteroflow.core.ids import new_id
 from heteroflow.db.tables import Tenant, User
-from heteroflow.schemas.auth import TenantCreate, TenantRead, UserCreate, UserRead
+from heteroflow.schemas.auth import TenantCreate, TenantRead, TenantUpdate, UserCreate, UserRead
 from heteroflow.services.auth import Principal, hash_password
+from heteroflow.services.sharing import require_group
 
 
 def _tenant_read(t: Tenant) -> TenantRead:
-    return TenantRead(id=t.id, name=t.name, created_at=t.created_at)
+    return TenantRead(
+        id=t.id,
+        name=t.name,
+        priority_ceiling=t.priority_ceiling,
+        sharing_group_id=t.sharing_group_id,
+        created_at=t.created_at,
+    )
 
 
 def _user_read(u: User) -> UserRead:
@@ -28,8 +35,37 @@ def create_tenant(s: Session, who: Principal, clock: Clock, req: TenantCreate) -
         raise Forbidden("only a platform operator creates tenants")
     if s.scalar(select(Tenant).where(Tenant.name == req.name)) is not None:
         raise Conflict(f"tenant {req.name!r} already exists", field="name")
-    t = Tenant(id=new_id("tn"), name=req.name, created_at=clock.now())
+    if req.sharing_group_id is not None:
+        require_group(s, req.sharing_group_id, "sharing_group_id")
+    t = Tenant(
+        id=new_id("tn"),
+        name=req.name,
+        priority_ceiling=req.priority_ceiling,
+        sharing_group_id=req.sharing_group_id,
+        created_at=clock.now(),
+    )
     s.add(t)
+    s.flush()
+    return _tenant_read(t)
+
+
+def update_tenant(s: Session, who: Principal, tenant_id: str, req: TenantUpdate) -> TenantRead:
+    """Operators set the priority ceiling and move a tenant between sharing groups."""
+    if not who.is_operator:
+        raise Forbidden("only a platform operator changes tenants")
+    t = s.get(Tenant, tenant_id)
+    if t is None:
+        raise NotFound(f"tenant {tenant_id!r} not found")
+    if "priority_ceiling" in req.model_fields_set:
+        if req.priority_ceiling is None:
+            raise ValidationFailed(
+                "priority_ceiling must be a number 0-1000", field="priority_ceiling"
+            )
+        t.priority_ceiling = req.priority_ceiling
+    if "sharing_group_id" in req.model_fields_set:
+        if req.sharing_group_id is not None:
+            require_group(s, req.sharing_group_id, "sharing_group_id")
+        t.sharing_group_id = req.sharing_group_id
     s.flush()
     return _tenant_read(t)
 

@@ -31,6 +31,10 @@ def task_read(t: Task) -> TaskRead:
         memory_mb=t.memory_mb,
         kv_offload_gb=t.kv_offload_gb,
         launch_argv=list(t.launch_argv),
+        qos=t.qos,
+        preempted_by=t.preempted_by,
+        priority=t.priority,
+        draining=bool(t.draining),
         started_at=t.started_at,
         created_at=t.created_at,
         updated_at=t.updated_at,
@@ -77,6 +81,10 @@ def endpoint_read(e: InferenceEndpoint) -> EndpointRead:
         port=e.port,
         external_port=e.external_port,
         key_prefix=e.key_prefix,
+        rpm_limit=e.rpm_limit or 0,
+        tpm_limit=e.tpm_limit or 0,
+        quota_tokens=e.quota_tokens or 0,
+        quota_period=e.quota_period or "",
         created_at=e.created_at,
         updated_at=e.updated_at,
     )
@@ -93,4 +101,5 @@ def route_read(r: ModelRoute) -> ModelRouteRead:
         version=r.version,
         active=r.active,
         algorithm=r.algorithm,
+        tags=[str(tag) for tag in r.tags or ()],
     )

@@ -9,7 +9,10 @@ so a test can see both the remap and which backend served. It records what it re
 
 Test-only request fields: ``fake_chunks`` (number of content chunks, default 3),
 ``fake_delay_ms`` (sleep before a non-stream answer and between stream chunks),
-``fake_status`` (answer every POST with that HTTP status and an OpenAI-shaped error).
+``fake_status`` (answer every POST with that HTTP status and an OpenAI-shaped error),
+``fake_prompt_tokens`` (the prompt tokens reported in ``usage``, default 1). Streams
+honour ``stream_options.include_usage`` as OpenAI does: ``"usage": null`` in every
+chunk, then one usage event with ``"choices": []`` before ``[DONE]``.
 Setting ``fail_status`` on the instance does the same for every POST it receives.
 ``in_flight`` counts the POSTs it is answering right now (streams included).
 
@@ -92,6 +95,7 @@ class FakeOpenAIBackend:
     async def _answer(self, receive: Receive, send: Send, path: str, body: dict[str, Any]) -> None:
         delay = float(body.get("fake_delay_ms", 0)) / 1000.0
         n = int(body.get("fake_chunks", 3))
+        prompt = int(body.get("fake_prompt_tokens", 1))
         model = body.get("model")
         rid = f"{self.name}-{next(self._ids)}"
         if path == "/v1/embeddings":
@@ -116,7 +120,13 @@ class FakeOpenAIBackend:
             await _json(send, 404, {"error": {"message": f"no route POST {path}"}})
             return
         if body.get("stream"):
-            await self._stream(receive, send, chat, rid, model, n, delay)
+            opts = body.get("stream_options") or {}
+            usage = (
+                {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+                if opts.get("include_usage")
+                else None
+            )
+            await self._stream(receive, send, chat, rid, model, n, delay, usage)
             return
         await asyncio.sleep(delay)
         text = " ".join(["tok"] * n)
@@ -134,7 +144,11 @@ class FakeOpenAIBackend:
                 "created": int(time.time()),
                 "model": model,
                 "choices": [choice],
-                "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": n,
+                    "total_tokens": prompt + n,
+                },
             },
         )
 
@@ -147,6 +161,7 @@ class FakeOpenAIBackend:
         model: object,
         n: int,
         delay: float,
+        usage: dict[str, int] | None,
     ) -> None:
         left = asyncio.Event()
 
@@ -178,6 +193,8 @@ class FakeOpenAIBackend:
                     "model": model,
                     "choices": [choice],
                 }
+                if usage is not None:
+                    event["usage"] = None
                 await send(
                     {
                         "type": "http.response.body",
@@ -190,12 +207,23 @@ class FakeOpenAIBackend:
                 if chat
                 else {"index": 0, "text": "", "finish_reason": "stop"}
             )
-            last = {"id": rid, "object": obj, "created": 0, "model": model, "choices": [fin]}
+            last: dict[str, Any] = {
+                "id": rid,
+                "object": obj,
+                "created": 0,
+                "model": model,
+                "choices": [fin],
+            }
+            tail = b""
+            if usage is not None:
+                last["usage"] = None
+                summary = {**last, "choices": [], "usage": usage}
+                tail = b"data: " + orjson.dumps(summary) + b"\n\n"
             await send(
                 {
                     "type": "http.response.body",
                     "more_body": False,
-                    "body": b"data: " + orjson.dumps(last) + b"\n\ndata: [DONE]\n\n",
+                    "body": b"data: " + orjson.dumps(last) + b"\n\n" + tail + b"data: [DONE]\n\n",
                 }
             )
         finally:

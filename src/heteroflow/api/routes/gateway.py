@@ -26,6 +26,7 @@ def list_endpoints(s: DB, who: Who) -> list[EndpointRead]:
 
 
 @router.put("/gateway/endpoints/{endpoint_id}", response_model=EndpointUpdated)
+@router.patch("/gateway/endpoints/{endpoint_id}", response_model=EndpointUpdated)
 def update_endpoint(
     endpoint_id: str, req: EndpointUpdate, ctx: Ctx, s: DB, who: Who
 ) -> EndpointUpdated:

@@ -41,6 +41,7 @@ def create_group(
             offline_after_s=settings.node_offline_after_s,
             reservation=settings.reservation(),
             port_pool=settings.port_pool(),
+            policy=settings.placement_policy(),
         )
     return task_groups.create_group(s, who, ctx.clock, req, settings.reservation())
 

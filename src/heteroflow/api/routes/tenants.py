@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from heteroflow.api.deps import DB, Ctx, Who
-from heteroflow.schemas.auth import TenantCreate, TenantRead, UserCreate, UserRead
+from heteroflow.schemas.auth import TenantCreate, TenantRead, TenantUpdate, UserCreate, UserRead
 from heteroflow.services import tenants
 
 router = APIRouter(prefix="/api/v1", tags=["tenants"])
@@ -19,6 +19,11 @@ def create_tenant(req: TenantCreate, ctx: Ctx, s: DB, who: Who) -> TenantRead:
 @router.get("/tenants", response_model=list[TenantRead])
 def list_tenants(s: DB, who: Who) -> list[TenantRead]:
     return tenants.list_tenants(s, who)
+
+
+@router.patch("/tenants/{tenant_id}", response_model=TenantRead)
+def update_tenant(tenant_id: str, req: TenantUpdate, s: DB, who: Who) -> TenantRead:
+    return tenants.update_tenant(s, who, tenant_id, req)
 
 
 @router.post("/users", response_model=UserRead, status_code=201)

@@ -1,0 +1,70 @@
+"""Token usage: gateways hand in batches, members and operators read the sums."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, Depends, Query
+
+from heteroflow.api.deps import DB, Ctx, Who, require_gateway
+from heteroflow.gateway.usage import UsageRow
+from heteroflow.schemas.usage import UsageAccepted, UsageBatch, UsageReport
+from heteroflow.services import usage
+
+router = APIRouter(prefix="/api/v1", tags=["usage"])
+
+
+@router.post(
+    "/gateway/usage",
+    response_model=UsageAccepted,
+    dependencies=[Depends(require_gateway)],
+    tags=["gateway"],
+)
+def hand_in(batch: UsageBatch, ctx: Ctx) -> UsageAccepted:
+    """A separate gateway's batch (gateway token, like the snapshot poll).
+
+    Committed before the answer (not in a dependency's exit, which runs after the
+    response is sent): a 2xx tells the gateway it may forget the batch.
+    """
+    rows = [
+        UsageRow(
+            endpoint_id=r.endpoint_id,
+            tenant_id=r.tenant_id,
+            model=r.model,
+            requests=r.requests,
+            prompt_tokens=r.prompt_tokens,
+            completion_tokens=r.completion_tokens,
+            recorded_at=r.recorded_at,
+        )
+        for r in batch.records
+    ]
+    with ctx.db.session() as s:
+        accepted = usage.write_batch(s, rows)
+    return UsageAccepted(accepted=accepted)
+
+
+@router.get("/usage", response_model=UsageReport)
+def read_usage(
+    s: DB,
+    who: Who,
+    start: datetime | None = Query(default=None, description="from (inclusive); UTC if no zone"),
+    end: datetime | None = Query(default=None, description="until (exclusive); UTC if no zone"),
+    group_by: str = Query(
+        default="endpoint,model", description="comma list of tenant, member, endpoint, model"
+    ),
+    tenant_id: str | None = Query(default=None, description="operators: any; members: own"),
+    member_id: str | None = None,
+    endpoint_id: str | None = None,
+    model: str | None = None,
+) -> UsageReport:
+    return usage.report(
+        s,
+        who,
+        start=start,
+        end=end,
+        group_by=usage.parse_group_by(group_by),
+        tenant_id=tenant_id,
+        member_id=member_id,
+        endpoint_id=endpoint_id,
+        model=model,
+    )

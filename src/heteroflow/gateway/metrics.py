@@ -1,0 +1,117 @@
+"""The gateway's Prometheus metrics (P3), kept in plain dicts and rendered by hand.
+
+Counting is a dict update (no client library, no locks: the gateway is one event loop);
+the text exposition format is built only when ``/metrics`` is scraped. Labels stay
+bounded: the model label is a routed model name ("" when the request named no route,
+so callers cannot grow the series with made-up names), the backend label one of the
+snapshot's base URLs; keys and tenants are never labels.
+
+Series:
+  heteroflow_gateway_requests_total{path,model,status}   counter (status 499: the client
+                                                           left before any answer)
+  heteroflow_gateway_in_flight                           gauge
+  heteroflow_gateway_upstream_latency_seconds{model}     histogram, request sent to the
+                                                           backend's response headers
+  heteroflow_gateway_tokens_total{model,kind}            counter, kind prompt|completion
+  heteroflow_gateway_ejections_total{backend}            counter (passive health, M5)
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+CLIENT_LEFT = 499
+
+
+class Histogram:
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # per bucket (the last is +Inf), not cumulative
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.sum += value
+
+
+class GatewayMetrics:
+    def __init__(self, buckets: tuple[float, ...] = DEFAULT_BUCKETS) -> None:
+        self._buckets = buckets
+        self.requests: dict[tuple[str, str, int], int] = {}
+        self.in_flight = 0
+        self.latency: dict[str, Histogram] = {}
+        self.tokens: dict[tuple[str, str], int] = {}
+        self.ejections: dict[str, int] = {}
+
+    def request_done(self, path: str, model: str, status: int) -> None:
+        key = (path, model, status or CLIENT_LEFT)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def upstream_latency(self, model: str, seconds: float) -> None:
+        h = self.latency.get(model)
+        if h is None:
+            h = self.latency[model] = Histogram(self._buckets)
+        h.observe(seconds)
+
+    def tokens_used(self, model: str, prompt: int, completion: int) -> None:
+        for kind, n in (("prompt", prompt), ("completion", completion)):
+            key = (model, kind)
+            self.tokens[key] = self.tokens.get(key, 0) + n
+
+    def ejected(self, backend: str) -> None:
+        self.ejections[backend] = self.ejections.get(backend, 0) + 1
+
+    def render(self) -> bytes:
+        out: list[str] = [
+            "# HELP heteroflow_gateway_requests_total Requests answered, by path, model and "
+            "status.",
+            "# TYPE heteroflow_gateway_requests_total counter",
+        ]
+        for (path, model, status), n in sorted(self.requests.items()):
+            out.append(
+                "heteroflow_gateway_requests_total"
+                f'{{path="{_esc(path)}",model="{_esc(model)}",status="{status}"}} {n}'
+            )
+        out += [
+            "# HELP heteroflow_gateway_in_flight Requests being answered now.",
+            "# TYPE heteroflow_gateway_in_flight gauge",
+            f"heteroflow_gateway_in_flight {self.in_flight}",
+            "# HELP heteroflow_gateway_upstream_latency_seconds Time from sending a request "
+            "to a backend to its response headers.",
+            "# TYPE heteroflow_gateway_upstream_latency_seconds histogram",
+        ]
+        name = "heteroflow_gateway_upstream_latency_seconds"
+        for model, h in sorted(self.latency.items()):
+            label = f'model="{_esc(model)}"'
+            cumulative = 0
+            for bound, n in zip(h.bounds, h.counts, strict=False):
+                cumulative += n
+                out.append(f'{name}_bucket{{{label},le="{bound}"}} {cumulative}')
+            out.append(f'{name}_bucket{{{label},le="+Inf"}} {h.count}')
+            out.append(f"{name}_sum{{{label}}} {h.sum}")
+            out.append(f"{name}_count{{{label}}} {h.count}")
+        out += [
+            "# HELP heteroflow_gateway_tokens_total Tokens reported by backends' usage.",
+            "# TYPE heteroflow_gateway_tokens_total counter",
+        ]
+        for (model, kind), n in sorted(self.tokens.items()):
+            label = f'model="{_esc(model)}",kind="{kind}"'
+            out.append(f"heteroflow_gateway_tokens_total{{{label}}} {n}")
+        out += [
+            "# HELP heteroflow_gateway_ejections_total Backends taken out of routing after "
+            "a failure.",
+            "# TYPE heteroflow_gateway_ejections_total counter",
+        ]
+        for backend, n in sorted(self.ejections.items()):
+            out.append(f'heteroflow_gateway_ejections_total{{backend="{_esc(backend)}"}} {n}')
+        return ("\n".join(out) + "\n").encode()
+
+
+def _esc(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

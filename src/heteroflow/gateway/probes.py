@@ -1,0 +1,207 @@
+"""The gateway's own look at its backends: active health probes (M5) and engine metrics
+scraping (M2 ``engine_aware``).
+
+``BackendMonitor`` runs two loops on the gateway's event loop, started by ``start()``
+and stopped by ``aclose()``; ``track()`` tells it the backends of a new routing snapshot.
+The gateway calls both lazily, from the first request that sees a new snapshot:
+
+* probes: every ``probe_interval_s``, ``GET {base}/health`` on every backend of the
+  snapshot (``/v1/models`` for a backend that answers 404 there: an external
+  OpenAI-compatible server). A connection error, a timeout or a 5xx (llama.cpp answers
+  503 while it loads) ejects the backend in the shared ``PassiveHealth`` until the next
+  probe is due; an answer below 500 restores it at once. A passing probe does not cut
+  short an ejection that real traffic caused (a 5xx on a completion): ``/health`` can be
+  fine while completions fail, so that one runs its cooldown. Routing only: nothing here
+  touches a task or a container.
+* scrapes: every ``scrape_interval_s`` (<= 250 ms), ``GET {base}/metrics`` on the
+  backends of ``engine_aware`` targets only; the parsed ``EngineLoad`` is stored in the
+  ``loads`` map the ``Balancer`` reads. A failed scrape removes the entry (the balancer
+  then falls back to least connections), and a backend without a metrics page (404/501:
+  llama.cpp without ``--metrics``) is left alone for ``_NO_METRICS_RETRY_S``.
+
+Each round runs its requests concurrently and waits for all of them (each has its own
+timeout), so a slow backend delays nothing but its own next look.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+
+from heteroflow.core.clock import interruptible_sleep
+from heteroflow.gateway.balancing import ENGINE_AWARE
+from heteroflow.gateway.engine_metrics import EngineLoad, parse_engine_metrics
+from heteroflow.gateway.health import PassiveHealth
+from heteroflow.gateway.snapshot import RoutingSnapshot
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PROBE_INTERVAL_S = 2.0
+DEFAULT_PROBE_TIMEOUT_S = 1.0
+DEFAULT_SCRAPE_INTERVAL_S = 0.25
+_HEALTH_PATH = "/health"
+_FALLBACK_PATH = "/v1/models"
+_METRICS_PATH = "/metrics"
+_NO_METRICS_RETRY_S = 30.0
+
+
+class BackendMonitor:
+    def __init__(
+        self,
+        health: PassiveHealth,
+        loads: dict[str, EngineLoad],
+        in_flight: Callable[[str], int],
+        *,
+        probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+        probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S,
+        scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._health = health
+        self._loads = loads
+        self._in_flight = in_flight
+        self._probe_interval = probe_interval_s
+        self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout_s)
+        self._scrape_interval = scrape_interval_s
+        # a scrape must not outlive its round by much: a stale number is worse than none
+        self._scrape_timeout = aiohttp.ClientTimeout(total=max(scrape_interval_s, 0.2))
+        self._clock = clock
+        # A failed probe keeps the backend out until the next probe has had its say.
+        self._eject_s = max(health.cooldown_s, probe_interval_s + probe_timeout_s)
+        self._probe_urls: frozenset[str] = frozenset()
+        self._scrape_urls: frozenset[str] = frozenset()
+        self._fallback: set[str] = set()  # backends probed on /v1/models (no /health)
+        self._probe_ejected: set[str] = set()  # ejected by a failed probe, not by traffic
+        self._no_metrics: dict[str, float] = {}  # base_url -> clock() to try again
+        self._session: aiohttp.ClientSession | None = None
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def track(self, snap: RoutingSnapshot) -> None:
+        """Follow ``snap``'s backends from the next round on."""
+        probe: set[str] = set()
+        scrape: set[str] = set()
+        for targets in snap.routes.values():
+            for t in targets:
+                urls = [b.base_url for b in t.backends]
+                probe.update(urls)
+                if t.algorithm == ENGINE_AWARE:
+                    scrape.update(urls)
+        self._probe_urls = frozenset(probe)
+        self._scrape_urls = frozenset(scrape)
+        for url in [u for u in self._loads if u not in scrape]:
+            del self._loads[url]
+        self._fallback &= probe
+        self._probe_ejected &= probe
+        for url in [u for u in self._no_metrics if u not in scrape]:
+            del self._no_metrics[url]
+
+    def start(self) -> None:
+        """Start the loops on the running event loop, once (no-op after ``aclose``)."""
+        if self._tasks or self._stop.is_set():
+            return
+        loops = ((self.probe_once, self._probe_interval), (self.scrape_once, self._scrape_interval))
+        self._tasks = [asyncio.create_task(self._run(f, s)) for f, s in loops if s > 0]
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _run(self, once: Callable[[], Awaitable[None]], interval: float) -> None:
+        while not self._stop.is_set():
+            try:
+                await once()
+            except Exception:  # a bug here must not end routing's view of the fleet
+                logger.exception("backend monitor round failed")
+            if await interruptible_sleep(self._stop, interval):
+                return
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
+            )
+        return self._session
+
+    # -- probes (M5) ------------------------------------------------------------------
+
+    async def probe_once(self) -> None:
+        """Probe every tracked backend once, ejecting or restoring each."""
+        urls = sorted(self._probe_urls)
+        if urls:
+            await asyncio.gather(*(self._probe(u) for u in urls))
+
+    async def _probe(self, base_url: str) -> None:
+        healthy = await self._probe_status(base_url)
+        if healthy:
+            if base_url in self._probe_ejected:
+                self._probe_ejected.discard(base_url)
+                if self._health.restore(base_url):
+                    logger.info("backend %s: restored to routing (probe passed)", base_url)
+        else:
+            self._probe_ejected.add(base_url)
+            if self._health.eject(base_url, self._eject_s):
+                logger.warning("backend %s: ejected from routing (probe failed)", base_url)
+
+    async def _probe_status(self, base_url: str) -> bool:
+        path = _FALLBACK_PATH if base_url in self._fallback else _HEALTH_PATH
+        status = await self._get_status(base_url + path)
+        if status == 404 and path == _HEALTH_PATH:
+            self._fallback.add(base_url)
+            status = await self._get_status(base_url + _FALLBACK_PATH)
+        return status is not None and status < 500
+
+    async def _get_status(self, url: str) -> int | None:
+        try:
+            async with self._http().get(url, timeout=self._probe_timeout) as resp:
+                await resp.read()
+                return resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return None
+
+    # -- engine metrics (M2) ----------------------------------------------------------
+
+    async def scrape_once(self) -> None:
+        """Scrape every ``engine_aware`` backend once, updating ``loads``."""
+        now = self._clock()
+        urls = [u for u in sorted(self._scrape_urls) if self._no_metrics.get(u, 0.0) <= now]
+        if urls:
+            await asyncio.gather(*(self._scrape(u) for u in urls))
+
+    async def _scrape(self, base_url: str) -> None:
+        load: EngineLoad | None = None
+        try:
+            async with self._http().get(
+                base_url + _METRICS_PATH, timeout=self._scrape_timeout
+            ) as resp:
+                text = await resp.text(errors="replace")
+                if resp.status in (404, 501):
+                    self._no_metrics[base_url] = self._clock() + _NO_METRICS_RETRY_S
+                elif resp.status == 200:
+                    parsed = parse_engine_metrics(text)
+                    if parsed is not None:
+                        load = EngineLoad(
+                            parsed.running,
+                            parsed.waiting,
+                            parsed.kv_use,
+                            self._in_flight(base_url),
+                        )
+        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+            pass
+        if load is not None and base_url in self._scrape_urls:
+            self._loads[base_url] = load
+        else:
+            self._loads.pop(base_url, None)

@@ -1,0 +1,380 @@
+"""Token usage (M7, N4): found in answers by bytes, counted in memory, written in batches.
+
+The hot path pays a dict update per request. ``usage_from_json`` finds a non-stream
+answer's ``usage`` object without parsing the whole body (an embeddings answer can be
+megabytes); ``UsageTracker`` does that for one answer, or watches an SSE stream for the
+usage event by bytes, parses only that event, and drops it when the gateway asked for it
+on the client's behalf.
+
+``UsageCollector`` sums requests and tokens per (endpoint, tenant, model) and hands the
+sums to a ``UsageSink`` every ``interval_s`` or once ``max_records`` requests were
+counted. A failed write puts the sums back (nothing is lost while the server is away;
+memory stays bounded by the number of keys times models, not by traffic); ``close()`` writes
+what is left at shutdown. Sinks: the database (``services.usage.DbUsageSink``, in the
+server), the server's API (``HttpUsageSink``, a separate gateway) or a JSON-lines file
+(``JsonLinesUsageSink``, a standalone gateway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from heteroflow.core.clock import Clock
+
+logger = logging.getLogger(__name__)
+
+USAGE_PATH = "/api/v1/gateway/usage"
+_USAGE_KEY = b'"usage":'
+# An object follows the key (the usage event), not ``null`` (vLLM repeats "usage":null in
+# every chunk once include_usage is on). Compact JSON (pydantic, orjson, nlohmann) and
+# Python's json.dumps spacing.
+_USAGE_OBJ = b'"usage":{'
+_USAGE_OBJ_SPACED = b'"usage": {'
+_CLOSE_ATTEMPTS = 3
+_CLOSE_RETRY_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """Requests and tokens of one (endpoint, tenant, model) since ``recorded_at``."""
+
+    endpoint_id: str
+    tenant_id: str
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    recorded_at: datetime  # when the first request summed in this row was counted
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "endpoint_id": self.endpoint_id,
+            "tenant_id": self.tenant_id,
+            "model": self.model,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "recorded_at": self.recorded_at.isoformat(),
+        }
+
+
+class UsageSink(Protocol):
+    async def write(self, rows: Sequence[UsageRow]) -> None:
+        """Store every row, or raise: the collector keeps the rows and retries."""
+        ...
+
+
+# --- finding usage in answers -------------------------------------------------------
+
+
+def usage_from_json(data: bytes) -> Usage | None:
+    """The top-level ``usage`` of a JSON answer, parsing only that object.
+
+    ``"usage":`` cannot occur inside a JSON string (its quotes would be escaped), and
+    engines put the answer's usage after its choices, so the last occurrence is the one.
+    """
+    i = data.rfind(_USAGE_KEY)
+    if i < 0:
+        return None
+    start = i + len(_USAGE_KEY)
+    while start < len(data) and data[start] in b" \t\r\n":
+        start += 1
+    if start >= len(data) or data[start] != ord("{"):
+        return None
+    end = _object_end(data, start)
+    if end < 0:
+        return None
+    try:
+        obj = orjson.loads(data[start:end])
+    except orjson.JSONDecodeError:
+        return None
+    return _usage(obj)
+
+
+def _object_end(data: bytes, start: int) -> int:
+    """Index after the ``}`` closing the object at ``start`` (usage holds no strings)."""
+    depth, pos = 1, start + 1
+    while depth:
+        close = data.find(b"}", pos)
+        if close < 0:
+            return -1
+        nested = data.find(b"{", pos, close)
+        if nested >= 0:
+            depth, pos = depth + 1, nested + 1
+        else:
+            depth, pos = depth - 1, close + 1
+    return pos
+
+
+def _usage(obj: object) -> Usage | None:
+    if not isinstance(obj, dict):
+        return None
+    prompt = obj.get("prompt_tokens", 0)
+    completion = obj.get("completion_tokens", 0)  # embeddings have none
+    if not (_count(prompt) and _count(completion)):
+        return None
+    return Usage(prompt, completion)
+
+
+def _count(v: object) -> bool:
+    return type(v) is int and v >= 0
+
+
+class UsageTracker:
+    """The token usage of one answer: ``usage`` once found (None while unknown).
+
+    A JSON answer is handed over whole (``read_body``). A stream goes through ``feed``,
+    which returns the bytes to send now: every complete event received so far (a partial
+    event waits for its end, which costs the client nothing: it cannot use half an
+    event). Only a part that contains a usage object is parsed. With ``hide`` the
+    usage-only event (``"choices": []``) is dropped: the client did not ask for it, so it
+    must not see it (the gateway forced ``stream_options.include_usage`` upstream).
+    """
+
+    __slots__ = ("_rest", "hide", "usage")
+
+    def __init__(self, *, hide: bool) -> None:
+        self.hide = hide
+        self.usage: Usage | None = None
+        self._rest = b""
+
+    def read_body(self, data: bytes) -> None:
+        self.usage = usage_from_json(data)
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._rest:
+            chunk = self._rest + chunk
+            self._rest = b""
+        if chunk.endswith(b"\n\n"):  # the usual case: whole events
+            out = chunk
+        else:
+            end = _last_event_end(chunk)
+            if end < 0:
+                self._rest = chunk
+                return b""
+            out, self._rest = chunk[:end], chunk[end:]
+        if _USAGE_OBJ in out or _USAGE_OBJ_SPACED in out:
+            return self._scan(out)
+        return out
+
+    def finish(self) -> bytes:
+        """What is left at the end of the stream (an event without its blank line)."""
+        rest, self._rest = self._rest, b""
+        if rest and (_USAGE_OBJ in rest or _USAGE_OBJ_SPACED in rest):
+            return self._scan(rest)
+        return rest
+
+    def _scan(self, part: bytes) -> bytes:
+        sep = b"\r\n\r\n" if b"\r\n\r\n" in part else b"\n\n"
+        events = part.split(sep)
+        kept = [e for e in events if not self._take(e)]
+        return part if len(kept) == len(events) else sep.join(kept)
+
+    def _take(self, event: bytes) -> bool:
+        """Record the event's usage; True when the event is to be dropped."""
+        if _USAGE_OBJ not in event and _USAGE_OBJ_SPACED not in event:
+            return False
+        data = b"\n".join(
+            line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")
+        )
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(obj, dict):
+            return False
+        usage = _usage(obj.get("usage"))
+        if usage is None:
+            return False
+        self.usage = usage
+        return self.hide and obj.get("choices") == []
+
+
+def _last_event_end(chunk: bytes) -> int:
+    lf = chunk.rfind(b"\n\n")
+    crlf = chunk.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else -1, crlf + 4 if crlf >= 0 else -1)
+
+
+# --- counting and flushing -----------------------------------------------------------
+
+
+class _Sum:
+    __slots__ = ("completion", "first_at", "prompt", "requests")
+
+    def __init__(self, first_at: datetime) -> None:
+        self.first_at = first_at
+        self.requests = 0
+        self.prompt = 0
+        self.completion = 0
+
+
+class UsageCollector:
+    def __init__(
+        self,
+        sink: UsageSink,
+        clock: Clock,
+        *,
+        interval_s: float = 5.0,
+        max_records: int = 10_000,
+    ) -> None:
+        self._sink = sink
+        self._clock = clock
+        self._interval = interval_s
+        self._max = max_records
+        self._sums: dict[tuple[str, str, str], _Sum] = {}
+        self._counted = 0  # requests since the last flush started
+        self._full = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._failing = False
+
+    @property
+    def pending_requests(self) -> int:
+        """Requests counted and not yet written."""
+        return sum(s.requests for s in self._sums.values())
+
+    def record(self, endpoint_id: str, tenant_id: str, model: str, usage: Usage | None) -> None:
+        """Count one answered request (usage None: its tokens are unknown)."""
+        key = (endpoint_id, tenant_id, model)
+        s = self._sums.get(key)
+        if s is None:
+            s = self._sums[key] = _Sum(self._clock.now())
+        s.requests += 1
+        if usage is not None:
+            s.prompt += usage.prompt_tokens
+            s.completion += usage.completion_tokens
+        self._counted += 1
+        if self._counted >= self._max:
+            self._full.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Flush every ``interval_s`` or when ``max_records`` were counted, until stop.
+
+        The last flush is ``close()``'s, after the server stopped taking requests.
+        """
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while True:
+                full = asyncio.ensure_future(self._full.wait())
+                await asyncio.wait(
+                    {stopping, full}, timeout=self._interval, return_when=asyncio.FIRST_COMPLETED
+                )
+                full.cancel()
+                if stopping.done():
+                    return
+                await self.flush()
+        finally:
+            stopping.cancel()
+
+    async def flush(self) -> bool:
+        """Write what was counted; False when the sink failed (the sums are kept)."""
+        async with self._lock:
+            self._full.clear()
+            self._counted = 0
+            if not self._sums:
+                return True
+            batch, self._sums = self._sums, {}
+            rows = [
+                UsageRow(e, t, m, s.requests, s.prompt, s.completion, s.first_at)
+                for (e, t, m), s in batch.items()
+            ]
+            try:
+                await self._sink.write(rows)
+            except Exception as exc:  # any sink failure: keep the sums, retry later
+                self._merge_back(batch)
+                if not self._failing:
+                    logger.warning(
+                        "usage: writing %d rows failed (%s); keeping them for the next flush",
+                        len(rows),
+                        type(exc).__name__,
+                    )
+                self._failing = True
+                return False
+            if self._failing:
+                logger.info("usage: writing works again")
+                self._failing = False
+            return True
+
+    async def close(self) -> None:
+        """Final flush at shutdown, retried a few times; what still fails is logged."""
+        for attempt in range(_CLOSE_ATTEMPTS):
+            if await self.flush():
+                return
+            if attempt + 1 < _CLOSE_ATTEMPTS:
+                await asyncio.sleep(_CLOSE_RETRY_S)
+        logger.error(
+            "usage: %d requests could not be written at shutdown and are lost",
+            self.pending_requests,
+        )
+
+    def _merge_back(self, batch: dict[tuple[str, str, str], _Sum]) -> None:
+        for key, old in batch.items():
+            s = self._sums.get(key)
+            if s is None:
+                self._sums[key] = old
+                continue
+            s.first_at = min(s.first_at, old.first_at)
+            s.requests += old.requests
+            s.prompt += old.prompt
+            s.completion += old.completion
+
+
+# --- sinks of a gateway without a database -------------------------------------------
+
+
+class UsageSinkError(Exception):
+    """A write failed; the message is safe to log (no token)."""
+
+
+class HttpUsageSink:
+    """A separate gateway hands its batches to the server (gateway token auth).
+
+    One short-lived session per flush: a request every few seconds needs no pool.
+    """
+
+    def __init__(self, server_url: str, token: str, *, timeout_s: float = 10.0) -> None:
+        self._url = server_url.rstrip("/") + USAGE_PATH
+        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def write(self, rows: Sequence[UsageRow]) -> None:
+        body = orjson.dumps({"records": [r.to_wire() for r in rows]})
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self._timeout) as session,
+                session.post(self._url, data=body, headers=self._headers) as resp,
+            ):
+                if resp.status >= 300:
+                    raise UsageSinkError(f"HTTP {resp.status} from {self._url}")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UsageSinkError(f"{type(exc).__name__} posting to {self._url}") from exc
+
+
+class JsonLinesUsageSink:
+    """A standalone gateway appends one JSON object per row to a file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def write(self, rows: Sequence[UsageRow]) -> None:
+        data = b"".join(orjson.dumps(r.to_wire()) + b"\n" for r in rows)
+        await asyncio.to_thread(self._append, data)
+
+    def _append(self, data: bytes) -> None:
+        with self.path.open("ab") as f:
+            f.write(data)

@@ -1,0 +1,167 @@
+"""Token usage (M7, N4): gateway batches into ``usage_records``, and the sums read back.
+
+A batch row names the endpoint (the API key), its tenant and the routed model. The
+member is the one who created the endpoint's key, looked up here; a key deleted between
+the request and the flush (at most a flush interval, 5 s) keeps its tenant and gets an
+empty member. Reports sum the rows of a time range by any of tenant / member / endpoint
+/ model; members see their own tenant only, operators any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, insert, select
+from sqlalchemy.orm import Session
+
+from heteroflow.core.errors import NotFound, ValidationFailed
+from heteroflow.db.engine import Database
+from heteroflow.db.tables import InferenceEndpoint, UsageRecord
+from heteroflow.gateway.usage import UsageRow
+from heteroflow.schemas.usage import UsageReport, UsageRowRead, UsageSums
+from heteroflow.services.auth import Principal
+
+GROUPS: dict[str, Any] = {
+    "tenant": UsageRecord.tenant_id,
+    "member": UsageRecord.user_id,
+    "endpoint": UsageRecord.endpoint_id,
+    "model": UsageRecord.model_name,
+}
+_FIELD = {"tenant": "tenant_id", "member": "member_id", "endpoint": "endpoint_id", "model": "model"}
+
+
+def write_batch(s: Session, rows: Sequence[UsageRow]) -> int:
+    """Append one ``usage_records`` row per batch row; returns how many were written."""
+    if not rows:
+        return 0
+    owners = {
+        eid: (tenant, member)
+        for eid, tenant, member in s.execute(
+            select(
+                InferenceEndpoint.id, InferenceEndpoint.tenant_id, InferenceEndpoint.created_by
+            ).where(InferenceEndpoint.id.in_({r.endpoint_id for r in rows}))
+        )
+    }
+    values = []
+    for r in rows:
+        tenant, member = owners.get(r.endpoint_id, (r.tenant_id, ""))
+        values.append(
+            {
+                "recorded_at": r.recorded_at,
+                "endpoint_id": r.endpoint_id,
+                "tenant_id": tenant,
+                "user_id": member,
+                "model_name": r.model,
+                "requests": r.requests,
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.completion_tokens,
+            }
+        )
+    s.execute(insert(UsageRecord), values)
+    return len(values)
+
+
+class DbUsageSink:
+    """The all-in-one server's ``UsageSink``: writes in a worker thread."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def write(self, rows: Sequence[UsageRow]) -> None:
+        await asyncio.to_thread(self._write, rows)
+
+    def _write(self, rows: Sequence[UsageRow]) -> None:
+        with self._db.session() as s:
+            write_batch(s, rows)
+
+
+def parse_group_by(raw: str) -> list[str]:
+    groups = [g.strip() for g in raw.split(",") if g.strip()]
+    for g in groups:
+        if g not in GROUPS:
+            raise ValidationFailed(
+                f"cannot group usage by {g!r}; use any of {', '.join(GROUPS)}", field="group_by"
+            )
+    if len(set(groups)) != len(groups):
+        raise ValidationFailed("group_by names a field twice", field="group_by")
+    return groups
+
+
+def report(
+    s: Session,
+    who: Principal,
+    *,
+    start: datetime | None,
+    end: datetime | None,
+    group_by: list[str],
+    tenant_id: str | None = None,
+    member_id: str | None = None,
+    endpoint_id: str | None = None,
+    model: str | None = None,
+) -> UsageReport:
+    """Sums of requests and tokens recorded in [start, end), grouped as asked."""
+    start, end = _utc(start), _utc(end)
+    if start is not None and end is not None and start >= end:
+        raise ValidationFailed("start must be before end", field="start")
+    if not who.is_operator:
+        if tenant_id is not None and tenant_id != who.tenant_id:
+            raise NotFound(f"tenant {tenant_id!r} not found", field="tenant_id")
+        tenant_id = who.tenant_id
+    where: list[ColumnElement[bool]] = []
+    if start is not None:
+        where.append(UsageRecord.recorded_at >= start)
+    if end is not None:
+        where.append(UsageRecord.recorded_at < end)
+    for column, value in (
+        (UsageRecord.tenant_id, tenant_id),
+        (UsageRecord.user_id, member_id),
+        (UsageRecord.endpoint_id, endpoint_id),
+        (UsageRecord.model_name, model),
+    ):
+        if value is not None:
+            where.append(column == value)
+    cols = [GROUPS[g] for g in group_by]
+    q = (
+        select(
+            *cols,
+            func.sum(UsageRecord.requests),
+            func.sum(UsageRecord.prompt_tokens),
+            func.sum(UsageRecord.completion_tokens),
+        )
+        .where(*where)
+        .group_by(*cols)
+        .order_by(*cols)
+    )
+    rows: list[UsageRowRead] = []
+    for row in s.execute(q):
+        keys, sums = row[: len(cols)], _sums(row[len(cols) :])
+        fields = {_FIELD[g]: k for g, k in zip(group_by, keys, strict=True)}
+        rows.append(UsageRowRead(**sums.model_dump(), **fields))
+    total = _sums(
+        (
+            sum(r.requests for r in rows),
+            sum(r.prompt_tokens for r in rows),
+            sum(r.completion_tokens for r in rows),
+        )
+    )
+    return UsageReport(start=start, end=end, group_by=group_by, rows=rows, total=total)
+
+
+def _sums(values: Sequence[Any]) -> UsageSums:
+    # SUM(bigint) is numeric on PostgreSQL (a Decimal) and NULL over no rows.
+    requests, prompt, completion = (int(v or 0) for v in values)
+    return UsageSums(
+        requests=requests,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+    )
+
+
+def _utc(t: datetime | None) -> datetime | None:
+    if t is None:
+        return None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)

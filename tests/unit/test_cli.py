@@ -1,0 +1,193 @@
+"""The CLI's request shapes and what it prints, against a scripted API (httpx MockTransport)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from heteroflow import cli
+from heteroflow.cmd import remote
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+class Recorder:
+    """Answers each request with the next scripted response and records what was asked."""
+
+    def __init__(self, *answers: tuple[int, Any]) -> None:
+        self.answers = list(answers)
+        self.requests: list[tuple[str, str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        self.requests.append((request.method, request.url.path, body))
+        status, payload = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if payload is None:
+            return httpx.Response(status)
+        return httpx.Response(status, json=payload)
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Recorder]]:
+    def install(*answers: tuple[int, Any]) -> Recorder:
+        rec = Recorder(*answers)
+        monkeypatch.setattr(
+            remote,
+            "_client",
+            lambda server=None: httpx.Client(
+                base_url="http://hf.test", transport=httpx.MockTransport(rec)
+            ),
+        )
+        return rec
+
+    yield install
+
+
+@pytest.mark.feature("N3")
+@pytest.mark.parametrize(
+    ("argv", "method", "path", "body"),
+    [
+        (["sharing-groups", "list"], "GET", "/api/v1/sharing-groups", None),
+        (["sharing-groups", "show", "sg-1"], "GET", "/api/v1/sharing-groups/sg-1", None),
+        (["sharing-groups", "create", "lab"], "POST", "/api/v1/sharing-groups", {"name": "lab"}),
+        (["sharing-groups", "delete", "sg-1"], "DELETE", "/api/v1/sharing-groups/sg-1", None),
+        (
+            ["sharing-groups", "add-tenant", "sg-1", "tn-2"],
+            "POST",
+            "/api/v1/sharing-groups/sg-1/tenants",
+            {"tenant_id": "tn-2"},
+        ),
+        (
+            ["sharing-groups", "remove-tenant", "sg-1", "tn-2"],
+            "DELETE",
+            "/api/v1/sharing-groups/sg-1/tenants/tn-2",
+            None,
+        ),
+        (
+            ["tenants", "update", "tn-2", "--priority-ceiling", "300", "--sharing-group", "sg-1"],
+            "PATCH",
+            "/api/v1/tenants/tn-2",
+            {"priority_ceiling": 300, "sharing_group_id": "sg-1"},
+        ),
+        (
+            ["tenants", "update", "tn-2", "--sharing-group", "none"],
+            "PATCH",
+            "/api/v1/tenants/tn-2",
+            {"sharing_group_id": None},
+        ),
+        (
+            ["tenants", "create", "acme", "--priority-ceiling", "50"],
+            "POST",
+            "/api/v1/tenants",
+            {"name": "acme", "priority_ceiling": 50},
+        ),
+        (["tenants", "list"], "GET", "/api/v1/tenants", None),
+        (
+            ["users", "create", "bob", "--password", "long-enough", "--tenant-id", "tn-2"],
+            "POST",
+            "/api/v1/users",
+            {"username": "bob", "password": "long-enough", "role": "member", "tenant_id": "tn-2"},
+        ),
+    ],
+)
+def test_commands_send_the_right_request(
+    server: Callable[..., Recorder], argv: list[str], method: str, path: str, body: Any
+) -> None:
+    rec = server((200, {"ok": True}))
+    assert cli.main(argv) == 0
+    assert rec.requests == [(method, path, body)]
+
+
+def test_delete_without_a_body_says_what_was_deleted(
+    server: Callable[..., Recorder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    server((204, None))
+    cli.main(["sharing-groups", "delete", "sg-1"])
+    assert capsys.readouterr().out.strip() == "deleted /api/v1/sharing-groups/sg-1"
+
+
+def test_api_errors_exit_with_the_message_and_field(server: Callable[..., Recorder]) -> None:
+    err = {"code": "conflict", "message": "sharing group 'lab' still has tenants: a (tn-1)",
+           "field": "tenants"}
+    server((409, {"error": err}))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["sharing-groups", "delete", "sg-1"])
+    assert str(exc.value) == f"error 409: {err['message']} (field: tenants)"
+
+
+def group(status: str, *tasks: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": "tg-1",
+        "name": "svc",
+        "model_name": "m",
+        "status": status,
+        "status_message": "",
+        "endpoint": "ep-1",
+        "tasks": list(tasks),
+    }
+
+
+def task(status: str, message: str, node: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "task-1",
+        "rank": 0,
+        "status": status,
+        "status_message": message,
+        "node_id": node,
+        "ports": [{"container_port": 8000, "host_port": 0}],
+    }
+
+
+@pytest.mark.feature("B2", "B5")
+def test_show_prints_a_pending_tasks_whole_reason(
+    server: Callable[..., Recorder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    reason = "InsufficientResources: 0/3 nodes fit\n2 node(s): offline\n1 node(s): cross-tenant"
+    server((200, group("pending", task("pending", reason))))
+    cli.main(["services", "show", "tg-1"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "  task-1  rank=0  pending  node=-  ports=8000->0"
+    assert out[2:] == [
+        "    why pending: InsufficientResources: 0/3 nodes fit",
+        "      2 node(s): offline",
+        "      1 node(s): cross-tenant",
+    ]
+
+
+def test_other_states_print_the_first_line_of_their_message(
+    server: Callable[..., Recorder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    server((200, [group("failed", task("failed", "engine exited 1\nlast line\nmore", "n-1"))]))
+    cli.main(["services", "list"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "    engine exited 1"
+    assert not any("why pending" in line for line in out)
+
+
+@pytest.mark.feature("B2")
+def test_create_waits_and_prints_each_new_pending_reason(
+    server: Callable[..., Recorder],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("heteroflow.cmd.remote.time.sleep", lambda _s: None)  # no real pauses
+    created = {**group("pending", task("pending", "waiting for the scheduler")), "api_key": None}
+    rec = server(
+        (201, created),
+        (200, group("pending", task("pending", "waiting for the scheduler"))),
+        (200, group("pending", task("pending", "InsufficientResources: 0/1 nodes fit"))),
+        (200, group("pending", task("pending", "InsufficientResources: 0/1 nodes fit"))),
+        (200, group("running", task("running", "", "n-1"))),
+    )
+    cli.main(["services", "create", "--name", "svc", "--image", "img", "--priority", "7"])
+    assert rec.requests[0][2]["priority"] == 7
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert progress == [
+        "  pending — waiting for the scheduler",
+        "  pending — InsufficientResources: 0/1 nodes fit",
+        "  running",
+    ]
