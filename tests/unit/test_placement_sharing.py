@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -262,3 +263,49 @@ def test_fleet_index_tries_model_holders_then_the_tightest_fit() -> None:
     assert order == ["holder", "three-free", "empty", None, Tally({"gpu_type_mismatch": 1})]
     assert placed(place(demand(model_path="/m/a.gguf"), idx.order(demand(
         model_path="/m/a.gguf")), RES, POOL)).node_id == "holder"
+
+
+# --- B2/B5: every reason key reads as a sentence ------------------------------------------
+
+
+def _offline(n: NodeView, d: TaskDemand) -> TaskDemand:
+    n.online = False
+    return d
+
+
+def _busy(n: NodeView, d: TaskDemand) -> TaskDemand:
+    n.cpu_percent = 95.0
+    return d
+
+
+def _capped(n: NodeView, d: TaskDemand) -> TaskDemand:
+    n.inference_tasks = 8
+    return d
+
+
+@pytest.mark.feature("B2")
+@pytest.mark.feature("B5")
+@pytest.mark.parametrize(
+    ("setup", "want"),
+    [
+        (_offline, "offline"),
+        (lambda n, d: dataclasses.replace(d, gpu_type="A10"), "no card of type 'A10'"),
+        (_busy, "CPU or memory use above 90%"),
+        (_capped, "already 8 inference containers"),
+        (lambda n, d: dataclasses.replace(d, estimated_gpu_memory_mb=90000),
+         "with 90000 MB free after the reservation"),
+        (lambda n, d: dataclasses.replace(d, engine="mindie",
+                                          engine_vendors=frozenset({"ascend"})),
+         "vendor the engine mindie does not run on"),
+        (lambda n, d: dataclasses.replace(d, host_ports=(8080,)), "host port in use"),
+        (lambda n, d: dataclasses.replace(d, gpu_required=0, memory_mb=10**9),
+         "MB of free memory for a CPU task"),
+    ],
+)
+def test_each_reason_is_named(setup: Any, want: str) -> None:
+    n = node("n")
+    n.ports_in_use.add(8080)
+    d = setup(n, demand())
+    reason = unplaced(place(d, [n], RES, POOL))
+    assert reason.startswith("InsufficientResources: 0/1 nodes fit — 1 node(s): ")
+    assert want in reason
