@@ -23,12 +23,14 @@ mkdir -p "$OUT"
 
 # A Redis of our own (no persistence), on the backend's core, so its CPU is ours to
 # count and nobody else's traffic is in it. Its CPU is reported per request served.
-pin() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
-pin "${CPU_BACKEND:-1}" redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" \
-  --appendonly no --logfile "$OUT/redis.log" &
+redis_cmd=(redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no
+  --logfile "$OUT/redis.log")
+if command -v taskset >/dev/null; then redis_cmd=(taskset -c "${CPU_BACKEND:-1}" "${redis_cmd[@]}"); fi
+"${redis_cmd[@]}" &  # taskset execs redis-server: $! is Redis itself
 REDIS_PID=$!
-trap 'kill "$REDIS_PID" 2>/dev/null || true' EXIT
+trap 'kill "$REDIS_PID" 2>/dev/null; wait "$REDIS_PID" 2>/dev/null || true' EXIT
 for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+kill -0 "$REDIS_PID" 2>/dev/null || { echo "redis-server did not start (port $REDIS_PORT taken?)" >&2; exit 1; }
 redis_stats() {  # "cpu_seconds commands"
   redis-cli -p "$REDIS_PORT" INFO all | tr -d '\r' | awk -F: '
     /^used_cpu_(sys|user):/ {cpu += $2} /^total_commands_processed:/ {cmd = $2}

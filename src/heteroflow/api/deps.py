@@ -27,7 +27,12 @@ def get_session(ctx: Ctx) -> Iterator[Session]:
         yield s
 
 
-DB = Annotated[Session, Depends(get_session)]
+# scope="function": the unit of work commits when the route function returns, before
+# the response is sent — so a 201 means the row is committed, and a commit that fails
+# is the caller's error answer, never a success followed by lost data. (FastAPI's
+# default "request" scope would commit after the response went out.) Streaming routes
+# open their own sessions from ctx.db.
+DB = Annotated[Session, Depends(get_session, scope="function")]
 
 
 def _bearer(authorization: str | None) -> str:

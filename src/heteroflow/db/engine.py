@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
@@ -15,12 +16,23 @@ from sqlalchemy.orm import Session, sessionmaker
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
+def _json_dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+# JSON columns (node inventories, task ports and cards) go through orjson: the scheduler
+# reads every node's cards each round, so (de)serialisation is on its hot path.
+_JSON = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, **_JSON
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -34,7 +46,7 @@ def make_engine(url: str) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10, **_JSON)
 
 
 def migrate(engine: Engine, revision: str = "head") -> None:
