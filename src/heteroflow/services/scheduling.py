@@ -537,15 +537,14 @@ def _refresh_groups(s: Session, clock: Clock, group_ids: set[str]) -> None:
     current: dict[str, tuple[str, bool]] = {}
     for i in range(0, len(ids), 1000):
         chunk = ids[i : i + 1000]
-        q = select(Task.group_id, Task.status).where(Task.group_id.in_(chunk))
-        for gid, st in s.execute(q):
+        q = (
+            select(Task.group_id, Task.status, TaskGroup.status, TaskGroup.deleted_at)
+            .join(TaskGroup, TaskGroup.id == Task.group_id)
+            .where(Task.group_id.in_(chunk))
+        )
+        for gid, st, group_st, deleted in s.execute(q):
             statuses[gid].append(TaskStatus(st))
-        for gid, st, deleted in s.execute(
-            select(TaskGroup.id, TaskGroup.status, TaskGroup.deleted_at).where(
-                TaskGroup.id.in_(chunk)
-            )
-        ):
-            current[gid] = (st, deleted is not None)
+            current[gid] = (group_st, deleted is not None)
     now = clock.now()
     changes = []
     for gid, (old, deleting) in current.items():
