@@ -423,12 +423,14 @@ async def _read_body(reader: asyncio.StreamReader, head: bytes) -> bytes:
 
 
 async def _breaks_streams(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Answers /v1/models, and every stream with one event and then a dead connection."""
+    """Answers /v1/models and /health, and every stream with one event and then a dead
+    connection."""
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
             await _read_body(reader, head)
-            if head.startswith(b"GET /v1/models"):
+            if head.startswith((b"GET /v1/models", b"GET /health")):
+                # healthy to probes: only the streams break (passive ejection's case)
                 writer.write(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                     b"content-length: %d\r\n\r\n%s" % (len(_MODELS_S), _MODELS_S)
@@ -491,6 +493,35 @@ def test_broken_upstream_stream_ends_with_an_sse_error_event(gw: Env) -> None:
         assert received == ["tok"]  # what arrived before the break was relayed
         assert isinstance(info.value.body, dict)
         assert info.value.body["code"] == "upstream_error"
+    finally:
+        server.close()
+
+
+@pytest.mark.feature("M5")
+def test_a_backend_killed_mid_stream_gives_a_clean_error_and_is_ejected(gw: Env) -> None:
+    server = gw.thread.call(_start_server(_breaks_streams))
+    port = server.sockets[0].getsockname()[1]
+    routes = gw.base_routes()
+    routes["chat-model"] = (_target("pair", f"http://127.0.0.1:{port}", gw.a_url),)
+    gw.holder.publish(_snapshot(routes))
+    client = gw.client()
+    try:
+        broke = 0
+        for _ in range(2):  # round robin: one of the first two streams hits the broken one
+            try:
+                for _chunk in client.chat.completions.create(
+                    model="chat-model", messages=MSG, stream=True
+                ):
+                    pass
+            except openai.APIError as exc:
+                assert isinstance(exc.body, dict) and exc.body["code"] == "upstream_error"
+                broke += 1
+        assert broke == 1
+        # ejected: round robin no longer alternates onto it during the cooldown
+        for _ in range(6):
+            chunks = list(client.chat.completions.create(
+                model="chat-model", messages=MSG, stream=True))
+            assert chunks
     finally:
         server.close()
 

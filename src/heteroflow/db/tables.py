@@ -220,6 +220,9 @@ class ModelRoute(Base):
     algorithm: Mapped[str] = mapped_column(String(32), default="round_robin")
     # capability tags for model=auto (M10), e.g. ["code", "long-context"]
     tags: Mapped[list[Any]] = mapped_column(default=list)
+    # added through the API for the tenant (not created with its group): every key of
+    # the tenant may call it, not only the keys of the group's endpoint
+    added: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, StringConstraints
 
 from heteroflow.schemas.common import Strict
+from heteroflow.schemas.task_groups import MODEL_NAME_PATTERN
 
 
 class EndpointRead(BaseModel):
@@ -52,10 +53,29 @@ class ModelRouteRead(BaseModel):
     active: bool
     algorithm: str
     tags: list[str] = Field(default_factory=list)
+    added: bool = False  # added for the tenant: every key of the tenant may call it
 
 
 # A capability tag for model=auto (M10): "code", "long-context", "embedding", ...
 RouteTag = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,31}$")]
+
+
+class ModelRouteCreate(Strict):
+    """A route added for a tenant: ``model_name`` served by ``group_id``'s replicas.
+
+    Callable by every key of the tenant. Members add routes to their own tenant's
+    groups; operators may add one for any tenant (``tenant_id``) to any group — a model
+    shared with that tenant.
+    """
+
+    model_name: str = Field(pattern=MODEL_NAME_PATTERN)
+    group_id: str
+    tenant_id: str | None = None
+    priority: int = Field(default=0, le=1000000)
+    weight: int = Field(default=100, ge=0, le=100)
+    version: str = Field(default="v1", min_length=1, max_length=64)
+    algorithm: str = "round_robin"
+    tags: list[RouteTag] = Field(default_factory=list, max_length=16)
 
 
 class ModelRouteUpdate(Strict):

@@ -7,13 +7,14 @@ from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
-from heteroflow.core.ids import key_display_prefix, new_api_key
-from heteroflow.db.tables import InferenceEndpoint, ModelRoute, TaskGroup
+from heteroflow.core.ids import key_display_prefix, new_api_key, new_id
+from heteroflow.db.tables import InferenceEndpoint, ModelRoute, TaskGroup, Tenant
 from heteroflow.gateway.snapshot import hash_key
 from heteroflow.schemas.gateway import (
     EndpointRead,
     EndpointUpdate,
     EndpointUpdated,
+    ModelRouteCreate,
     ModelRouteRead,
     ModelRouteUpdate,
 )
@@ -84,28 +85,92 @@ def delete_endpoint(s: Session, who: Principal, endpoint_id: str) -> None:
     s.delete(e)
 
 
+def _check_route_fields(
+    who: Principal, priority: int | None, weight: int | None, algorithm: str | None
+) -> None:
+    if priority is not None and priority < 0 and not who.is_operator:
+        raise ValidationFailed(
+            "priority must be >= 0 (0 is the highest); negative values are for operators",
+            field="priority",
+        )
+    if weight is not None and not 0 <= weight <= 100:
+        raise ValidationFailed("weight must be between 0 and 100", field="weight")
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise ValidationFailed(
+            f"algorithm must be one of {', '.join(ALGORITHMS)}", field="algorithm"
+        )
+
+
+def create_route(
+    s: Session, who: Principal, clock: Clock, req: ModelRouteCreate
+) -> ModelRouteRead:
+    """Add a route for a tenant (A3, M3): every key of the tenant may call the model.
+
+    A second group under an existing model name is how a canary starts (M3: priority
+    and weight decide the split). Members route to their own tenant's groups; an
+    operator may route any tenant to any group (a model shared with that tenant).
+    """
+    tenant_id = req.tenant_id or who.tenant_id
+    if req.tenant_id and not who.is_operator and req.tenant_id != who.tenant_id:
+        raise NotFound(f"tenant {req.tenant_id!r} not found")
+    if s.get(Tenant, tenant_id) is None:
+        raise NotFound(f"tenant {tenant_id!r} not found")
+    g = s.get(TaskGroup, req.group_id)
+    if g is None or g.deleted_at is not None or (
+        not who.is_operator and g.tenant_id != who.tenant_id
+    ):
+        raise NotFound(f"task group {req.group_id!r} not found")
+    _check_route_fields(who, req.priority, req.weight, req.algorithm)
+    clash = s.scalar(
+        select(ModelRoute.id).where(
+            ModelRoute.tenant_id == tenant_id,
+            ModelRoute.model_name == req.model_name,
+            ModelRoute.group_id == req.group_id,
+        )
+    )
+    if clash is not None:
+        raise Conflict(
+            f"model {req.model_name!r} already routes to {req.group_id} in this tenant "
+            f"({clash}); change that route instead",
+            field="model_name",
+        )
+    now = clock.now()
+    r = ModelRoute(
+        id=new_id("mr"), tenant_id=tenant_id, group_id=g.id, model_name=req.model_name,
+        priority=req.priority, weight=req.weight, version=req.version, active=True,
+        algorithm=req.algorithm, tags=sorted(set(req.tags)), added=True,
+        created_at=now, updated_at=now,
+    )
+    s.add(r)
+    s.flush()
+    return route_read(r)
+
+
+def delete_route(s: Session, who: Principal, route_id: str) -> None:
+    r = s.get(ModelRoute, route_id)
+    if r is None or (not who.is_operator and r.tenant_id != who.tenant_id):
+        raise NotFound(f"model route {route_id!r} not found")
+    if not r.added:
+        raise Conflict(
+            "this route was created with its task group and goes with it; deactivate it "
+            "(active: false) or delete the group",
+            field="route_id",
+        )
+    s.delete(r)
+
+
 def update_route(
     s: Session, who: Principal, clock: Clock, route_id: str, req: ModelRouteUpdate
 ) -> ModelRouteRead:
     r = s.get(ModelRoute, route_id)
     if r is None or (not who.is_operator and r.tenant_id != who.tenant_id):
         raise NotFound(f"model route {route_id!r} not found")
+    _check_route_fields(who, req.priority, req.weight, req.algorithm)
     if req.priority is not None:
-        if req.priority < 0 and not who.is_operator:
-            raise ValidationFailed(
-                "priority must be >= 0 (0 is the highest); negative values are for operators",
-                field="priority",
-            )
         r.priority = req.priority
     if req.weight is not None:
-        if not 0 <= req.weight <= 100:
-            raise ValidationFailed("weight must be between 0 and 100", field="weight")
         r.weight = req.weight
     if req.algorithm is not None:
-        if req.algorithm not in ALGORITHMS:
-            raise ValidationFailed(
-                f"algorithm must be one of {', '.join(ALGORITHMS)}", field="algorithm"
-            )
         r.algorithm = req.algorithm
     if req.version is not None:
         r.version = req.version

@@ -1,7 +1,8 @@
 """Builds the gateway's routing snapshot from the database.
 
 A backend is a task in ``running`` (its first health check passed) with a host port on a
-node; keys map to the models routed to their endpoint's group. Deleted groups have no
+node; a key may call the models routed to its endpoint's group and the models of
+routes added for its tenant (``POST /api/v1/model-routes``). Deleted groups have no
 routes and no endpoints, so their keys and models vanish with the next snapshot.
 """
 
@@ -45,6 +46,7 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
 
     by_model: dict[tuple[str, str], list[RouteTarget]] = defaultdict(list)
     models_of_group: dict[str, set[str]] = defaultdict(set)
+    added_for_tenant: dict[str, set[str]] = defaultdict(set)  # callable by all its keys
     for r in routes:
         by_model[(r.tenant_id, r.model_name)].append(
             RouteTarget(
@@ -57,14 +59,18 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
                 tags=tuple(str(tag) for tag in r.tags or ()),
             )
         )
-        models_of_group[r.group_id].add(r.model_name)
+        if r.added:
+            added_for_tenant[r.tenant_id].add(r.model_name)
+        else:
+            models_of_group[r.group_id].add(r.model_name)
 
     keys = {
         e.key_hash: KeyEntry(
             endpoint_id=e.id,
             tenant_id=e.tenant_id,
             group_id=e.group_id,
-            models=frozenset(models_of_group.get(e.group_id or "", ())),
+            models=frozenset(models_of_group.get(e.group_id or "", ()))
+            | frozenset(added_for_tenant.get(e.tenant_id, ())),
             rpm_limit=e.rpm_limit or 0,
             tpm_limit=e.tpm_limit or 0,
             quota_tokens=e.quota_tokens or 0,

@@ -102,4 +102,5 @@ def route_read(r: ModelRoute) -> ModelRouteRead:
         active=r.active,
         algorithm=r.algorithm,
         tags=[str(tag) for tag in r.tags or ()],
+        added=bool(r.added),
     )

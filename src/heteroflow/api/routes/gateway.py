@@ -12,6 +12,7 @@ from heteroflow.schemas.gateway import (
     EndpointRead,
     EndpointUpdate,
     EndpointUpdated,
+    ModelRouteCreate,
     ModelRouteRead,
     ModelRouteUpdate,
 )
@@ -42,6 +43,17 @@ def delete_endpoint(endpoint_id: str, s: DB, who: Who) -> Response:
 @router.get("/model-routes", response_model=list[ModelRouteRead])
 def list_routes(s: DB, who: Who, group_id: str | None = None) -> list[ModelRouteRead]:
     return endpoints.list_routes(s, who, group_id)
+
+
+@router.post("/model-routes", response_model=ModelRouteRead, status_code=201)
+def create_route(req: ModelRouteCreate, ctx: Ctx, s: DB, who: Who) -> ModelRouteRead:
+    return endpoints.create_route(s, who, ctx.clock, req)
+
+
+@router.delete("/model-routes/{route_id}", status_code=204)
+def delete_route(route_id: str, s: DB, who: Who) -> Response:
+    endpoints.delete_route(s, who, route_id)
+    return Response(status_code=204)
 
 
 @router.put("/model-routes/{route_id}", response_model=ModelRouteRead)
