@@ -55,9 +55,10 @@ class FleetIndex:
         self.by_id = {n.id: n for n in nodes}
         self._models: dict[str, list[NodeView]] = {}
         self._cpu: list[NodeView] = []
-        # card model -> free-card count -> nodes (dicts keep insertion order)
-        self._buckets: dict[str, dict[int, dict[str, NodeView]]] = {}
-        self._free: dict[str, int] = {}
+        # (card model, at the inference cap) -> free-card count -> nodes (insertion order);
+        # nodes offline or over the load threshold are in no bucket
+        self._buckets: dict[tuple[str, bool], dict[int, dict[str, NodeView]]] = {}
+        self._filed: dict[str, tuple[int, bool]] = {}
         self._kinds: dict[str, tuple[str, ...]] = {}
         # (share key, card model) -> room decile (free commitment // 10) -> nodes that have
         # a partly booked card of that tenant / sharing group with that much room
@@ -79,27 +80,33 @@ class FleetIndex:
             self._file(n)
 
     def _file(self, n: NodeView) -> None:
-        if n.inference_tasks >= self.cap:
+        capped = n.inference_tasks >= self.cap
+        if capped:
             self._capped.add(n.id)
         else:
             self._capped.discard(n.id)
+        if n.id in self._gated:  # never a candidate this round: only the reason's tally
+            return
         free = n.free_cards()
-        self._free[n.id] = free
+        self._filed[n.id] = (free, capped)
         for k in self._kinds[n.id]:
-            self._buckets.setdefault(k, {}).setdefault(free, {})[n.id] = n
+            self._buckets.setdefault((k, capped), {}).setdefault(free, {})[n.id] = n
         rooms: dict[tuple[str, str], int] = {}
-        for c in n.cards:
-            if c.holders and not c.whole_holders and c.committed_pct < 100 and c.share_key:
-                key = (c.share_key, c.model)
-                rooms[key] = max(rooms.get(key, 0), (100 - c.committed_pct) // 10)
-        for key, room in rooms.items():
-            self._partial.setdefault(key, {}).setdefault(room, {})[n.id] = n
+        if not capped:  # partly booked cards only take inference work
+            for c in n.cards:
+                if c.holders and not c.whole_holders and c.committed_pct < 100 and c.share_key:
+                    key = (c.share_key, c.model)
+                    rooms[key] = max(rooms.get(key, 0), (100 - c.committed_pct) // 10)
+            for key, room in rooms.items():
+                self._partial.setdefault(key, {}).setdefault(room, {})[n.id] = n
         self._partial_of[n.id] = list(rooms.items())
 
     def update(self, n: NodeView) -> None:
-        old = self._free[n.id]
-        for k in self._kinds[n.id]:
-            self._buckets[k][old].pop(n.id, None)
+        filed = self._filed.pop(n.id, None)
+        if filed is not None:
+            free, capped = filed
+            for k in self._kinds[n.id]:
+                self._buckets[(k, capped)][free].pop(n.id, None)
         for key, room in self._partial_of.get(n.id, ()):
             self._partial[key][room].pop(n.id, None)
         self._file(n)
@@ -123,26 +130,24 @@ class FleetIndex:
         when it has a candidate); then the nodes that can only add to the reason —
         evaluated one by one where they hold usable cards, else counted in bulk by the
         cause that rules them out whatever the task's size (a ``Tally``)."""
-        back = self._gated | self._capped if t.inference else self._gated
-        seen = set(back)
+        seen: set[str] = set()
         yield from self._likely(t, seen)
         yield None
         bulk: dict[str, int] = {}
+        gated, capped = self._gated, self._capped if t.inference else set()
         for n in self.nodes:
             if n.id in seen:
                 continue
-            why = self._ruled_out(n, t)
+            if n.id in gated:
+                why = f.OFFLINE if not n.online else f.OVERLOADED
+            elif n.id in capped:
+                why = f.CONTAINER_CAP
+            else:
+                why = self._ruled_out(n, t)
             if why:
                 bulk[why] = bulk.get(why, 0) + 1
             else:
                 yield n
-        for nid in back:
-            n = self.by_id[nid]
-            why = f.OFFLINE if not n.online else (
-                f.CONTAINER_CAP if nid in self._capped and nid not in self._gated
-                else f.OVERLOADED
-            )
-            bulk[why] = bulk.get(why, 0) + 1
         yield Tally(bulk)
 
     def _ruled_out(self, n: NodeView, t: TaskDemand) -> str:
@@ -158,9 +163,11 @@ class FleetIndex:
         return ""
 
     def _likely(self, t: TaskDemand, seen: set[str]) -> Iterator[NodeView]:
+        gated, capped = self._gated, self._capped if t.inference else set()
+
         def fresh(nodes: Iterable[NodeView]) -> Iterator[NodeView]:
             for n in nodes:
-                if n.id not in seen:
+                if n.id not in seen and n.id not in gated and n.id not in capped:
                     seen.add(n.id)
                     yield n
 
@@ -178,7 +185,12 @@ class FleetIndex:
                     yield from fresh(rooms[room].values())
         need = t.gpu_required
         # nodes with enough wholly free cards, over every fitting kind, before the rest
+        empty: dict[int, dict[str, NodeView]] = {}
         for k in kinds:
-            buckets = self._buckets.get(k, {})
-            for c in sorted((c for c in buckets if c >= need), reverse=not self.pack):
-                yield from fresh(buckets[c].values())
+            open_ = self._buckets.get((k, False), empty)
+            # nodes at the inference cap still take training and containers
+            full = self._buckets.get((k, True), empty) if not t.inference else empty
+            counts = {c for c in open_ if c >= need} | {c for c in full if c >= need}
+            for c in sorted(counts, reverse=not self.pack):
+                yield from fresh(open_.get(c, {}).values())
+                yield from fresh(full.get(c, {}).values())
