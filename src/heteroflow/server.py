@@ -158,6 +158,7 @@ class ServerApp:
             asyncio.create_task(run_loop(self.scheduler, self.clock, stop)),
             asyncio.create_task(run_loop(self.node_watch, self.clock, stop)),
             asyncio.create_task(run_loop(self.publisher, self.clock, stop)),
+            asyncio.create_task(self.usage.run(stop)),  # periodic usage batches (M7)
         ]
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         extras = [asyncio.create_task(fn(stop)) for fn in (extra or [])]

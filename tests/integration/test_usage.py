@@ -336,3 +336,29 @@ def _wait_until(cond: Any, timeout: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.02)
+
+
+@pytest.mark.feature("M7")
+def test_the_server_writes_usage_batches_while_it_runs(db_url: str, tmp_path: Path) -> None:
+    """Batches land every usage_flush_interval_s, not only at shutdown."""
+    settings = ServerSettings(
+        data_dir=tmp_path / "data", database_url=db_url, admin_password=ADMIN_PASSWORD,
+        node_token=NODE_TOKEN, gateway_token=GW_TOKEN, usage_flush_interval_s=0.2,
+    )
+    app = ServerApp(settings, clock=FakeClock())
+    thread = UvicornThread()
+    sock = bind("127.0.0.1", 0)
+    stop = thread.call(_event())
+    serving = asyncio.run_coroutine_threadsafe(app.serve(stop, sock), thread.loop)
+    try:
+        thread.call(_count_one(app))
+        _wait_until(lambda: len(records(app)) == 1, timeout=5.0)
+        assert records(app)[0].requests == 1
+    finally:
+        thread.loop.call_soon_threadsafe(stop.set)
+        serving.result(30)
+        thread.stop()
+
+
+async def _count_one(app: ServerApp) -> None:
+    app.usage.record("ep-000000000001", "tn-000000000001", "m", None)
