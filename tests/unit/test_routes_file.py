@@ -191,3 +191,35 @@ async def test_watcher_reloads_on_change_and_on_request_and_keeps_old_on_error(
     finally:
         stop.set()
         await asyncio.wait_for(runner, 5)
+
+
+@pytest.mark.feature("M1")
+def test_external_backend_keys_come_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROVIDER_KEY", "sk-provider-secret")
+    data = {
+        "models": {
+            "ext": {"backends": ["https://api.example.com/v1"], "api_key_env": "PROVIDER_KEY"},
+            "mix": {"targets": [
+                {"backends": ["http://own:8000"]},
+                {"backends": ["https://api.example.com"], "api_key_env": "PROVIDER_KEY"},
+            ]},
+        },
+        "keys": {"a": {"sha256": KEY_A}},
+    }
+    snap = load_routes(_write(tmp_path / "r.json", data), version=1)
+    (ext,) = snap.routes["default", "ext"]
+    assert ext.backends[0].auth == "Bearer sk-provider-secret"
+    assert "sk-provider-secret" not in repr(ext.backends[0])  # never in a log line
+    assert "sk-provider-secret" not in json.dumps(snap.to_wire())  # never on the wire
+    own, hosted = sorted(snap.routes["default", "mix"], key=lambda t: t.route_id)
+    assert (own.backends[0].auth, hosted.backends[0].auth) == ("", "Bearer sk-provider-secret")
+    monkeypatch.delenv("PROVIDER_KEY")
+    with pytest.raises(RoutesFileError, match=r"models\.ext\.api_key_env: the environment "
+                                              r"variable PROVIDER_KEY is not set"):
+        load_routes(_write(tmp_path / "r.json", data), version=2)
+    bad = {"models": {"m": {"targets": [{"backends": ["http://a:1"]}], "api_key_env": "X"}},
+           "keys": {}}
+    with pytest.raises(RoutesFileError, match=r"models\.m\.api_key_env: with targets"):
+        load_routes(_write(tmp_path / "b.json", bad), version=1)

@@ -342,7 +342,7 @@ class GatewayApp:
             # M6: engines serve their model under their own id (often a path or a file
             # name); callers use the route's name. Rename only when the backend would not
             # know the requested name, and re-serialize only then.
-            known = await self._upstream.model_ids(backend.base_url)
+            known = await self._upstream.model_ids(backend.base_url, backend.auth)
             if known is not None and known.first is not None and model not in known.ids:
                 body["model"] = known.first
                 dirty = True

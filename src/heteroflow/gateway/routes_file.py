@@ -20,7 +20,10 @@ snapshot. JSON, or TOML when the name ends in ``.toml``::
     }
 
 Keys are given by their sha256 only (``heteroflow hash-key`` prints it), so the file is
-no secret. A key's name is its endpoint id (usage is attributed to it); ``tenant``
+no secret. An external backend that wants its own key (a hosted OpenAI-compatible API)
+gets ``"api_key_env": "PROVIDER_KEY"`` on its model or target: the gateway reads the
+variable at load and sends ``Authorization: Bearer …`` to that backend only.
+A key's name is its endpoint id (usage is attributed to it); ``tenant``
 defaults to ``default``; ``models`` defaults to every model of the file. Unknown fields
 are errors, and every error names the field (``keys.team-a.sha256: ...``).
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -54,10 +58,12 @@ DEFAULT_TENANT = "default"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _URL = r"^https?://[^/\s]+(/\S*)?$"
 _SHA256 = r"^[0-9a-f]{64}$"
+_ENV = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _PATTERN_HELP = {
     _NAME: "a name of letters, digits, '.', '_' and '-' (at most 32)",
     _URL: "must be an http:// or https:// URL",
     _SHA256: "must be the key's sha256, 64 lowercase hex digits (heteroflow hash-key prints it)",
+    _ENV: "must be an environment variable's name",
 }
 Name = Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=_NAME)]
 Url = Annotated[str, StringConstraints(pattern=_URL)]
@@ -74,6 +80,8 @@ class _Strict(BaseModel):
 
 class _Target(_Strict):
     backends: list[Url] = Field(min_length=1)
+    # an external backend's own key, read from this environment variable at load time
+    api_key_env: Annotated[str, StringConstraints(pattern=_ENV)] | None = None
     priority: int = Field(default=0, ge=0, le=1_000_000)
     weight: int = Field(default=100, ge=0, le=100)
     algorithm: Algorithm | None = None  # default: the model's
@@ -83,6 +91,7 @@ class _Target(_Strict):
 class _Model(_Strict):
     algorithm: Algorithm = "round_robin"
     backends: list[Url] | None = Field(default=None, min_length=1)  # one target, shorthand
+    api_key_env: Annotated[str, StringConstraints(pattern=_ENV)] | None = None  # shorthand
     targets: list[_Target] | None = Field(default=None, min_length=1)
 
 
@@ -131,19 +140,27 @@ def _snapshot(spec: _File, version: int) -> RoutingSnapshot:
     for model, m in spec.models.items():
         if (m.backends is None) == (m.targets is None):
             raise ValueError(f"models.{model}: give either backends or targets")
-        targets = m.targets or [_Target(backends=m.backends or [])]
-        built = [
-            RouteTarget(
-                route_id=f"{model}#{i}",
-                group_id=f"{model}#{i}",
-                priority=t.priority,
-                weight=t.weight,
-                backends=tuple(Backend(task_id=u, base_url=u) for u in map(_base_url, t.backends)),
-                algorithm=t.algorithm or m.algorithm,
-                tags=tuple(t.tags),
+        if m.targets is not None and m.api_key_env is not None:
+            raise ValueError(f"models.{model}.api_key_env: with targets, give it per target")
+        targets = m.targets or [_Target(backends=m.backends or [], api_key_env=m.api_key_env)]
+        built = []
+        for i, t in enumerate(targets):
+            where = f"models.{model}" + ("" if m.targets is None else f".targets[{i}]")
+            auth = _auth(t.api_key_env, f"{where}.api_key_env")
+            built.append(
+                RouteTarget(
+                    route_id=f"{model}#{i}",
+                    group_id=f"{model}#{i}",
+                    priority=t.priority,
+                    weight=t.weight,
+                    backends=tuple(
+                        Backend(task_id=u, base_url=u, auth=auth)
+                        for u in map(_base_url, t.backends)
+                    ),
+                    algorithm=t.algorithm or m.algorithm,
+                    tags=tuple(t.tags),
+                )
             )
-            for i, t in enumerate(targets)
-        ]
         built.sort(key=lambda t: (t.priority, -t.weight, t.route_id))
         targets_of[model] = tuple(built)
     keys: dict[str, KeyEntry] = {}
@@ -168,6 +185,17 @@ def _snapshot(spec: _File, version: int) -> RoutingSnapshot:
     tenants = {k.tenant_id for k in keys.values()}
     routes = {(t, model): targets for t in tenants for model, targets in targets_of.items()}
     return RoutingSnapshot(version=version, keys=keys, routes=routes)
+
+
+def _auth(env_name: str | None, where: str) -> str:
+    """The Authorization value for an external backend, from the environment (the file
+    names the variable, never the secret)."""
+    if env_name is None:
+        return ""
+    value = os.environ.get(env_name, "").strip()
+    if not value:
+        raise ValueError(f"{where}: the environment variable {env_name} is not set")
+    return f"Bearer {value}"
 
 
 def _base_url(url: str) -> str:

@@ -29,6 +29,9 @@ class Backend:
     draining: bool = False
     # M4: the hottest of the task's cards at the last heartbeat; None when unknown
     temperature_c: int | None = None
+    # An external OpenAI-compatible backend's own key ("Bearer ..."), from a standalone
+    # routing file only; never on the wire, never in a repr (so never in a log line).
+    auth: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)

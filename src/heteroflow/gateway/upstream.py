@@ -107,7 +107,10 @@ class Upstream:
         session = self._state().session
         for attempt in (0, 1):
             try:
-                return await session.post(url, data=body, headers=_FORWARD_HEADERS)
+                headers = _FORWARD_HEADERS
+                if backend.auth:  # an external backend's own key (routing file)
+                    headers = {**headers, "Authorization": backend.auth}
+                return await session.post(url, data=body, headers=headers)
             except TimeoutError:
                 logger.warning("backend %s (task %s): timed out", backend.base_url, backend.task_id)
                 return errors.upstream_timeout()
@@ -144,7 +147,7 @@ class Upstream:
                 return errors.upstream_error()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def model_ids(self, base_url: str) -> BackendModels | None:
+    async def model_ids(self, base_url: str, auth: str = "") -> BackendModels | None:
         """The backend's model ids, or None when they have never been obtained.
 
         A fresh entry is returned at once; a stale one is returned too while one
@@ -154,21 +157,28 @@ class Upstream:
         cached = self._models.get(base_url)
         if cached is not None:
             if cached.expires <= time.monotonic() and base_url not in st.lookups:
-                self._start_lookup(st, base_url)
+                self._start_lookup(st, base_url, auth)
             return cached
-        task = st.lookups.get(base_url) or self._start_lookup(st, base_url)
+        task = st.lookups.get(base_url) or self._start_lookup(st, base_url, auth)
         # Shielded: one cancelled client must not cancel the lookup others wait for.
         return await asyncio.shield(task)
 
-    def _start_lookup(self, st: _LoopState, base_url: str) -> asyncio.Task[BackendModels | None]:
-        task = asyncio.get_running_loop().create_task(self._lookup(st.session, base_url))
+    def _start_lookup(
+        self, st: _LoopState, base_url: str, auth: str = ""
+    ) -> asyncio.Task[BackendModels | None]:
+        task = asyncio.get_running_loop().create_task(self._lookup(st.session, base_url, auth))
         st.lookups[base_url] = task
         task.add_done_callback(lambda _t: st.lookups.pop(base_url, None))
         return task
 
-    async def _lookup(self, session: aiohttp.ClientSession, base_url: str) -> BackendModels | None:
+    async def _lookup(
+        self, session: aiohttp.ClientSession, base_url: str, auth: str = ""
+    ) -> BackendModels | None:
+        headers = {"Authorization": auth} if auth else None
         try:
-            async with session.get(base_url + "/v1/models", timeout=self._lookup_timeout) as r:
+            async with session.get(
+                base_url + "/v1/models", timeout=self._lookup_timeout, headers=headers
+            ) as r:
                 raw = await r.read()
                 if r.status != 200:
                     raise ValueError(f"HTTP {r.status}")

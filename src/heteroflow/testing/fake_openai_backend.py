@@ -53,6 +53,8 @@ class FakeOpenAIBackend:
         self.fail_status: int | None = None  # answer every POST with this status
         self.in_flight = 0
         self.max_in_flight = 0
+        # like a hosted provider: every call needs "Authorization: Bearer <required_key>"
+        self.required_key: str | None = None
         self._ids = itertools.count(1)
 
     @property
@@ -63,6 +65,11 @@ class FakeOpenAIBackend:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
+        if self.required_key is not None:
+            auth = dict(scope["headers"]).get(b"authorization", b"")
+            if auth != b"Bearer " + self.required_key.encode():
+                await _json(send, 401, {"error": {"message": "Incorrect API key provided."}})
+                return
         if method == "GET" and path == "/v1/models":
             self.models_requests += 1
             if self.models_status != 200:
