@@ -208,3 +208,29 @@ def test_declared_errors_name_entry_and_field(entries: list[Any], expected: str)
     with pytest.raises(ValueError) as excinfo:
         declared_cards(entries)
     assert expected in str(excinfo.value)
+
+
+@pytest.mark.feature("B1")
+def test_nvlink_pairs_become_peers_and_errors_mean_pcie() -> None:
+    four = [card(uuid=f"GPU-{i}") for i in range(4)]
+    fake = FakeNvml(four, nvlink={frozenset({0, 1}), frozenset({0, 2}), frozenset({2, 3})})
+    cards = NvmlDiscovery(fake, platform="linux").discover()
+    assert cards is not None
+    assert [c.nvlink_peers for c in cards] == [(1, 2), (0,), (0, 3), (2,)]
+    assert cards[0].to_dict()["nvlink_peers"] == (1, 2)
+    broken = FakeNvml(four, nvlink={frozenset({0, 1})}, p2p_error=NVMLError(NVML_ERROR_UNKNOWN))
+    cards = NvmlDiscovery(broken, platform="linux").discover()
+    assert cards is not None and all(c.nvlink_peers == () for c in cards)
+
+
+@pytest.mark.feature("B1")
+def test_declared_nvlink_peers_are_checked() -> None:
+    (c0, c1) = declared_cards([
+        {"vendor": "nvidia", "model": "H100", "memory_mb": 81920, "nvlink_peers": [1]},
+        {"vendor": "nvidia", "model": "H100", "memory_mb": 81920, "nvlink_peers": [0]},
+    ])
+    assert (c0.nvlink_peers, c1.nvlink_peers) == ((1,), (0,))
+    for bad in ([0], ["1"], 3, [-1]):
+        with pytest.raises(ValueError, match="field 'nvlink_peers'"):
+            declared_cards([{"vendor": "nvidia", "model": "H100", "memory_mb": 1,
+                             "nvlink_peers": bad}])

@@ -43,7 +43,7 @@ MPS_MIN_COMPUTE_CAPABILITY = (3, 5)
 
 _DECLARED_FIELDS = frozenset(
     {"index", "uuid", "vendor", "model", "memory_mb", "compute_capability",
-     "mig_capable", "mps_capable"}
+     "mig_capable", "mps_capable", "nvlink_peers"}
 )
 _CC_PATTERN = re.compile(r"^\d+\.\d+$")
 
@@ -63,6 +63,8 @@ class GpuCard:
     mps_capable: bool
     temperature_c: int | None
     source: str  # "nvml" | "declared"
+    # indices of this node's cards reachable over NVLink (the scheduler's topology scorer)
+    nvlink_peers: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (all fields, plain types)."""
@@ -109,6 +111,12 @@ class NvmlModule(Protocol):
     @property
     def NVML_TEMPERATURE_GPU(self) -> int: ...
 
+    @property
+    def NVML_P2P_CAPS_INDEX_NVLINK(self) -> int: ...
+
+    @property
+    def NVML_P2P_STATUS_OK(self) -> int: ...
+
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
     def nvmlDeviceGetCount(self) -> int: ...
@@ -119,6 +127,7 @@ class NvmlModule(Protocol):
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]: ...
     def nvmlDeviceGetMigMode(self, handle: Any) -> Any: ...
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
+    def nvmlDeviceGetP2PStatus(self, device1: Any, device2: Any, p2p_index: int) -> int: ...
 
 
 def _text(value: str | bytes) -> str:
@@ -167,7 +176,8 @@ class NvmlDiscovery:
                 logger.warning("NVML initialised but the device count failed: %s", exc)
                 return None
             cards = [self._read_card(nvml, i) for i in range(count)]
-            return [card for card in cards if card is not None]
+            found = [card for card in cards if card is not None]
+            return self._with_nvlink(nvml, found)
         finally:
             try:
                 nvml.nvmlShutdown()
@@ -201,6 +211,29 @@ class NvmlDiscovery:
             temperature_c=self._temperature(nvml, handle, index),
             source="nvml",
         )
+
+    @staticmethod
+    def _with_nvlink(nvml: NvmlModule, cards: list[GpuCard]) -> list[GpuCard]:
+        """Which pairs of cards reach each other over NVLink (P2P status per pair).
+
+        Anything NVML cannot tell (no NVLink, an old driver or pynvml, an error) leaves
+        the cards without peers: the topology scorer then treats them as PCIe.
+        """
+        if len(cards) < 2:
+            return cards
+        peers: dict[int, list[int]] = {c.index: [] for c in cards}
+        try:
+            handles = {c.index: nvml.nvmlDeviceGetHandleByIndex(c.index) for c in cards}
+            link, ok = nvml.NVML_P2P_CAPS_INDEX_NVLINK, nvml.NVML_P2P_STATUS_OK
+            for i, a in enumerate(cards):
+                for b in cards[i + 1 :]:
+                    if nvml.nvmlDeviceGetP2PStatus(handles[a.index], handles[b.index], link) == ok:
+                        peers[a.index].append(b.index)
+                        peers[b.index].append(a.index)
+        except (nvml.NVMLError, AttributeError) as exc:
+            logger.debug("NVML: NVLink topology unreadable (%s); cards reported as PCIe", exc)
+            return cards
+        return [dataclasses.replace(c, nvlink_peers=tuple(peers[c.index])) for c in cards]
 
     @staticmethod
     def _mig_capable(nvml: NvmlModule, handle: Any, index: int) -> bool:
@@ -273,11 +306,17 @@ def _declared_card(entry: Mapping[str, Any], pos: int) -> GpuCard:
             raise _bad(pos, "mig_capable" if mig else "mps_capable",
                        "MIG/MPS sharing is reported for NVIDIA cards only")
     uuid = _str_field(entry, pos, "uuid") if entry.get("uuid") is not None else f"declared-{index}"
+    peers = entry.get("nvlink_peers", [])
+    if not isinstance(peers, list) or not all(
+        isinstance(p, int) and not isinstance(p, bool) and p >= 0 and p != index for p in peers
+    ):
+        raise _bad(pos, "nvlink_peers",
+                   f"must be a list of other cards' indices, got {peers!r}")
     return GpuCard(
         index=index, uuid=uuid, vendor=vendor, model=_str_field(entry, pos, "model"),
         memory_total_mb=_int_field(entry, pos, "memory_mb", 1), memory_used_mb=0,
         compute_capability=cc, mig_capable=mig, mps_capable=mps, temperature_c=None,
-        source="declared",
+        source="declared", nvlink_peers=tuple(sorted(set(peers))),
     )
 
 
@@ -288,7 +327,7 @@ def declared_cards(config: Sequence[Mapping[str, Any]]) -> list[GpuCard]:
     (required), ``memory_mb`` (required, > 0), ``index`` (>= 0, defaults to the entry's
     position), ``uuid`` (defaults to ``declared-<index>``), ``compute_capability``
     (NVIDIA only, a string like "8.6"), ``mig_capable`` / ``mps_capable`` (NVIDIA only,
-    default false). Unknown fields are rejected so typos do not pass silently. Declared
+    default false), ``nvlink_peers`` (indices of the cards this one reaches over NVLink). Unknown fields are rejected so typos do not pass silently. Declared
     cards report ``memory_used_mb`` 0 and no temperature: nothing measures them.
     """
     if isinstance(config, str | bytes) or not isinstance(config, Sequence):

@@ -62,10 +62,17 @@ class FakeNvml:
     NVMLError = NVMLError
     NVMLError_NotSupported = NVMLError_NotSupported
     NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
+    NVML_P2P_CAPS_INDEX_NVLINK = 2
+    NVML_P2P_STATUS_OK = 0
+    NVML_P2P_STATUS_NOT_SUPPORTED = 5
 
     def __init__(self, cards: list[FakeCard] | None = None,
-                 init_error: Exception | None = None) -> None:
+                 init_error: Exception | None = None,
+                 nvlink: set[frozenset[int]] | None = None,
+                 p2p_error: Exception | None = None) -> None:
         self.cards = list(cards or [])
+        self.nvlink = nvlink or set()  # pairs of card indices joined by NVLink
+        self.p2p_error = p2p_error
         self.init_error = init_error
         self.initialised = False
         self.shutdown_calls = 0
@@ -128,3 +135,12 @@ class FakeNvml:
         if sensor != NVML_TEMPERATURE_GPU:
             raise NVMLError(2, "Invalid Argument")
         return card.temperature_c
+
+    def nvmlDeviceGetP2PStatus(self, device1: object, device2: object, p2p_index: int) -> int:
+        a = self.cards.index(self._card(device1, "nvmlDeviceGetP2PStatus"))
+        b = self.cards.index(self._card(device2, "nvmlDeviceGetP2PStatus"))
+        if self.p2p_error is not None:
+            raise self.p2p_error
+        if p2p_index == self.NVML_P2P_CAPS_INDEX_NVLINK and frozenset({a, b}) in self.nvlink:
+            return self.NVML_P2P_STATUS_OK
+        return self.NVML_P2P_STATUS_NOT_SUPPORTED
