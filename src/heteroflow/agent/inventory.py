@@ -327,7 +327,8 @@ def declared_cards(config: Sequence[Mapping[str, Any]]) -> list[GpuCard]:
     (required), ``memory_mb`` (required, > 0), ``index`` (>= 0, defaults to the entry's
     position), ``uuid`` (defaults to ``declared-<index>``), ``compute_capability``
     (NVIDIA only, a string like "8.6"), ``mig_capable`` / ``mps_capable`` (NVIDIA only,
-    default false), ``nvlink_peers`` (indices of the cards this one reaches over NVLink). Unknown fields are rejected so typos do not pass silently. Declared
+    default false), ``nvlink_peers`` (indices of the cards this one reaches over NVLink).
+    Unknown fields are rejected so typos do not pass silently. Declared
     cards report ``memory_used_mb`` 0 and no temperature: nothing measures them.
     """
     if isinstance(config, str | bytes) or not isinstance(config, Sequence):
