@@ -27,7 +27,7 @@ class SnapshotPublisher:
         self.refresh()
 
     def refresh(self) -> RoutingSnapshot:
-        with self.db.session() as s:
+        with self.db.read_snapshot() as s:  # routes, keys and backends of one moment
             snap = build_snapshot(s, self.holder.current.version)
         wire = snap.to_wire()
         wire.pop("version")

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -72,6 +72,28 @@ class Database:
         """A unit of work: committed on success, rolled back on any error."""
         with self._sessions() as s, s.begin():
             yield s
+
+    @contextmanager
+    def read_snapshot(self) -> Iterator[Session]:
+        """A read-only unit of work whose statements all see one consistent state.
+
+        Plain sessions read each statement at its own moment (READ COMMITTED on
+        PostgreSQL; no transaction at all for reads on SQLite), so a write that lands
+        between two reads shows half of itself. PostgreSQL: REPEATABLE READ, read only;
+        SQLite (WAL): an explicit BEGIN, whose first read fixes the snapshot.
+        """
+        with self._sessions() as s:
+            if self.engine.dialect.name == "postgresql":
+                s.connection(
+                    execution_options={"isolation_level": "REPEATABLE READ",
+                                       "postgresql_readonly": True}
+                )
+            else:
+                s.execute(text("BEGIN"))
+            try:
+                yield s
+            finally:
+                s.rollback()
 
     def dispose(self) -> None:
         self.engine.dispose()
