@@ -205,8 +205,10 @@ def test_models_lists_only_what_the_key_may_call(gw: Env) -> None:
     )
     client = gw.client()
     ids = [m.id for m in client.models.list()]
-    assert ids == ["chat-model", "embed-model", "empty-model", "fo-model", "text-model"]
+    # model=auto (M10) is listed last when the key has a choice to make
+    assert ids == ["chat-model", "embed-model", "empty-model", "fo-model", "text-model", "auto"]
     assert client.models.retrieve("chat-model").owned_by == "heteroflow"
+    assert client.models.retrieve("auto").id == "auto"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("not-on-key")
     with pytest.raises(openai.AuthenticationError):

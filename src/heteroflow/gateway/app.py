@@ -219,6 +219,8 @@ class GatewayApp:
         # Only what the key may call *and* what has a route: a listed model must not
         # answer model_not_found when called.
         callable_ = sorted(m for m in entry.models if (entry.tenant_id, m) in snap.routes)
+        if len(callable_) > 1 and AUTO_MODEL not in callable_:
+            callable_.append(AUTO_MODEL)  # M10: a choice among them, listed last
         if path == "/v1/models":
             body = orjson.dumps({"object": "list", "data": [_model_object(m) for m in callable_]})
         else:
