@@ -114,7 +114,7 @@ def test_pipeline_gpu_type_is_strict_with_distinct_messages(api: Api) -> None:
     api.heartbeat("h", gpus=h100s(2))
     body = job("pp", parallelism="pipeline", world_size=2, task={"gpu_type": "A100"})
     r = api.client.post("/api/v1/task-groups", json=body, headers=admin)
-    assert r.status_code == 400 and "no registered node reports gpu_type 'A100'" in r.text
+    assert r.status_code == 400 and "no node you may use reports gpu_type 'A100'" in r.text
     assert "task.gpu_type" in r.text
     a100 = [{**H100, "model": "A100", "index": i} for i in range(2)]
     api.heartbeat("a", gpus=a100)
@@ -251,3 +251,35 @@ def test_a_stale_view_loses_the_booking_cas_and_the_task_stays_queued(
     assert task(api, admin, t_id)["status"] == "pending"
     monkeypatch.setattr(target, real)
     assert api.app.scheduler.run_round().placed == 1
+
+
+def _dedicate(api: Api, node_name: str, tenant_ids: list[str]) -> None:
+    from heteroflow.db.tables import Node
+
+    with api.app.db.session() as s:
+        s.execute(update(Node).where(Node.name == node_name).values(
+            labels={"heteroflow.tenants": ",".join(tenant_ids)}))
+
+
+@pytest.mark.feature("B7")
+@pytest.mark.feature("N1")
+def test_nodes_dedicated_to_a_tenant_are_used_and_seen_by_it_only(api: Api) -> None:
+    admin = api.login()
+    api.heartbeat("shared", gpus=h100s(1))
+    api.heartbeat("private", gpus=[{**H100, "model": "A100"}])
+    one = api.member(admin, "one", "u1")
+    two = api.member(admin, "two", "u2")
+    tenants = {t["name"]: t["id"] for t in api.client.get("/api/v1/tenants", headers=admin).json()}
+    _dedicate(api, "private", [tenants["one"]])
+    # members see the nodes they may use; operators the whole fleet
+    names = lambda h: sorted(n["name"] for n in api.client.get("/api/v1/nodes", headers=h).json())  # noqa: E731
+    assert (names(one), names(two), names(admin)) == (
+        ["private", "shared"], ["shared"], ["private", "shared"])
+    body = job("pp", parallelism="pipeline", world_size=2, task={"gpu_type": "A100"})
+    r = api.client.post("/api/v1/task-groups", json=body, headers=two)
+    assert r.status_code == 400 and "no node you may use reports gpu_type 'A100'" in r.text
+    assert api.client.post("/api/v1/task-groups", json=body, headers=one).status_code == 201
+    g = create(api, two, job("j2", task={"gpu_type": "A100"}))
+    api.app.scheduler.run_round()
+    msg = task(api, two, g["tasks"][0]["id"])["status_message"]
+    assert "1 node(s): dedicated to other tenants" in msg

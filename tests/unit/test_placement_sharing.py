@@ -283,12 +283,18 @@ def _capped(n: NodeView, d: TaskDemand) -> TaskDemand:
     return d
 
 
+def _dedicated(n: NodeView, d: TaskDemand) -> TaskDemand:
+    n.tenants = frozenset({"tn-other"})
+    return dataclasses.replace(d, tenant_id="tn-mine")
+
+
 @pytest.mark.feature("B2")
 @pytest.mark.feature("B5")
 @pytest.mark.parametrize(
     ("setup", "want"),
     [
         (_offline, "offline"),
+        (_dedicated, "dedicated to other tenants"),
         (lambda n, d: dataclasses.replace(d, gpu_type="A10"), "no card of type 'A10'"),
         (_busy, "CPU or memory use above 90%"),
         (_capped, "already 8 inference containers"),

@@ -56,7 +56,7 @@ def dry_run(
     share_key = keys.get(who.tenant_id, who.tenant_id)
     tasks: list[PlannedTask] = []
     for rank in range(plan.replicas):
-        demand = plan.demand(share_key, task_id=f"planned-{rank}")
+        demand = plan.demand(share_key, task_id=f"planned-{rank}", tenant_id=who.tenant_id)
         decision = place(demand, list(views.values()), reservation, port_pool, policy)
         if isinstance(decision, Placement):
             node = views[decision.node_id]

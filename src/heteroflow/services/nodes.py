@@ -8,6 +8,7 @@ names its fault (``fault.container_lost`` / ``engine_exited`` / ``unhealthy``).
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -166,8 +167,25 @@ def _requeue_preempted(s: Session, clock: Clock, t: Task) -> str:
     return TaskStatus.PENDING.value
 
 
-def list_nodes(s: Session, clock: Clock, offline_after_s: float) -> list[NodeRead]:
+TENANTS_LABEL = "heteroflow.tenants"
+
+
+def dedicated_to(labels: dict[str, Any]) -> frozenset[str]:
+    """Tenants a node is dedicated to: label ``heteroflow.tenants`` = "tn-a,tn-b" (empty:
+    every tenant may use and see it)."""
+    raw = str(labels.get(TENANTS_LABEL, ""))
+    return frozenset(x.strip() for x in raw.split(",") if x.strip())
+
+
+def list_nodes(
+    s: Session, clock: Clock, offline_after_s: float, tenant_id: str | None = None
+) -> list[NodeRead]:
+    """Every node, or with ``tenant_id`` the ones that tenant may use (members)."""
     cutoff = clock.now() - timedelta(seconds=offline_after_s)
+    rows = [
+        n for n in s.scalars(select(Node).order_by(Node.name))
+        if tenant_id is None or not (d := dedicated_to(n.labels)) or tenant_id in d
+    ]
     return [
         NodeRead(
             id=n.id,
@@ -187,7 +205,7 @@ def list_nodes(s: Session, clock: Clock, offline_after_s: float) -> list[NodeRea
             registered_at=n.registered_at,
             last_heartbeat_at=n.last_heartbeat_at,
         )
-        for n in s.scalars(select(Node).order_by(Node.name))
+        for n in rows
     ]
 
 

@@ -57,7 +57,9 @@ class GroupPlan:
             return self.req.world_size
         return self.replicas * self.gpus_per_task
 
-    def demand(self, share_key: str = "", task_id: str = "") -> TaskDemand:
+    def demand(
+        self, share_key: str = "", task_id: str = "", tenant_id: str = ""
+    ) -> TaskDemand:
         """What one task of the group asks the scheduler for (as a round would see it)."""
         spec = ENGINES.get(self.engine)
         return TaskDemand(
@@ -72,6 +74,7 @@ class GroupPlan:
             model_path=self.req.task.model_path,
             engine=self.engine,
             share_key=share_key,
+            tenant_id=tenant_id,
             priority=self.req.priority,
             multi_node=self.req.parallelism == "pipeline",
             engine_vendors=spec.vendors if spec is not None else frozenset(),
@@ -164,12 +167,13 @@ def _check_fields(req: TaskGroupCreate, who: Principal, engine: str, task_type: 
 
 
 def _check_strict_type(gpu_type: str, nodes: list[NodeView]) -> None:
-    """B7: pipeline stages that name a gpu_type take only that type; a type no node has
-    ever reported is refused now (one that is only offline waits in the queue)."""
+    """B7: pipeline stages that name a gpu_type take only that type; a type that no node
+    the tenant may use has ever reported is refused now (one that is only offline waits
+    in the queue). ``nodes``: the ones visible to the tenant."""
     if gpu_type and not any(c.model == gpu_type for n in nodes for c in n.cards):
         known = sorted({c.model for n in nodes for c in n.cards})
         raise ValidationFailed(
-            f"no registered node reports gpu_type {gpu_type!r} (known: "
+            f"no node you may use reports gpu_type {gpu_type!r} (known: "
             f"{', '.join(known) or 'none'}); pipeline stages never fall back to another type",
             field="task.gpu_type",
         )
@@ -251,6 +255,7 @@ def plan_group(
 ) -> GroupPlan:
     _check_priority(s, who, req.priority)
     templates: list[dict[str, str]] = []
+    nodes = [n for n in nodes if n.visible_to(who.tenant_id)]  # dedicated nodes (B7)
     if not req.task.image and not req.task.command:
         req, templates = one_click(s, req, {n.id for n in nodes if n.online})
     spec = req.task

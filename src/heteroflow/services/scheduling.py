@@ -52,7 +52,7 @@ from heteroflow.core.placement.memo import FailureMemo
 from heteroflow.core.placement.preemption import Preemption
 from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus, group_status
 from heteroflow.db.tables import Event, Node, Task, TaskGroup
-from heteroflow.services.nodes import node_engines
+from heteroflow.services.nodes import dedicated_to, node_engines
 from heteroflow.services.sharing import tenant_share_keys
 from heteroflow.services.transitions import transition
 
@@ -108,6 +108,7 @@ def node_views(
             engines=frozenset(str(e) for e in n.engines),
             labels={str(k): str(v) for k, v in n.labels.items()},
             version=n.booking_version,
+            tenants=dedicated_to(n.labels),
         )
     held = select(
         Task.id, Task.group_id, Task.tenant_id, Task.node_id, Task.gpu_ids, Task.gpu_required,
@@ -162,6 +163,7 @@ def _demand(t: Row[Any], keys: dict[str, str]) -> TaskDemand:
         model_path=t.model_path,
         engine=t.engine,
         share_key=keys.get(t.tenant_id, t.tenant_id),
+        tenant_id=t.tenant_id,
         priority=t.priority,
         group_id=t.group_id,
         multi_node=t.parallelism == "pipeline",
@@ -319,10 +321,13 @@ def _strict_type_reason(d: TaskDemand, nodes: list[NodeView]) -> str:
     offline means wait, no node reporting it at all is a different message."""
     if not d.gpu_type:
         return ""
-    having = [n for n in nodes if any(c.model == d.gpu_type for c in n.cards)]
+    having = [
+        n for n in nodes
+        if n.visible_to(d.tenant_id) and any(c.model == d.gpu_type for c in n.cards)
+    ]
     if not having:
         return (
-            f"GpuTypeUnavailable: no registered node reports gpu_type {d.gpu_type!r}; "
+            f"GpuTypeUnavailable: no node this tenant may use reports gpu_type {d.gpu_type!r}; "
             "pipeline stages never fall back to another type"
         )
     if not any(n.online for n in having):

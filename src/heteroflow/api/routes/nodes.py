@@ -20,8 +20,12 @@ router = APIRouter(prefix="/api/v1", tags=["nodes"])
 
 @router.get("/nodes", response_model=list[NodeRead])
 def list_nodes(ctx: Ctx, s: DB, who: Who) -> list[NodeRead]:
-    # Nodes are shared infrastructure: every signed-in user may see the fleet.
-    return nodes.list_nodes(s, ctx.clock, ctx.settings.node_offline_after_s)
+    # Nodes are shared infrastructure: members see every node their tenant may use (all
+    # but those dedicated to other tenants); operators see the whole fleet.
+    return nodes.list_nodes(
+        s, ctx.clock, ctx.settings.node_offline_after_s,
+        None if who.is_operator else who.tenant_id,
+    )
 
 
 @router.get("/nodes/{node_id}/inference-template", response_model=list[TemplateRead])

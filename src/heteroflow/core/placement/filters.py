@@ -24,6 +24,7 @@ from heteroflow.core.placement.model import (
 
 # reason keys, in the order the pipeline checks them
 OFFLINE = "offline"
+RESERVED = "reserved"
 NO_GPUS = "no_gpus"
 TYPE_MISMATCH = "gpu_type_mismatch"
 PORTS = "ports"
@@ -66,6 +67,8 @@ def node_gate(node: NodeView, t: TaskDemand, thr: float, cap: int) -> str:
     """The node-level checks that need no card: online, load threshold, container cap."""
     if not node.online:
         return OFFLINE
+    if not node.visible_to(t.tenant_id):
+        return RESERVED
     if node.cpu_percent > thr or node.memory_percent > thr:
         return OVERLOADED
     if t.inference and node.inference_tasks >= cap:

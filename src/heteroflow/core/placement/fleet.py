@@ -138,7 +138,9 @@ class FleetIndex:
         for n in self.nodes:
             if n.id in seen:
                 continue
-            if n.id in gated:
+            if not n.visible_to(t.tenant_id):
+                why = f.RESERVED
+            elif n.id in gated:
                 why = f.OFFLINE if not n.online else f.OVERLOADED
             elif n.id in capped:
                 why = f.CONTAINER_CAP
@@ -165,9 +167,13 @@ class FleetIndex:
     def _likely(self, t: TaskDemand, seen: set[str]) -> Iterator[NodeView]:
         gated, capped = self._gated, self._capped if t.inference else set()
 
+        tenant = t.tenant_id
+
         def fresh(nodes: Iterable[NodeView]) -> Iterator[NodeView]:
             for n in nodes:
-                if n.id not in seen and n.id not in gated and n.id not in capped:
+                if n.id not in seen and n.id not in gated and n.id not in capped and (
+                    not n.tenants or n.visible_to(tenant)
+                ):
                     seen.add(n.id)
                     yield n
 

@@ -26,8 +26,8 @@ class FailureMemo:
 
     @staticmethod
     def _kind(t: TaskDemand, extra: Hashable) -> Hashable:
-        return (t.gpu_type, t.task_type, t.share_key, t.whole, t.host_ports, t.engine_vendors,
-                extra)
+        return (t.gpu_type, t.task_type, t.share_key, t.tenant_id, t.whole, t.host_ports,
+                t.engine_vendors, extra)
 
     @staticmethod
     def _size(t: TaskDemand) -> tuple[int, int, int, int]:

@@ -78,6 +78,9 @@ class Occupant:
 
 @dataclass(slots=True)
 class NodeView:
+    """A node as one round sees it. Label ``heteroflow.tenants`` ("tn-a,tn-b") dedicates
+    it to those tenants: no other tenant's work is placed there, nor sees it."""
+
     id: str
     name: str
     online: bool
@@ -94,6 +97,11 @@ class NodeView:
     labels: dict[str, str] = field(default_factory=dict)
     occupants: list[Occupant] = field(default_factory=list)
     version: int = 0  # nodes.booking_version as read
+    # tenants this node is dedicated to (label heteroflow.tenants); empty = every tenant
+    tenants: frozenset[str] = frozenset()
+
+    def visible_to(self, tenant_id: str) -> bool:
+        return not self.tenants or not tenant_id or tenant_id in self.tenants
 
     @property
     def rdma(self) -> bool:
@@ -129,6 +137,7 @@ class TaskDemand:
     model_path: str = ""
     engine: str = ""
     share_key: str = ""  # tenant id, or its sharing group's id
+    tenant_id: str = ""  # for nodes dedicated to some tenants ("" = not checked)
     priority: int = 0
     group_id: str = ""
     multi_node: bool = False  # a stage of a pipeline group (prefers RDMA nodes)

@@ -12,6 +12,7 @@ def explain(t: TaskDemand, seen: int, counts: dict[str, int], thr: float, cap: i
     cards = f"{t.gpu_required} card(s)"
     labels = {
         f.OFFLINE: "offline",
+        f.RESERVED: "dedicated to other tenants",
         f.NO_GPUS: "no GPU cards",
         f.TYPE_MISMATCH: f"no card of type {t.gpu_type!r}",
         f.PORTS: "requested host port in use or port pool exhausted",
