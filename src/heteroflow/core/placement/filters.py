@@ -67,8 +67,8 @@ def node_gate(node: NodeView, t: TaskDemand, thr: float, cap: int) -> str:
     """The node-level checks that need no card: online, load threshold, container cap."""
     if not node.online:
         return OFFLINE
-    if not node.visible_to(t.tenant_id):
-        return RESERVED
+    if node.tenants and t.tenant_id and t.tenant_id not in node.tenants:
+        return RESERVED  # dedicated to other tenants (same rule as NodeView.visible_to)
     if node.cpu_percent > thr or node.memory_percent > thr:
         return OVERLOADED
     if t.inference and node.inference_tasks >= cap:
