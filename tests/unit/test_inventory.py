@@ -234,3 +234,16 @@ def test_declared_nvlink_peers_are_checked() -> None:
         with pytest.raises(ValueError, match="field 'nvlink_peers'"):
             declared_cards([{"vendor": "nvidia", "model": "H100", "memory_mb": 1,
                              "nvlink_peers": bad}])
+
+
+@pytest.mark.feature("H5")
+def test_an_agent_inside_a_container_labels_its_node_containerized(tmp_path: Any) -> None:
+    from heteroflow.agent.inventory import node_labels
+
+    assert node_labels({"zone": "a"}, root=tmp_path) == {"zone": "a"}
+    (tmp_path / ".dockerenv").write_text("")
+    assert node_labels({"zone": "a"}, root=tmp_path) == {
+        "zone": "a", "heteroflow.containerized": "true"}
+    # the operator's configured value wins over the detection
+    assert node_labels({"heteroflow.containerized": "false"}, root=tmp_path) == {
+        "heteroflow.containerized": "false"}

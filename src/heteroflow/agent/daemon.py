@@ -24,7 +24,12 @@ from heteroflow.agent.client import ServerClient, ServerError
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.file_requests import serve_file_requests
 from heteroflow.agent.health_probe import probe
-from heteroflow.agent.inventory import NodeInventory, NvmlDiscovery, collect_inventory
+from heteroflow.agent.inventory import (
+    NodeInventory,
+    NvmlDiscovery,
+    collect_inventory,
+    node_labels,
+)
 from heteroflow.agent.launch import Launcher, host_port_for
 from heteroflow.agent.log_shipper import LogShipper
 from heteroflow.agent.model_scan import ModelScanner, default_cache_dir, scan_dirs
@@ -72,6 +77,7 @@ class Agent:
         self.runtime = launcher.runtime
         self.clock = clock
         self.nvml = nvml if nvml is not None else NvmlDiscovery()
+        self.labels = node_labels(self.config.labels)
         self.client = ServerClient(
             settings.server_url, settings.node_token, settings.request_timeout_s
         )
@@ -104,7 +110,7 @@ class Agent:
                 cpu_percent=inv.cpu_percent,
                 memory_percent=inv.memory_percent,
             ),
-            labels=dict(self.config.labels),
+            labels=self.labels,
             engines=self.launcher.engines(),
             models=self.models,
         )

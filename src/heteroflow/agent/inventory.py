@@ -21,6 +21,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
@@ -382,3 +383,20 @@ def collect_inventory(declared: Sequence[GpuCard], nvml: NvmlDiscovery | None) -
         cpu_percent=float(psutil.cpu_percent(interval=None)),
         memory_percent=float(memory.percent),
     )
+
+
+CONTAINERIZED_LABEL = "heteroflow.containerized"
+# Files container runtimes leave at the root of a container's filesystem (Docker, Podman).
+_CONTAINER_MARKERS = (".dockerenv", "run/.containerenv")
+
+
+def node_labels(configured: Mapping[str, str], root: Path = Path("/")) -> dict[str, str]:
+    """The labels the node reports: detected facts, then the operator's (which win).
+
+    An agent that itself runs inside a container gets ``heteroflow.containerized: true``:
+    its engines cannot get MIG/MPS isolation guarantees, so their QoS is bronze (H5).
+    """
+    detected: dict[str, str] = {}
+    if any((root / marker).exists() for marker in _CONTAINER_MARKERS):
+        detected[CONTAINERIZED_LABEL] = "true"
+    return {**detected, **configured}
