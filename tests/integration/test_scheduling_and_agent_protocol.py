@@ -43,6 +43,7 @@ def test_heartbeat_registers_node_with_inventory(api: Api) -> None:
 
 
 @pytest.mark.feature("B3")
+@pytest.mark.feature("P2")
 def test_scheduler_places_on_cards_with_free_memory_and_allocates_ports(api: Api) -> None:
     admin = api.login()
     node_id = api.heartbeat(gpus=[A10])

@@ -279,6 +279,7 @@ def test_cpu_task_needs_a_cpu() -> None:
 
 
 @pytest.mark.feature("B1")
+@pytest.mark.feature("P2")
 def test_host_port_zero_gets_lowest_free_pool_port() -> None:
     n = node("n", ports={30000, 30002})
     p = placed(place(demand(host_ports=(0, 0)), [n], RES, POOL))
@@ -286,6 +287,7 @@ def test_host_port_zero_gets_lowest_free_pool_port() -> None:
 
 
 @pytest.mark.feature("B1")
+@pytest.mark.feature("P2")
 def test_explicit_port_is_kept_and_not_reused_from_pool() -> None:
     n = node("n")
     p = placed(place(demand(host_ports=(0, 30000)), [n], RES, POOL))
@@ -293,6 +295,7 @@ def test_explicit_port_is_kept_and_not_reused_from_pool() -> None:
 
 
 @pytest.mark.feature("B1")
+@pytest.mark.feature("P2")
 def test_explicit_port_in_use_excludes_node() -> None:
     busy = node("busy", [card(total=10000, used=3000)], ports={8080})  # would win binpack
     free = node("free", [card(total=40000)])
