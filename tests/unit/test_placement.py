@@ -12,7 +12,7 @@ from heteroflow.core.placement import (
     Reservation,
     TaskDemand,
     Unplaced,
-    commit,
+    book,
     place,
 )
 from heteroflow.core.placement.filters import card_admits
@@ -138,10 +138,11 @@ def test_two_half_tasks_share_one_card_through_place_and_commit() -> None:
     n = node("n1", [card()])
     nodes = [n]
     for tid in ("a", "b"):
-        p = placed(place(demand(pct=50, task_id=tid), nodes, RES, POOL))
+        d = demand(pct=50, task_id=tid)
+        p = placed(place(d, nodes, RES, POOL))
         assert p.gpu_ids == (0,)
         assert p.per_card_pct == 50
-        commit(n, p)
+        book(n, p, d)
     assert n.cards[0].committed_pct == 100
     reason = unplaced(place(demand(pct=1), nodes, RES, POOL))
     assert "1% of memory commitment left" in reason
@@ -320,8 +321,9 @@ def test_pool_exhausted_is_unplaced() -> None:
 @pytest.mark.feature("B2")
 def test_commit_books_memory_pct_and_ports() -> None:
     n = node("n", [card(0), card(1)])
-    p = placed(place(demand(pct=60, est=3000), [n], RES, POOL))
-    commit(n, p)
+    d = demand(pct=60, est=3000)
+    p = placed(place(d, [n], RES, POOL))
+    book(n, p, d)
     booked = n.cards[p.gpu_ids[0]]
     other = n.cards[1 - p.gpu_ids[0]]
     assert (booked.committed_mb, booked.committed_pct) == (3000, 60)
@@ -336,10 +338,11 @@ def test_commit_books_memory_pct_and_ports() -> None:
 @pytest.mark.feature("B3")
 def test_commit_books_estimates_so_memory_is_not_double_booked() -> None:
     n = node("n", [card(total=10000)])  # 8500 available
-    first = placed(place(demand(pct=10, est=4000), [n], RES, POOL))
-    commit(n, first)
-    second = placed(place(demand(pct=10, est=4000, task_id="t2"), [n], RES, POOL))
-    commit(n, second)
+    d1, d2 = demand(pct=10, est=4000), demand(pct=10, est=4000, task_id="t2")
+    first = placed(place(d1, [n], RES, POOL))
+    book(n, first, d1)
+    second = placed(place(d2, [n], RES, POOL))
+    book(n, second, d2)
     assert n.cards[0].committed_mb == 8000
     reason = unplaced(place(demand(pct=10, est=4000, task_id="t3"), [n], RES, POOL))
     assert "4000 MB free after the reservation" in reason
@@ -348,8 +351,9 @@ def test_commit_books_estimates_so_memory_is_not_double_booked() -> None:
 @pytest.mark.feature("B1")
 def test_commit_books_cpu_memory() -> None:
     n = node("n", [], memory_total_mb=10000)  # 9000 free
-    p = placed(place(demand(gpus=0, memory_mb=5000), [n], RES, POOL))
-    commit(n, p)
+    d = demand(gpus=0, memory_mb=5000)
+    p = placed(place(d, [n], RES, POOL))
+    book(n, p, d)
     assert n.memory_committed_mb == 5000
     assert isinstance(place(demand(gpus=0, memory_mb=5000), [n], RES, POOL), Unplaced)
 

@@ -12,7 +12,7 @@ from heteroflow.core.placement import (
     Reservation,
     TaskDemand,
     Unplaced,
-    commit,
+    book,
     place,
 )
 
@@ -62,9 +62,10 @@ def test_inference_container_cap_counts_and_non_inference_work_passes() -> None:
         place(demand(task_type="container"), [n], RES, POOL, Policy(inference_cap=2)), Placement
     )
     m = node("m", inference_tasks=1)
-    p = place(demand(), [m], RES, POOL, Policy(inference_cap=2))
+    d = demand()
+    p = place(d, [m], RES, POOL, Policy(inference_cap=2))
     assert isinstance(p, Placement)
-    commit(m, p, inference=True)
+    book(m, p, d)
     assert m.inference_tasks == 2
     assert isinstance(place(demand(), [m], RES, POOL, Policy(inference_cap=2)), Unplaced)
 

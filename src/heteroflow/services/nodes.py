@@ -18,6 +18,7 @@ from heteroflow.core.engines.selection import NodeEngines
 from heteroflow.core.engines.templates import inference_templates as templates_for
 from heteroflow.core.errors import Conflict, NotFound
 from heteroflow.core.ids import new_id
+from heteroflow.core.placement.model import may_use
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import Node, Task, TaskGroup
 from heteroflow.schemas.nodes import (
@@ -184,7 +185,7 @@ def list_nodes(
     cutoff = clock.now() - timedelta(seconds=offline_after_s)
     rows = [
         n for n in s.scalars(select(Node).order_by(Node.name))
-        if tenant_id is None or not (d := dedicated_to(n.labels)) or tenant_id in d
+        if tenant_id is None or may_use(dedicated_to(n.labels), tenant_id)
     ]
     return [
         NodeRead(

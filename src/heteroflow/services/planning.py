@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.engines import CPU_CAPABLE, LLAMACPP_AGENT_FLAGS, owned_flag_in, resolve_engine
-from heteroflow.core.engines.registry import ENGINES
+from heteroflow.core.engines.registry import vendors_of
 from heteroflow.core.engines.selection import NodeEngines
 from heteroflow.core.engines.templates import Template, inference_templates
 from heteroflow.core.errors import Conflict, ValidationFailed
@@ -61,7 +61,6 @@ class GroupPlan:
         self, share_key: str = "", task_id: str = "", tenant_id: str = ""
     ) -> TaskDemand:
         """What one task of the group asks the scheduler for (as a round would see it)."""
-        spec = ENGINES.get(self.engine)
         return TaskDemand(
             task_id=task_id,
             gpu_required=self.gpus_per_task,
@@ -77,7 +76,7 @@ class GroupPlan:
             tenant_id=tenant_id,
             priority=self.req.priority,
             multi_node=self.req.parallelism == "pipeline",
-            engine_vendors=spec.vendors if spec is not None else frozenset(),
+            engine_vendors=vendors_of(self.engine),
         )
 
 

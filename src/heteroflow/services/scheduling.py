@@ -21,13 +21,13 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Row, Table, bindparam, func, insert, select, text, update
+from sqlalchemy import Row, func, select, text, update
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.engines.registry import ENGINES
+from heteroflow.core.engines.registry import vendors_of
 from heteroflow.core.engines.selection import (
     EngineChoice,
     NodeEngines,
@@ -50,16 +50,19 @@ from heteroflow.core.placement import (
 )
 from heteroflow.core.placement.memo import FailureMemo
 from heteroflow.core.placement.preemption import Preemption
-from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus, group_status
+from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus
 from heteroflow.db.tables import Event, Node, Task, TaskGroup
 from heteroflow.services.nodes import dedicated_to, node_engines
 from heteroflow.services.sharing import tenant_share_keys
-from heteroflow.services.transitions import transition
+from heteroflow.services.transitions import (
+    Move,
+    set_pending_reasons,
+    transition,
+    transition_many,
+)
 
 log = logging.getLogger(__name__)
 _PG_LOCK_KEY = 0x4846_5343  # "HFSC": the scheduler's commit lock
-_TASKS = cast(Table, Task.__table__)
-_GROUPS = cast(Table, TaskGroup.__table__)
 
 
 @dataclass(slots=True)
@@ -167,13 +170,8 @@ def _demand(t: Row[Any], keys: dict[str, str]) -> TaskDemand:
         priority=t.priority,
         group_id=t.group_id,
         multi_node=t.parallelism == "pipeline",
-        engine_vendors=_engine_vendors(t.engine),
+        engine_vendors=vendors_of(t.engine),
     )
-
-
-def _engine_vendors(engine: str) -> frozenset[str]:
-    spec = ENGINES.get(engine)
-    return spec.vendors if spec is not None else frozenset()
 
 
 class _Round:
@@ -429,7 +427,7 @@ def _flush(rnd: _Round) -> None:
     if not rnd.decisions:
         return
     start = time.perf_counter()
-    s, now = rnd.s, rnd.clock.now()
+    s = rnd.s
     decisions, rnd.decisions = rnd.decisions, []
     touched = {d.node.id: d.node for d in decisions}
     ok_nodes = _cas_nodes(s, {nid: n.version for nid, n in touched.items()})
@@ -445,64 +443,23 @@ def _flush(rnd: _Round) -> None:
     ]
     rnd.result.conflicts += len(decisions) - len(keep)
     if keep:
-        s.execute(
-            update(_TASKS)
-            .where(
-                _TASKS.c.id == bindparam("b_id"),
-                _TASKS.c.status == TaskStatus.PENDING.value,
-            )
-            .values(
-                status=TaskStatus.SCHEDULED.value,
-                status_message=bindparam("b_msg"),
-                node_id=bindparam("b_node"),
-                gpu_ids=bindparam("b_gpus"),
-                ports=bindparam("b_ports"),
-                memory_mb=bindparam("b_mem"),
-                qos=bindparam("b_qos"),
-                engine=bindparam("b_engine"),
-                engine_reason=bindparam("b_reason"),
-                updated_at=now,
-            ),
-            [_task_values(d) for d in keep],
+        # PostgreSQL: the queue rows are ours (FOR UPDATE SKIP LOCKED) until the commit
+        moved = transition_many(
+            s,
+            rnd.clock,
+            TaskStatus.PENDING,
+            TaskStatus.SCHEDULED,
+            [Move(d.row.id, d.row.group_id, _placed_message(d), _task_values(d)) for d in keep],
+            rows_locked=s.get_bind().dialect.name == "postgresql",
+            group_message="placed",
         )
-        # PostgreSQL: the queue rows are ours (FOR UPDATE), so every row moved. SQLite has
-        # no row locks: verify which rows really moved.
-        ids = [d.row.id for d in keep]
-        pg = s.get_bind().dialect.name == "postgresql"
-        moved = set(ids) if pg else _scheduled_ids(s, ids)
         written = [d for d in keep if d.row.id in moved]
         rnd.result.conflicts += len(keep) - len(written)
-        if written:
-            s.execute(
-                insert(Event),
-                [
-                    {
-                        "group_id": d.row.group_id, "task_id": d.row.id, "kind": "task_status",
-                        "from_status": "pending", "to_status": "scheduled",
-                        "message": _placed_message(d), "created_at": now,
-                    }
-                    for d in written
-                ],
-            )
-            _refresh_groups(s, rnd.clock, {d.row.group_id for d in written})
         per = (time.perf_counter() - start) / max(1, len(decisions))
         rnd.result.placed += len(written)
         rnd.result.decision_ms.extend((d.compute_s + per) * 1000 for d in written)
         for d in written:
             rnd.reasons.pop(d.row.id, None)
-
-
-def _scheduled_ids(s: Session, ids: list[str]) -> set[str]:
-    out: set[str] = set()
-    for i in range(0, len(ids), 1000):
-        out.update(
-            s.scalars(
-                select(Task.id).where(
-                    Task.id.in_(ids[i : i + 1000]), Task.status == TaskStatus.SCHEDULED.value
-                )
-            )
-        )
-    return out
 
 
 def _placed_message(d: _Decision) -> str:
@@ -519,63 +476,19 @@ def _task_values(d: _Decision) -> dict[str, Any]:
         {"container_port": int(m["container_port"]), "host_port": hp}
         for m, hp in zip(t.ports, p.host_ports, strict=True)
     ]
-    engine, reason = t.engine, None
+    engine, reason = t.engine, t.engine_reason
     if d.choice is not None:
         engine = d.choice.engine
         reason = f"on {d.node.name}: {d.choice.reason}"
     return {
-        "b_id": t.id,
-        "b_msg": _placed_message(d),
-        "b_node": p.node_id,
-        "b_gpus": list(p.gpu_ids),
-        "b_ports": ports,
-        "b_mem": p.memory_mb if t.gpu_required == 0 else t.memory_mb,
-        "b_qos": p.qos,
-        "b_engine": engine,
-        "b_reason": reason if reason is not None else t.engine_reason,
+        "node_id": p.node_id,
+        "gpu_ids": list(p.gpu_ids),
+        "ports": ports,
+        "memory_mb": p.memory_mb if t.gpu_required == 0 else t.memory_mb,
+        "qos": p.qos,
+        "engine": engine,
+        "engine_reason": reason,
     }
-
-
-def _refresh_groups(s: Session, clock: Clock, group_ids: set[str]) -> None:
-    ids = sorted(group_ids)
-    statuses: dict[str, list[TaskStatus]] = defaultdict(list)
-    current: dict[str, tuple[str, bool]] = {}
-    for i in range(0, len(ids), 1000):
-        chunk = ids[i : i + 1000]
-        q = (
-            select(Task.group_id, Task.status, TaskGroup.status, TaskGroup.deleted_at)
-            .join(TaskGroup, TaskGroup.id == Task.group_id)
-            .where(Task.group_id.in_(chunk))
-        )
-        for gid, st, group_st, deleted in s.execute(q):
-            statuses[gid].append(TaskStatus(st))
-            current[gid] = (group_st, deleted is not None)
-    now = clock.now()
-    changes = []
-    for gid, (old, deleting) in current.items():
-        new = group_status(statuses[gid], deleting=deleting).value
-        if new != old:
-            changes.append({"b_id": gid, "b_status": new, "b_old": old})
-    if not changes:
-        return
-    tg = _GROUPS
-    s.execute(
-        update(tg)
-        .where(tg.c.id == bindparam("b_id"), tg.c.status == bindparam("b_old"))
-        .values(status=bindparam("b_status"), status_message="placed", updated_at=now),
-        changes,
-    )
-    s.execute(
-        insert(Event),
-        [
-            {
-                "group_id": c["b_id"], "task_id": None, "kind": "group_status",
-                "from_status": c["b_old"], "to_status": c["b_status"], "message": "placed",
-                "created_at": now,
-            }
-            for c in changes
-        ],
-    )
 
 
 def _write_preemptions(rnd: _Round) -> None:
@@ -621,12 +534,4 @@ def _pool_ports(s: Session, task_id: str) -> list[dict[str, int]]:
 
 
 def _write_reasons(rnd: _Round) -> None:
-    if not rnd.reasons:
-        return
-    tt = _TASKS
-    rnd.s.execute(
-        update(tt)
-        .where(tt.c.id == bindparam("b_id"), tt.c.status == TaskStatus.PENDING.value)
-        .values(status_message=bindparam("b_msg")),
-        [{"b_id": k, "b_msg": v} for k, v in rnd.reasons.items()],
-    )
+    set_pending_reasons(rnd.s, rnd.reasons)

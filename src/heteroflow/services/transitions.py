@@ -5,23 +5,40 @@ Every change of ``tasks.status`` in the code base goes through ``transition``. I
 changed the row first, nothing is written and False comes back — the caller re-reads
 and decides again (level-triggered), so two servers or a server and an agent can never
 both win the same change. The group's derived status is refreshed in the same unit of
-work.
+work. ``transition_many`` is the same door for a batch (the scheduler's commits).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.states import TaskStatus, can_transition, group_status
 from heteroflow.db.tables import Event, Task, TaskGroup
 
+_TASKS = cast(Table, Task.__table__)
+_GROUPS = cast(Table, TaskGroup.__table__)
+_CHUNK = 1000  # ids per IN (...) list
+
 
 class IllegalTransition(Exception):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One task's change in a batch: its event message and the columns it sets."""
+
+    task_id: str
+    group_id: str
+    message: str
+    values: dict[str, Any]
 
 
 def transition(
@@ -93,4 +110,122 @@ def set_pending_reason(s: Session, clock: Clock, task_id: str, reason: str) -> N
         .where(Task.id == task_id, Task.status == TaskStatus.PENDING.value)
         .values(status_message=reason)
         .execution_options(synchronize_session=False)
+    )
+
+
+def transition_many(
+    s: Session,
+    clock: Clock,
+    expected: TaskStatus,
+    to: TaskStatus,
+    moves: Sequence[Move],
+    *,
+    rows_locked: bool = False,
+    group_message: str = "",
+) -> set[str]:
+    """``transition`` for a batch (the scheduler's commits): the same compare-and-set per
+    task, one executemany instead of a round trip each; returns the ids that moved.
+
+    Every move must set the same columns. With ``rows_locked`` (the caller holds the rows
+    FOR UPDATE, PostgreSQL) every row moves; otherwise a read confirms which did.
+    """
+    if not can_transition(expected, to):
+        raise IllegalTransition(f"task cannot go from {expected} to {to}")
+    if not moves:
+        return set()
+    now = clock.now()
+    keys = list(moves[0].values)
+    s.execute(
+        update(_TASKS)
+        .where(_TASKS.c.id == bindparam("b_id"), _TASKS.c.status == expected.value)
+        .values(
+            status=to.value,
+            status_message=bindparam("b_msg"),
+            updated_at=now,
+            **{k: bindparam(f"b_{k}") for k in keys},
+        ),
+        [
+            {"b_id": m.task_id, "b_msg": m.message, **{f"b_{k}": m.values[k] for k in keys}}
+            for m in moves
+        ],
+    )
+    ids = [m.task_id for m in moves]
+    moved = set(ids) if rows_locked else _ids_in(s, ids, to)
+    done = [m for m in moves if m.task_id in moved]
+    if done:
+        s.execute(
+            insert(Event),
+            [
+                {
+                    "group_id": m.group_id, "task_id": m.task_id, "kind": "task_status",
+                    "from_status": expected.value, "to_status": to.value,
+                    "message": m.message, "created_at": now,
+                }
+                for m in done
+            ],
+        )
+        refresh_group_statuses(s, clock, {m.group_id for m in done}, group_message)
+    return moved
+
+
+def _ids_in(s: Session, ids: list[str], status: TaskStatus) -> set[str]:
+    out: set[str] = set()
+    for i in range(0, len(ids), _CHUNK):
+        q = select(Task.id).where(Task.id.in_(ids[i : i + _CHUNK]), Task.status == status.value)
+        out.update(s.scalars(q))
+    return out
+
+
+def refresh_group_statuses(
+    s: Session, clock: Clock, group_ids: set[str], message: str = ""
+) -> None:
+    """``refresh_group_status`` for many groups: one read, one executemany, events."""
+    ids = sorted(group_ids)
+    statuses: dict[str, list[TaskStatus]] = defaultdict(list)
+    current: dict[str, tuple[str, bool]] = {}
+    for i in range(0, len(ids), _CHUNK):
+        q = (
+            select(Task.group_id, Task.status, TaskGroup.status, TaskGroup.deleted_at)
+            .join(TaskGroup, TaskGroup.id == Task.group_id)
+            .where(Task.group_id.in_(ids[i : i + _CHUNK]))
+        )
+        for gid, st, group_st, deleted in s.execute(q):
+            statuses[gid].append(TaskStatus(st))
+            current[gid] = (group_st, deleted is not None)
+    changes = []
+    for gid, (old, deleting) in current.items():
+        new = group_status(statuses[gid], deleting=deleting).value
+        if new != old:
+            changes.append({"b_id": gid, "b_status": new, "b_old": old})
+    if not changes:
+        return
+    now = clock.now()
+    s.execute(
+        update(_GROUPS)
+        .where(_GROUPS.c.id == bindparam("b_id"), _GROUPS.c.status == bindparam("b_old"))
+        .values(status=bindparam("b_status"), status_message=message, updated_at=now),
+        changes,
+    )
+    s.execute(
+        insert(Event),
+        [
+            {
+                "group_id": c["b_id"], "task_id": None, "kind": "group_status",
+                "from_status": c["b_old"], "to_status": c["b_status"], "message": message,
+                "created_at": now,
+            }
+            for c in changes
+        ],
+    )
+
+
+def set_pending_reasons(s: Session, reasons: dict[str, str]) -> None:
+    """``set_pending_reason`` for many tasks in one executemany."""
+    if not reasons:
+        return
+    s.execute(
+        update(_TASKS)
+        .where(_TASKS.c.id == bindparam("b_id"), _TASKS.c.status == TaskStatus.PENDING.value)
+        .values(status_message=bindparam("b_msg")),
+        [{"b_id": k, "b_msg": v} for k, v in reasons.items()],
     )

@@ -149,3 +149,10 @@ def engine_spec(name: str) -> EngineSpec:
         return ENGINES[name]
     except KeyError:
         raise ValueError(f"unknown engine {name!r}; one of {', '.join(ENGINES)}") from None
+
+
+def vendors_of(name: str) -> frozenset[str]:
+    """Card vendors engine ``name`` runs on ("cpu" included for CPU engines); empty for no
+    engine or an unknown one (a custom command: nothing to check)."""
+    spec = ENGINES.get(name)
+    return spec.vendors if spec is not None else frozenset()

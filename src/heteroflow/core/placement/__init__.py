@@ -27,25 +27,6 @@ from heteroflow.core.placement.precheck import never_fits
 from heteroflow.core.placement.preemption import Preemption, plan_preemption
 from heteroflow.core.placement.scoring import parse_scorers, qos
 
-
-def commit(node: NodeView, placement: Placement, *, inference: bool = True) -> None:
-    """Book a placement for a task known only by its placement (dry run, tests)."""
-    book(
-        node,
-        placement,
-        TaskDemand(
-            task_id="",
-            gpu_required=len(placement.gpu_ids),
-            gpu_type="",
-            gpu_memory_utilization=placement.per_card_pct,
-            estimated_gpu_memory_mb=placement.per_card_mb,
-            memory_mb=placement.memory_mb,
-            host_ports=placement.host_ports,
-            task_type="inference" if inference else "container",
-        ),
-    )
-
-
 __all__ = [
     "DEFAULT_CPU_TASK_MEMORY_MB",
     "CardView",
@@ -59,7 +40,6 @@ __all__ = [
     "TaskDemand",
     "Unplaced",
     "book",
-    "commit",
     "evaluate",
     "never_fits",
     "parse_scorers",

@@ -58,6 +58,11 @@ class CardView:
         return self.memory_total_mb - used - reservation.of(self.memory_total_mb)
 
 
+def may_use(dedicated_to: frozenset[str], tenant_id: str) -> bool:
+    """A node dedicated to some tenants (empty: to none, i.e. shared) serves only them."""
+    return not dedicated_to or not tenant_id or tenant_id in dedicated_to
+
+
 @dataclass(slots=True)
 class Occupant:
     """A task holding a placement on a node (for sharing rules and preemption)."""
@@ -101,7 +106,7 @@ class NodeView:
     tenants: frozenset[str] = frozenset()
 
     def visible_to(self, tenant_id: str) -> bool:
-        return not self.tenants or not tenant_id or tenant_id in self.tenants
+        return may_use(self.tenants, tenant_id)
 
     @property
     def rdma(self) -> bool:
