@@ -42,9 +42,11 @@ def _bearer(authorization: str | None) -> str:
 
 
 def get_principal(
-    ctx: Ctx, authorization: Annotated[str | None, Header()] = None
+    request: Request, ctx: Ctx, authorization: Annotated[str | None, Header()] = None
 ) -> Principal:
-    return ctx.tokens.verify(_bearer(authorization))
+    principal = ctx.tokens.verify(_bearer(authorization))
+    request.state.principal = principal  # the audit log names who made a write
+    return principal
 
 
 Who = Annotated[Principal, Depends(get_principal)]

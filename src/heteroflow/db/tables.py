@@ -83,7 +83,38 @@ class User(Base):
     password_hash: Mapped[str] = mapped_column(String(256))
     role: Mapped[str] = mapped_column(String(16))  # operator | member
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    # tokens issued before this moment are refused (password reset, role change)
+    tokens_valid_after: Mapped[datetime | None] = mapped_column(nullable=True, default=None)
     created_at: Mapped[datetime]
+
+
+class LoginThrottle(Base):
+    """Failed logins per key ("user:<name>" or "addr:<ip>"), shared by every server
+    instance: after a few failures the key is blocked with an exponential back-off."""
+
+    __tablename__ = "login_throttle"
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    blocked_until: Mapped[datetime | None] = mapped_column(nullable=True, default=None)
+    updated_at: Mapped[datetime]
+
+
+class AuditRecord(Base):
+    """One row per management write (who, what, when, from where); operators read it."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_tenant_time", "tenant_id", "created_at"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    user_id: Mapped[str] = mapped_column(String(32), default="")
+    username: Mapped[str] = mapped_column(String(128), default="")
+    tenant_id: Mapped[str] = mapped_column(String(32), default="")
+    role: Mapped[str] = mapped_column(String(16), default="")  # operator|member|agent|gateway|""
+    method: Mapped[str] = mapped_column(String(8))
+    path: Mapped[str] = mapped_column(String(512))
+    status: Mapped[int] = mapped_column(Integer)
+    remote_addr: Mapped[str] = mapped_column(String(64), default="")
+    detail: Mapped[str] = mapped_column(Text, default="")
 
 
 class Node(Base):
@@ -92,6 +123,9 @@ class Node(Base):
     name: Mapped[str] = mapped_column(String(253), unique=True)
     address: Mapped[str] = mapped_column(String(255))
     runtime: Mapped[str] = mapped_column(String(32))
+    # the agent's volume rules (C4), reported so create can refuse a path no node allows
+    allowed_volume_prefixes: Mapped[list[Any]] = mapped_column(default=list)
+    denied_volume_prefixes: Mapped[list[Any]] = mapped_column(default=list)
     gpus: Mapped[list[Any]] = mapped_column(default=list)
     cpu_count: Mapped[int] = mapped_column(Integer, default=0)
     memory_total_mb: Mapped[int] = mapped_column(Integer, default=0)
@@ -131,6 +165,9 @@ class TaskGroup(Base):
     idle_timeout_minutes: Mapped[int] = mapped_column(Integer, default=0)
     gpu_memory_utilization: Mapped[int] = mapped_column(Integer)
     priority: Mapped[int] = mapped_column(Integer, default=0)
+    # "tenant": the priority ranks only within the tenant's sharing key (a member's);
+    # "platform": set by an operator, may preempt any tenant's lower-priority work
+    priority_class: Mapped[str] = mapped_column(String(16), default="tenant")
     health_check: Mapped[dict[str, Any]] = mapped_column(default=dict)
     scale_policy: Mapped[dict[str, Any]] = mapped_column(default=dict)
     schedule_window: Mapped[dict[str, Any]] = mapped_column(default=dict)
@@ -175,6 +212,7 @@ class Task(Base):
     launch_argv: Mapped[list[Any]] = mapped_column(default=list)
     gpu_memory_utilization: Mapped[int] = mapped_column(Integer)
     priority: Mapped[int] = mapped_column(Integer, default=0)
+    priority_class: Mapped[str] = mapped_column(String(16), default="tenant")
     health_check: Mapped[dict[str, Any]] = mapped_column(default=dict)
     qos: Mapped[str] = mapped_column(String(16), default="")  # gold|silver|bronze (H5)
     # M11: a draining replica gets no new gateway requests; in-flight ones finish

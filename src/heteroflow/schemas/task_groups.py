@@ -85,6 +85,11 @@ class TaskGroupCreate(Strict):
     idle_timeout_minutes: int = Field(default=0, ge=0, le=525600)
     gpu_memory_utilization: int = Field(default=90, ge=1, le=100)
     priority: int = Field(default=0, ge=0, le=1000)
+    priority_class: Literal["tenant", "platform"] = Field(
+        default="tenant",
+        description="tenant: the priority ranks only within your tenant (and its sharing "
+        "group); platform (operators only): may preempt any tenant's lower-priority work",
+    )
     endpoint_name: str | None = Field(default=None, pattern=NAME_PATTERN)
     endpoint_port: int | None = Field(default=None, ge=1, le=65535)
     external_port: int = Field(default=0, ge=0, le=65535)
@@ -121,6 +126,7 @@ class TaskRead(BaseModel):
     # B4: the task this one is being stopped for (it returns to the queue afterwards)
     preempted_by: str = ""
     priority: int = 0
+    priority_class: str = "tenant"
     # M11: the gateway sends it no new requests (POST/DELETE /api/v1/tasks/{id}/drain)
     draining: bool = False
     started_at: datetime | None
@@ -148,6 +154,7 @@ class TaskGroupRead(BaseModel):
     idle_timeout_minutes: int
     gpu_memory_utilization: int
     priority: int
+    priority_class: str = "tenant"
     health_check: dict[str, Any]
     labels: dict[str, Any]
     status: str
