@@ -14,8 +14,13 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from heteroflow.private_files import PRIVATE_UMASK
 from heteroflow.settings import AgentSettings, ServerSettings, default_data_dir
+
+if TYPE_CHECKING:
+    from heteroflow.db.engine import Database
 
 
 def _logging(verbose: bool) -> None:
@@ -46,7 +51,8 @@ def _up(a: argparse.Namespace) -> int:
 
 
 async def _serve_server(settings: ServerSettings) -> None:
-    from heteroflow.server import ServerApp, bind, install_stop_signals
+    from heteroflow.server import ServerApp
+    from heteroflow.serving import bind, install_stop_signals
 
     app = ServerApp(settings)
     if app.bootstrap.admin_password_generated:
@@ -73,7 +79,7 @@ async def _run_agent(settings: AgentSettings) -> None:
     from heteroflow.agent.daemon import Agent
     from heteroflow.agent.factory import RuntimeUnavailable, make_launcher
     from heteroflow.core.clock import SystemClock
-    from heteroflow.server import install_stop_signals
+    from heteroflow.serving import install_stop_signals
 
     config = NodeConfig.load(settings.config_file)
     name = settings.node_name or socket.gethostname()
@@ -104,14 +110,13 @@ async def _run_gateway(a: argparse.Namespace, token: str) -> int:
     from heteroflow.gateway.poller import SnapshotPoller
     from heteroflow.gateway.routes_file import RoutesFileError, RoutesFileWatcher
     from heteroflow.gateway.snapshot import SnapshotHolder
-    from heteroflow.gateway.store import open_store
     from heteroflow.gateway.usage import (
         HttpUsageSink,
         JsonLinesUsageSink,
         UsageCollector,
         UsageSink,
     )
-    from heteroflow.server import bind, http_server, install_stop_signals
+    from heteroflow.serving import bind, http_server, install_stop_signals
 
     settings = ServerSettings()
     holder = SnapshotHolder()
@@ -143,9 +148,9 @@ async def _run_gateway(a: argparse.Namespace, token: str) -> int:
             max_records=settings.usage_flush_max_records,
         )
     )
-    # HETEROFLOW_REDIS_URL: limits and idempotency keys shared with other gateways (M8, M9)
-    store = open_store(settings.redis_url, settings.redis_key_prefix)
-    app = GatewayApp(holder, usage=usage, store=store)
+    # every gateway setting, as in the all-in-one (HETEROFLOW_REDIS_URL: limits and
+    # idempotency keys shared with other gateways, M8, M9)
+    app = GatewayApp.from_settings(settings, holder, usage=usage)
     sock = bind(a.host, a.port)
     stop = asyncio.Event()
     install_stop_signals(stop)
@@ -205,6 +210,97 @@ def _migrate(_: argparse.Namespace) -> int:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     migrate(make_engine(settings.resolved_database_url()))
     print("database is at the newest schema")
+    return 0
+
+
+def _server_database(settings: ServerSettings) -> Database | None:
+    """The servers' database (HETEROFLOW_DATABASE_URL / HETEROFLOW_DATA_DIR), or None
+    (said on stderr) when there is none yet: an empty SQLite file is not created."""
+    from heteroflow.db.engine import Database
+
+    if not settings.database_url and not settings.sqlite_path().exists():
+        print(
+            f"no database at {settings.sqlite_path()}: set HETEROFLOW_DATA_DIR or "
+            "HETEROFLOW_DATABASE_URL as for the server",
+            file=sys.stderr,
+        )
+        return None
+    return Database.from_url(settings.resolved_database_url())
+
+
+def _rotate_jwt_secret(_: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from heteroflow.services.auth import rotate_jwt_secret
+
+    settings = ServerSettings()
+    if settings.jwt_secret:
+        print(
+            "HETEROFLOW_JWT_SECRET is set: the servers take the JWT secret from the "
+            "environment, not from the database, so it cannot be rotated here. Give every "
+            "server instance a new HETEROFLOW_JWT_SECRET and restart them (or unset it to "
+            "use the database's secret, which this command rotates).",
+            file=sys.stderr,
+        )
+        return 2
+    db = _server_database(settings)
+    if db is None:
+        return 1
+    try:
+        rotate_jwt_secret(db)
+    except SQLAlchemyError as exc:  # the message would carry the statement's parameters
+        print(f"could not write the database ({type(exc).__name__}); is its schema up to "
+              "date (heteroflow migrate)?", file=sys.stderr)
+        return 1
+    finally:
+        db.dispose()
+    print(
+        "JWT secret rotated: every token issued so far is now invalid (on every server "
+        f"instance within {settings.jwt_secret_cache_s:g} s); everyone must log in again"
+    )
+    return 0
+
+
+def _read_new_password(a: argparse.Namespace) -> str | None:
+    if a.password_stdin or not sys.stdin.isatty():
+        return sys.stdin.readline().rstrip("\r\n")
+    password = getpass.getpass(f"new password for {a.username}: ")
+    if getpass.getpass("the same again: ") != password:
+        print("the two passwords differ", file=sys.stderr)
+        return None
+    return password
+
+
+def _reset_password(a: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from heteroflow.core.clock import SystemClock
+    from heteroflow.core.errors import NotFound, ValidationFailed
+    from heteroflow.services.auth import reset_password
+
+    password = _read_new_password(a)
+    if not password:
+        if password is not None:
+            print("no password given (one line on stdin)", file=sys.stderr)
+        return 2
+    db = _server_database(ServerSettings())
+    if db is None:
+        return 1
+    try:
+        reset_password(db, SystemClock(), a.username, password)
+    except NotFound:
+        print(f"no user named {a.username!r}", file=sys.stderr)
+        return 1
+    except ValidationFailed as exc:
+        print(exc.message, file=sys.stderr)
+        return 2
+    except SQLAlchemyError as exc:  # the message would carry the statement's parameters
+        print(f"could not write the database ({type(exc).__name__}); is its schema up to "
+              "date (heteroflow migrate)?", file=sys.stderr)
+        return 1
+    finally:
+        db.dispose()
+    print(f"password of {a.username} reset: the tokens issued to them so far no longer work")
     return 0
 
 
@@ -357,6 +453,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(fn=_migrate)
 
+    rj = sub.add_parser(
+        "rotate-jwt-secret",
+        help="new JWT secret in the servers' database: every issued token stops working",
+    )
+    rj.set_defaults(fn=_rotate_jwt_secret)
+
+    rp = sub.add_parser(
+        "reset-password",
+        help="set a user's password in the servers' database; their old tokens stop working",
+    )
+    rp.add_argument("username")
+    rp.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the new password from stdin (default when stdin is not a terminal; "
+        "else it is prompted for)",
+    )
+    rp.set_defaults(fn=_reset_password)
+
     lg = sub.add_parser("login", help="sign in to a server's management API")
     lg.add_argument("--server", default="http://127.0.0.1:3333")
     lg.add_argument("--username", default="admin")
@@ -433,6 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _logging(args.verbose)
+    # everything a HeteroFlow process writes (database, logs, tokens) is owner-only
+    os.umask(PRIVATE_UMASK)
     return int(args.fn(args))
 
 

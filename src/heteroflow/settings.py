@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from heteroflow.core.containers import DEFAULT_ENV_ALLOW
 from heteroflow.core.placement import Policy, Reservation, parse_scorers
 
 
@@ -29,7 +30,8 @@ class ServerSettings(BaseSettings):
     database_url: str = ""
     host: str = "127.0.0.1"
     port: int = 3333
-    # Secret that signs JWTs; empty = generated once and kept in data_dir (mode 0600).
+    # Secret that signs JWTs; empty = generated once and kept in the database
+    # (platform_settings), so every server instance agrees; `heteroflow rotate-jwt-secret`.
     jwt_secret: str = ""
     jwt_ttl_s: float = 12 * 3600
     admin_password: str = ""
@@ -37,10 +39,27 @@ class ServerSettings(BaseSettings):
     node_token: str = ""
     # Token a separate gateway presents to read the routing snapshot.
     gateway_token: str = ""
+    # Login throttling, per user name and per client address, shared by every instance
+    # (core/auth_policy.py): after 5 failures a key is blocked for base * 2^(failures-5)
+    # seconds, at most login_backoff_max_s; a key quiet for login_throttle_forget_s
+    # starts again from zero.
+    login_backoff_base_s: float = Field(default=1.0, gt=0.0)
+    login_backoff_max_s: float = Field(default=900.0, gt=0.0)
+    login_throttle_forget_s: float = Field(default=24 * 3600.0, gt=0.0)
+    # How long a server instance trusts its copy of the JWT secret from the database:
+    # `heteroflow rotate-jwt-secret` reaches every instance within this time.
+    jwt_secret_cache_s: float = Field(default=2.0, ge=0.0)
 
     scheduler_interval_s: float = 1.0
     snapshot_interval_s: float = 0.5
     node_offline_after_s: float = 20.0
+    # Leader election (services/leadership.py): the leader-only loops run on the instance
+    # holding the "controllers" lease. Every instance tries to take or renew it every
+    # leader_renew_interval_s (shorter than the TTL, best at most a third of it: two
+    # renewals may then fail before the lease lapses); a dead leader's lease is taken
+    # over within leader_lease_ttl_s plus one renew interval.
+    leader_lease_ttl_s: float = Field(default=15.0, gt=0.0)
+    leader_renew_interval_s: float = Field(default=5.0, gt=0.0)
     # VRAM kept free on every card (B3): fixed MB + a share of the card.
     vram_reserve_fixed_mb: int = 500
     vram_reserve_ratio: float = 0.10
@@ -77,6 +96,9 @@ class ServerSettings(BaseSettings):
     gateway_probe_timeout_s: float = 1.0
     gateway_scrape_interval_s: float = Field(default=0.25, gt=0.0, le=0.25)
     gateway_auto_long_prompt_tokens: int = 4096
+    # A request whose backend connection could not be made (nothing was sent) goes to
+    # this many other healthy backends of its route; never after a byte was sent.
+    gateway_connect_retries: int = Field(default=1, ge=0, le=3)
     # Token usage (M7): the gateway writes its sums every usage_flush_interval_s, or
     # sooner once usage_flush_max_records requests were counted.
     usage_flush_interval_s: float = 5.0
@@ -96,9 +118,22 @@ class ServerSettings(BaseSettings):
     file_chunk_bytes: int = 64 * 1024 * 1024
     file_request_max_bytes: int = 4 * 1024 * 1024 * 1024
     file_request_timeout_s: float = 600.0
+    # Audit log (api/audit_middleware.py): rows older than this many days are deleted
+    # (0 = kept forever), swept at most once per audit_prune_interval_s per instance.
+    audit_retention_days: int = Field(default=90, ge=0, le=36500)
+    audit_prune_interval_s: float = Field(default=3600.0, gt=0.0)
+
+    # Variables a task's env may set besides the defaults (core.containers
+    # DEFAULT_ENV_ALLOW): names or PREFIX* patterns, comma-separated. The deny-list
+    # (loader, interpreter hooks, proxies, HETEROFLOW_*) cannot be lifted.
+    task_env_allow: str = ""
 
     def reservation(self) -> Reservation:
         return Reservation(self.vram_reserve_fixed_mb, self.vram_reserve_ratio)
+
+    def env_allow(self) -> tuple[str, ...]:
+        extra = tuple(p.strip() for p in self.task_env_allow.split(",") if p.strip())
+        return (*DEFAULT_ENV_ALLOW, *extra)
 
     @field_validator("scheduler_scorers")
     @classmethod

@@ -272,10 +272,69 @@ def test_gpu_assignment_reaches_the_container_and_tp_gets_shared_memory(
     env = dict(e.split("=", 1) for e in out.output.decode().strip().split("\0") if "=" in e)
     assert sorted(int(i) for i in env["NVIDIA_VISIBLE_DEVICES"].split(",")) == assigned
     host = c.attrs["HostConfig"]
-    assert host["IpcMode"] == "host"
+    assert host["IpcMode"] != "host"  # its own IPC namespace with a big /dev/shm
     assert host["ShmSize"] == 16 * 1024**3
     request = host["DeviceRequests"][0]
     assert sorted(int(i) for i in request["DeviceIDs"]) == assigned
     args = c.attrs["Args"]
     assert args[args.index("--tensor-split") + 1] == "1,1"
     assert dstack.api("DELETE", f"/api/v1/task-groups/{g['id']}").status_code == 204
+
+
+def test_a_members_command_runs_only_inside_its_container_and_sees_no_secret(
+    dstack: Stack, docker_client: Any, busybox_image: str
+) -> None:
+    """Attack (issue 10): under ``up`` a member's ``container`` task ran ``id; env`` on the
+    host as root and read the admin password back through the logs API. On a Docker node
+    it runs confined in its container, and nothing of the server's or agent's secrets is
+    in its environment; an env hook is refused before anything is written."""
+    admin = dstack.headers
+    tenant = httpx.post(
+        dstack.server_url + "/api/v1/tenants", json={"name": "mallory-inc"}, headers=admin
+    ).json()
+    r = httpx.post(
+        dstack.server_url + "/api/v1/users",
+        json={"username": "mallory", "password": "mallory-pass-1", "tenant_id": tenant["id"]},
+        headers=admin,
+    )
+    assert r.status_code == 201, r.text
+    login = httpx.post(
+        dstack.server_url + "/api/v1/auth/login",
+        json={"username": "mallory", "password": "mallory-pass-1"},
+    )
+    member = {"Authorization": f"Bearer {login.json()['access_token']}"}
+    spec = {
+        "name": "shell",
+        "task_type": "container",
+        "task": {
+            "image": busybox_image,
+            "gpu_required": 0,
+            "command": ["sh", "-c", "id; env; grep CapEff /proc/self/status; sleep 300"],
+        },
+    }
+    hook = {**spec, "task": {**spec["task"], "env": ["LD_PRELOAD=/tmp/x.so"]}}
+    r = httpx.post(dstack.server_url + "/api/v1/task-groups", json=hook, headers=member)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "task.env[0]", r.text
+    r = httpx.post(dstack.server_url + "/api/v1/task-groups", json=spec, headers=member)
+    assert r.status_code == 201, r.text
+    task_id = r.json()["tasks"][0]["id"]
+
+    def output() -> str:
+        page = httpx.get(
+            f"{dstack.server_url}/api/v1/tasks/{task_id}/logs", headers=member
+        ).json()
+        text = "".join(c["text"] for c in page.get("chunks", []))
+        return text if "CapEff" in text else ""
+
+    text = wait_for(output, 60, "the member's command output")
+    for secret in (ADMIN_PASSWORD, NODE_TOKEN):
+        assert secret not in text
+    assert "HETEROFLOW_AGENT" not in text and "HETEROFLOW_ADMIN" not in text
+    assert f"HETEROFLOW_TASK_ID={task_id}" in text  # its own identity, set by the agent
+    cap_eff = int(text.split("CapEff:", 1)[1].split()[0], 16)
+    assert cap_eff & (1 << 21) == 0  # no CAP_SYS_ADMIN
+    c = container(docker_client, task_id)
+    assert c.attrs["HostConfig"]["Privileged"] is False
+    assert c.attrs["HostConfig"]["CapDrop"] == ["ALL"]
+    gone = httpx.delete(f"{dstack.server_url}/api/v1/task-groups/{r.json()['id']}", headers=member)
+    assert gone.status_code == 204

@@ -216,6 +216,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             json={"username": "admin", "password": ADMIN_PASSWORD},
         )
         st.token = r.json()["access_token"]
+        # the node's first heartbeat carries its volume rules: create checks model paths
+        wait_for(lambda: st.api("GET", "/api/v1/nodes").json(), 30, "node registered")
         yield st
     finally:
         for p in reversed(st.procs):

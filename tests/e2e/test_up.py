@@ -27,6 +27,23 @@ def engines_under(path: Path) -> list[int]:
     return out
 
 
+SECRET = "e2e-secret-that-must-stay-in-the-server"
+
+
+def assert_owner_only(root: Path) -> None:
+    """Every file ``up`` wrote (database, WAL, logs, engine logs) is 0600 and every
+    directory it made 0700 — but the models folder, whose files are meant to be shared
+    read-only with engines."""
+    checked = 0
+    for path in root.rglob("*"):
+        if "models" in path.relative_to(root).parts:
+            continue
+        mode = path.stat().st_mode & 0o777
+        assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
+        checked += path.is_file()
+    assert checked >= 3, list(root.rglob("*"))  # at least the database, its WAL, a log
+
+
 @pytest.mark.feature("P1", "M1")
 def test_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
     proc = subprocess.Popen(
@@ -46,7 +63,8 @@ def test_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env={**os.environ},
+        # secrets in the server's environment must never reach an engine (issue 10)
+        env={**os.environ, "HETEROFLOW_JWT_SECRET": SECRET, "HETEROFLOW_NODE_TOKEN": SECRET},
     )
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
@@ -75,7 +93,13 @@ def test_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
             model="heteroflow-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
         assert reply.choices[0].message.content
-        assert engines_under(tmp_path), "the demo engine should be running"
+        engines = engines_under(tmp_path)
+        assert engines, "the demo engine should be running"
+        for pid in engines:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            assert SECRET.encode() not in environ
+            assert b"HETEROFLOW_JWT_SECRET" not in environ
+        assert_owner_only(tmp_path)
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(30)

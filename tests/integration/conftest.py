@@ -15,6 +15,9 @@ from heteroflow.server import ServerApp
 from heteroflow.settings import ServerSettings
 
 ADMIN_PASSWORD = "admin-pass-for-tests"
+# Where test nodes allow model files (besides the test's tmp_path); service_body's model
+# is a relative name, which needs no node (the agent looks it up under /data/models).
+TEST_PREFIXES = ("/models", "/m", "/data/models")
 NODE_TOKEN = "node-token-for-tests"
 
 
@@ -23,6 +26,7 @@ class Api:
     app: ServerApp
     client: TestClient
     clock: FakeClock
+    tmp: Path | None = None  # the test's tmp_path: test nodes allow model files there
 
     def login(self, username: str = "admin", password: str = ADMIN_PASSWORD) -> dict[str, str]:
         r = self.client.post(
@@ -43,13 +47,25 @@ class Api:
         return self.login(username, "member-pass-1")
 
     def heartbeat(
-        self, name: str = "node-a", gpus: list[dict[str, Any]] | None = None, memory_mb: int = 16384
+        self,
+        name: str = "node-a",
+        gpus: list[dict[str, Any]] | None = None,
+        memory_mb: int = 16384,
+        allowed: list[str] | None = None,
+        runtime: str = "docker",
     ) -> str:
         r = self.client.post(
             "/api/v1/agent/heartbeat",
             json={
                 "name": name,
                 "address": "127.0.0.1",
+                # a simulated Docker node: the process runtime takes only llama.cpp
+                # without a custom command (tests of that rule say runtime "process")
+                "runtime": runtime,
+                # C4 volume rules: absolute model paths must be inside (create checks)
+                "allowed_volume_prefixes": allowed
+                if allowed is not None
+                else [*TEST_PREFIXES, *([str(self.tmp)] if self.tmp else [])],
                 "inventory": {
                     "gpus": gpus or [],
                     "cpu_count": 4,
@@ -76,7 +92,7 @@ def service_body(**over: Any) -> dict[str, Any]:
         "task": {
             "image": "ghcr.io/ggml-org/llama.cpp:server",
             "gpu_required": 0,
-            "model_path": "/models/tiny.gguf",
+            "model_path": "tiny.gguf",
         },
     }
     task_over = over.pop("task", {})
@@ -99,5 +115,5 @@ def api(db_url: str, tmp_path: Path) -> Iterator[Api]:
     clock = FakeClock()
     app = ServerApp(settings, clock=clock)
     with TestClient(app.asgi) as client:
-        yield Api(app=app, client=client, clock=clock)
+        yield Api(app=app, client=client, clock=clock, tmp=tmp_path)
     app.db.dispose()

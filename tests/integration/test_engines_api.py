@@ -30,7 +30,9 @@ def heartbeat(
         json={
             "name": name,
             "address": "127.0.0.1",
+            "runtime": "docker",
             "engines": engines,
+            "allowed_volume_prefixes": ["/data/models", str(api.tmp)],
             "inventory": {"gpus": gpus, "cpu_count": 8, "memory_total_mb": memory_mb},
         },
         headers={"Authorization": f"Bearer {NODE_TOKEN}"},
@@ -45,7 +47,7 @@ def vllm_body(**task: Any) -> dict[str, Any]:
         task={
             "image": "vllm/vllm-openai:v0.11.2",
             "gpu_required": 1,
-            "model_path": "/data/models/qwen",
+            "model_path": "qwen",  # a name under /data/models: needs no registered node
             **task,
         },
     )
@@ -124,7 +126,7 @@ def test_dry_run_tensor_parallel_vllm_container(api: Api) -> None:
     task = plan["tasks"][0]
     assert sorted(task["placement"]["gpu_ids"]) == [0, 1]
     c = task["container"]
-    assert (c["ipc_mode"], c["shm_size"], c["network_mode"]) == ("host", "16g", None)
+    assert (c["ipc_mode"], c["shm_size"], c["network_mode"]) == (None, "16g", None)
     assert c["gpu"]["vendor"] == "nvidia" and sorted(c["gpu"]["device_ids"]) == ["0", "1"]
     args = c["command"]
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
@@ -162,6 +164,7 @@ def test_create_refuses_a_model_no_node_could_ever_hold(api: Api, tmp_path: Path
 @pytest.mark.feature("B8")
 def test_estimate_is_recorded_and_used_when_the_model_is_readable(api: Api, tmp_path: Path) -> None:
     admin = api.login()
+    heartbeat(api, "n", [], {"llamacpp": ""})  # allows tmp_path (C4)
     model = write_tiny_gguf(tmp_path / "tiny.gguf")
     g = api.client.post(
         "/api/v1/task-groups", json=service_body(task={"model_path": str(model)}), headers=admin
@@ -171,7 +174,7 @@ def test_estimate_is_recorded_and_used_when_the_model_is_readable(api: Api, tmp_
     # an unreadable path is simply not estimated
     g2 = api.client.post(
         "/api/v1/task-groups",
-        json=service_body(name="b", task={"model_path": "/nope/x.gguf"}),
+        json=service_body(name="b", task={"model_path": str(tmp_path / "nope" / "x.gguf")}),
         headers=admin,
     ).json()
     assert g2["tasks"][0]["estimate_detail"] == "" and g2["tasks"][0]["memory_mb"] == 0

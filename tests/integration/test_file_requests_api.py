@@ -74,7 +74,7 @@ async def serve(api: Api, node_id: str, models: Path, chunk_bytes: int = 1000) -
 
 async def test_list_and_download_through_the_agent(api: Api, models: Path) -> None:
     admin = api.login()
-    node_id = api.heartbeat()
+    node_id = api.heartbeat(runtime="process")
     task_id = placed_task(api, admin, models / "tiny.gguf", node_id)
     listing = request(api, admin, task_id, "list", str(models))
     assert listing.status_code == 201, listing.text
@@ -104,7 +104,7 @@ async def test_list_and_download_through_the_agent(api: Api, models: Path) -> No
 
 async def test_an_empty_file_downloads_as_empty(api: Api, models: Path) -> None:
     admin = api.login()
-    node_id = api.heartbeat()
+    node_id = api.heartbeat(runtime="process")
     task_id = placed_task(api, admin, models / "tiny.gguf", node_id)
     (models / "empty").write_bytes(b"")
     fr = request(api, admin, task_id, "download", str(models / "empty")).json()
@@ -126,7 +126,7 @@ async def test_an_empty_file_downloads_as_empty(api: Api, models: Path) -> None:
 )
 def test_paths_outside_or_malformed_are_refused_with_400(api: Api, models: Path, path: str) -> None:
     admin = api.login()
-    node_id = api.heartbeat()
+    node_id = api.heartbeat(runtime="process")
     task_id = placed_task(api, admin, models / "tiny.gguf", node_id)
     r = request(api, admin, task_id, "list", path.format(models=models))
     assert r.status_code == 400, r.text
@@ -143,7 +143,7 @@ async def test_the_agent_refuses_a_symlink_that_leads_out(
     api: Api, models: Path, tmp_path: Path
 ) -> None:
     admin = api.login()
-    node_id = api.heartbeat()
+    node_id = api.heartbeat(runtime="process")
     task_id = placed_task(api, admin, models / "tiny.gguf", node_id)
     (tmp_path / "secret").write_text("private key")
     os.symlink(tmp_path / "secret", models / "innocent.txt")
@@ -161,8 +161,8 @@ async def test_the_agent_refuses_a_symlink_that_leads_out(
 
 def test_a_request_is_claimed_once_and_only_by_its_node(api: Api, models: Path) -> None:
     admin = api.login()
-    node_id = api.heartbeat()
-    other = api.heartbeat(name="node-b")
+    node_id = api.heartbeat(runtime="process")
+    other = api.heartbeat(name="node-b", runtime="process")
     task_id = placed_task(api, admin, models / "tiny.gguf", node_id)
     fr = request(api, admin, task_id, "list", str(models)).json()
     headers = {"Authorization": f"Bearer {NODE_TOKEN}"}
@@ -190,7 +190,7 @@ def test_a_request_is_claimed_once_and_only_by_its_node(api: Api, models: Path) 
 
 def test_uploads_are_checked_chunk_by_chunk_and_at_the_end(api: Api, models: Path) -> None:
     admin = api.login()
-    node_id = api.heartbeat()
+    node_id = api.heartbeat(runtime="process")
     task_id = placed_task(api, admin, models / "tiny.gguf", node_id)
     fr = request(api, admin, task_id, "download", str(models / "tiny.gguf")).json()
     headers = {"Authorization": f"Bearer {NODE_TOKEN}", "X-Heteroflow-Node": node_id}
@@ -216,7 +216,7 @@ def test_uploads_are_checked_chunk_by_chunk_and_at_the_end(api: Api, models: Pat
 
 def test_visibility_placement_and_expiry(api: Api, models: Path) -> None:
     admin = api.login()
-    node_id = api.heartbeat()
+    node_id = api.heartbeat(runtime="process")
     task_id = placed_task(api, admin, models / "tiny.gguf", node_id)
     fr = request(api, admin, task_id, "list", str(models)).json()
     other = api.member(admin, "team-b", "bob")

@@ -198,3 +198,62 @@ def _wait_until(cond: Any, timeout: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)
+
+
+def _dead_url() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+@pytest.mark.parametrize(("retries", "failures"), [("0", 1), ("1", 0)])
+def test_gateway_settings_reach_the_separate_gateway_process(
+    tmp_path: Path, engine: tuple[FakeOpenAIBackend, str], retries: str, failures: int
+) -> None:
+    """Issue 11: the separate gateway used to ignore gateway settings the all-in-one
+    honoured. Both build it with ``GatewayApp.from_settings``; here the failover setting
+    (HETEROFLOW_GATEWAY_CONNECT_RETRIES) visibly changes what a client gets when the
+    first backend in turn is down."""
+    routes = _routes(engine[1])
+    routes["models"]["chat"] = {"algorithm": "round_robin", "backends": [_dead_url(), engine[1]]}
+    (tmp_path / "routes.json").write_text(json.dumps(routes))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "heteroflow.cli", "gateway", "--port", "0",
+         "--routes", str(tmp_path / "routes.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "HETEROFLOW_GATEWAY_CONNECT_RETRIES": retries},
+    )
+    try:
+        assert proc.stdout is not None
+        gw = Gateway(proc, _listening_url(proc.stdout))
+        seen = 0
+        for _ in range(2):  # round robin: one of the two starts at the dead backend
+            try:
+                gw.client.chat.completions.create(model="chat", messages=MSG)
+            except openai.APIStatusError as exc:
+                assert exc.status_code == 502
+                seen += 1
+        assert seen == failures
+        gw.client.close()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_the_all_in_one_builds_its_gateway_from_the_same_settings(tmp_path: Path) -> None:
+    from heteroflow.server import ServerApp
+    from heteroflow.settings import ServerSettings
+
+    settings = ServerSettings(
+        data_dir=tmp_path, gateway_connect_retries=0, upstream_timeout_s=42.0,
+        gateway_auto_long_prompt_tokens=123,
+    )
+    app = ServerApp(settings)
+    try:
+        assert app.gateway._connect_retries == 0
+        assert app.gateway._auto_long_prompt_tokens == 123
+        assert app.gateway._upstream._timeout.sock_read == 42.0
+    finally:
+        app.db.dispose()

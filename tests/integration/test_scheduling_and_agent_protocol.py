@@ -113,7 +113,7 @@ def test_claim_is_compare_and_set_and_reports_drive_the_group(api: Api) -> None:
         headers={"Authorization": "Bearer node-token-for-tests"},
     ).json()
     assert [t["id"] for t in hb["tasks"]] == [task_id]
-    assert hb["tasks"][0]["model_path"] == "/models/tiny.gguf"
+    assert hb["tasks"][0]["model_path"] == "tiny.gguf"
     first = api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/claim", {})
     second = api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/claim", {})
     assert first.status_code == 200 and second.status_code == 409

@@ -297,7 +297,7 @@ def test_cli_manages_groups_and_shows_the_pending_reason(
     # a GPU service with no GPU node stays pending; the CLI prints the scheduler's reason
     out = run(
         "services", "create", "--name", "gpu-svc", "--image", "vllm/vllm-openai:v0.11.2",
-        "--model-path", "/models/m", "--gpus", "1", "--no-wait",
+        "--model-path", "m", "--gpus", "1", "--no-wait",
     )
     group_id = out.split()[1]
     api.app.scheduler.run_round()

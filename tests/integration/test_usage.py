@@ -27,8 +27,9 @@ from heteroflow.db.tables import UsageRecord
 from heteroflow.gateway.app import GatewayApp
 from heteroflow.gateway.snapshot import Backend, RoutingSnapshot, SnapshotHolder
 from heteroflow.gateway.usage import HttpUsageSink, UsageCollector
-from heteroflow.server import ServerApp, bind
+from heteroflow.server import ServerApp
 from heteroflow.services.routing import build_snapshot
+from heteroflow.serving import bind
 from heteroflow.settings import ServerSettings
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 

@@ -9,8 +9,13 @@ from __future__ import annotations
 import pytest
 
 from heteroflow.core.containers import (
+    DEFAULT_ENV_ALLOW,
+    ContainerPlan,
     GpuRequest,
     container_env,
+    env_allowed,
+    env_denied,
+    env_problem,
     gpu_request,
     model_mount,
     shared_memory,
@@ -127,5 +132,59 @@ def test_model_mounts() -> None:
 def test_shared_memory_by_shape() -> None:
     assert shared_memory("single", 1) == (None, None, None)
     assert shared_memory("split", 1) == (None, None, None)
-    assert shared_memory("tensor_parallel", 2) == ("host", "16g", None)
-    assert shared_memory("pipeline", 1) == ("host", "16g", "host")
+    # a private IPC namespace with a 16 GB /dev/shm: never the host's (issue 10)
+    assert shared_memory("tensor_parallel", 2) == (None, "16g", None)
+    assert shared_memory("pipeline", 1) == (None, "16g", "host")
+
+
+# --- environment rules (C3 extended, issue 10) --------------------------------------------
+
+
+@pytest.mark.feature("C3")
+@pytest.mark.parametrize(
+    ("item", "verdict"),
+    [
+        ("VLLM_LOGGING_LEVEL=DEBUG", ""),
+        ("NCCL_DEBUG=INFO", ""),
+        ("HF_HUB_OFFLINE=1", ""),
+        ("OMP_NUM_THREADS=4", ""),
+        ("TZ=UTC", ""),
+        ("BARE", ""),  # dropped by C3, not refused
+        ("CUDA_VISIBLE_DEVICES=0", ""),  # agent-owned: dropped, not refused
+        ("LD_PRELOAD=/x.so", "may never be set"),
+        ("ld_preload=/x.so", "may never be set"),
+        ("PYTHONWARNINGS=x", "may never be set"),
+        ("BROWSER=sh", "may never be set"),
+        ("https_proxy=http://a:1", "may never be set"),
+        ("HETEROFLOW_NODE_TOKEN=x", "may never be set"),
+        ("JAVA_TOOL_OPTIONS=-javaagent:x", "may never be set"),
+        ("MY_APP_SETTING=1", "not in the allowed variables"),
+        ("1BAD=1", "not a valid variable name"),
+    ],
+)
+def test_env_rules_allow_engine_knobs_and_refuse_hooks(item: str, verdict: str) -> None:
+    problem = env_problem(item)
+    assert (verdict in problem) if verdict else problem == ""
+
+
+@pytest.mark.feature("C3")
+def test_an_operator_extends_the_allow_list_but_never_the_deny_list() -> None:
+    allow = (*DEFAULT_ENV_ALLOW, "MY_APP_*", "LD_PRELOAD", "PYTHON*")
+    assert env_problem("MY_APP_SETTING=1", allow) == ""
+    assert "may never be set" in env_problem("LD_PRELOAD=/x.so", allow)
+    assert "may never be set" in env_problem("PYTHONPATH=/x", allow)
+    assert env_allowed("MY_APP_X", allow) and not env_denied("MY_APP_X")
+
+
+def test_every_container_is_confined() -> None:
+    """No privileges, capabilities dropped, no-new-privileges: the dry run and the
+    runtime both take the plan's default (issue 10)."""
+    plan = ContainerPlan(
+        name="task-000000000001", image="x", entrypoint=None, command=(), env={},
+        ports={}, mounts=(), ipc_mode=None, shm_size=None, network_mode=None, gpu=None,
+        labels={},
+    )
+    assert plan.security.privileged is False
+    assert plan.security.cap_drop == ("ALL",)
+    assert "SYS_ADMIN" not in plan.security.cap_add
+    assert "no-new-privileges:true" in plan.security.security_opt

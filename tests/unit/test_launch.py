@@ -14,8 +14,6 @@ from heteroflow.agent.runtime.protocol import LaunchFailed
 from heteroflow.engines.llamacpp_server import LaunchArgsError, parse_args
 from heteroflow.schemas.nodes import TaskAssignment
 
-pytestmark = pytest.mark.feature("C3")
-
 
 def assignment(**overrides: Any) -> TaskAssignment:
     base: dict[str, Any] = {
@@ -57,6 +55,7 @@ def config(model_dir: Path) -> NodeConfig:
 # --- environment -----------------------------------------------------------------------------
 
 
+@pytest.mark.feature("C3")
 def test_task_env_drops_bare_names_and_keeps_values_with_equals() -> None:
     env = task_env(assignment(env=["BARE", "A=1", "B=x=y", "EMPTY=", "=nameless"]))
     assert "BARE" not in env
@@ -66,12 +65,14 @@ def test_task_env_drops_bare_names_and_keeps_values_with_equals() -> None:
     assert "" not in env
 
 
+@pytest.mark.feature("C3")
 @pytest.mark.parametrize("name", sorted(AGENT_OWNED_ENV))
 def test_task_env_drops_user_values_for_agent_owned_names(name: str) -> None:
     env = task_env(assignment(env=[f"{name}=user-value"], gpu_ids=[3]))
     assert env.get(name) != "user-value"
 
 
+@pytest.mark.feature("C3")
 def test_task_env_sets_agent_variables() -> None:
     t = assignment(
         env=["CUDA_VISIBLE_DEVICES=7", "HETEROFLOW_TASK_ID=spoof", "KEEP=me"], gpu_ids=[2, 0, 5]
@@ -83,6 +84,51 @@ def test_task_env_sets_agent_variables() -> None:
     assert env["HETEROFLOW_TASK_NAME"] == "gemma-0"
     assert env["KEEP"] == "me"
     assert "NVIDIA_VISIBLE_DEVICES" not in env
+
+
+@pytest.mark.feature("C3")
+@pytest.mark.parametrize(
+    "item",
+    [
+        "LD_PRELOAD=/tmp/evil.so",
+        "LD_LIBRARY_PATH=/tmp",
+        "PYTHONWARNINGS=ignore::0:os.system('id'):0",
+        "PYTHONSTARTUP=/tmp/x.py",
+        "PYTHONPATH=/tmp",
+        "BROWSER=/bin/sh -c id",
+        "http_proxy=http://attacker:3128",
+        "HTTPS_PROXY=http://attacker:3128",
+        "NODE_OPTIONS=--require /tmp/x.js",
+        "BASH_ENV=/tmp/x.sh",
+        "PATH=/tmp",
+        "HETEROFLOW_ADMIN_PASSWORD=x",
+        "NVIDIA_DRIVER_CAPABILITIES=all",
+        "BAD NAME=1",
+    ],
+)
+def test_the_agent_drops_denied_variables_whatever_the_server_let_through(item: str) -> None:
+    """The node's own line (issue 10): a row written before the create-time rule, or by
+    a compromised server, still cannot reach the loader or an interpreter's start-up."""
+    name = item.split("=", 1)[0]
+    env = task_env(assignment(env=[item, "VLLM_LOGGING_LEVEL=DEBUG"]))
+    assert env.get(name) != item.split("=", 1)[1]
+    assert env["VLLM_LOGGING_LEVEL"] == "DEBUG"
+
+
+def test_an_engine_process_starts_from_a_clean_environment(
+    config: NodeConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack (issue 10): the admin password was readable in /proc/<engine>/environ
+    because engines inherited the agent's (and in ``up`` the server's) environment."""
+    monkeypatch.setenv("HETEROFLOW_ADMIN_PASSWORD", "s3cret-admin")
+    monkeypatch.setenv("HETEROFLOW_AGENT_NODE_TOKEN", "s3cret-token")
+    spec = build_launch(assignment(env=["OMP_NUM_THREADS=1"]), config, cpu_threads=0,
+                        log_dir=tmp_path)
+    assert not any("s3cret" in v for v in spec.env.values())
+    assert set(spec.env) == {
+        "PATH", "LANG", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+        "HETEROFLOW_TASK_ID", "HETEROFLOW_GROUP_ID", "HETEROFLOW_TASK_NAME",
+    }
 
 
 def test_task_env_cpu_task_hides_all_gpus() -> None:
@@ -204,21 +250,15 @@ def test_container_only_engine_fails_under_process_runtime(
     assert (engine or "(none)") in str(exc.value)
 
 
-def test_custom_command_runs_as_is_with_port(config: NodeConfig, tmp_path: Path) -> None:
-    cmd = ["/usr/bin/env", "my-server", "--listen", "0.0.0.0"]
-    t = assignment(engine="vllm", command=cmd, engine_args=["--ignored"], env=["X=1"], gpu_ids=[1])
-    spec = build_launch(t, config, cpu_threads=4, log_dir=tmp_path)
-    assert list(spec.argv) == cmd
-    assert spec.env["PORT"] == "30001"
-    assert spec.env["X"] == "1"
-    assert spec.env["CUDA_VISIBLE_DEVICES"] == "1"
-    assert spec.host_ports == (30001,)
-
-
-def test_custom_command_skips_model_resolution(tmp_path: Path) -> None:
-    t = assignment(command=["true"], model_path="/definitely/not/allowed.gguf")
-    spec = build_launch(t, NodeConfig(), cpu_threads=0, log_dir=tmp_path)
-    assert spec.argv == ("true",)
+@pytest.mark.parametrize("command", [["/bin/sh", "-c", "id; env"], ["true"]])
+def test_the_process_runtime_never_runs_a_custom_command(
+    config: NodeConfig, tmp_path: Path, command: list[str]
+) -> None:
+    """Attack (issue 10): a member's task.command would run on the host as the agent's
+    user; the process runtime refuses it whatever the engine or model path."""
+    t = assignment(engine="llamacpp", command=command, model_path="/definitely/not/allowed")
+    with pytest.raises(LaunchFailed, match=r"never runs a custom task\.command"):
+        build_launch(t, config, cpu_threads=0, log_dir=tmp_path)
 
 
 def test_model_outside_allow_list_fails(config: NodeConfig, tmp_path: Path) -> None:

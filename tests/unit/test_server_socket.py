@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from heteroflow.server import bind
+from heteroflow.serving import bind
 
 
 def test_bind_gives_a_tcp_socket_so_asyncio_disables_nagle() -> None:

@@ -35,6 +35,7 @@ from heteroflow.core.containers import (
 )
 from heteroflow.core.engines.commands import CommandError, LaunchShape, build_command
 from heteroflow.core.paths import task_roots
+from heteroflow.private_files import private_dir, private_file
 from heteroflow.schemas.nodes import TaskAssignment
 
 
@@ -107,8 +108,8 @@ def build_container(
         entrypoint, args, engine_env = cmd.entrypoint, cmd.args, dict(cmd.env)
         for target, content in cmd.config_files.items():
             host = work_dir / "config" / t.id / target.lstrip("/")
-            host.parent.mkdir(parents=True, exist_ok=True)
-            host.write_text(content)
+            private_dir(host.parent)
+            private_file(host).write_text(content)
             mounts.append(Mount(str(host), target))
     ipc, shm, network = shared_memory(t.parallelism, t.gpu_required)
     return ContainerPlan(

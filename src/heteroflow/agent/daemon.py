@@ -37,7 +37,13 @@ from heteroflow.agent.runtime.protocol import LaunchFailed, PortInUse
 from heteroflow.core.clock import Clock, interruptible_sleep
 from heteroflow.core.health import HealthCheckConfig, HealthTracker, HealthVerdict
 from heteroflow.core.retry import Backoff
-from heteroflow.schemas.nodes import GpuCardWire, Heartbeat, InventoryWire, TaskAssignment
+from heteroflow.schemas.nodes import (
+    GpuCardWire,
+    Heartbeat,
+    InventoryWire,
+    ModelWire,
+    TaskAssignment,
+)
 from heteroflow.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -112,7 +118,10 @@ class Agent:
             ),
             labels=self.labels,
             engines=self.launcher.engines(),
-            models=self.models,
+            models=[ModelWire.model_validate(m) for m in self.models],
+            # C4: the server refuses at create a model path this node would refuse
+            allowed_volume_prefixes=list(self.config.allowed_volume_prefixes),
+            denied_volume_prefixes=list(self.config.denied_volume_prefixes),
         )
 
     async def tick(self) -> None:

@@ -5,13 +5,21 @@ llama.cpp through ``heteroflow.engines.llamacpp_server``, with the argv built by
 same command builder as containers (``core.engines.commands``), listening on 127.0.0.1
 on the allocated host port that stands for the container port. Engines that exist only
 as container images (vLLM, SGLang, ...) need the Docker runtime and fail here with that
-reason rather than pretending. The environment follows the container rules (C3).
+reason rather than pretending.
+
+The process runtime is the trusted single-operator mode: it runs only the platform's own
+engine launcher, never a task's ``command`` (that would be a user's program on the host,
+as the agent's user) — the scheduler does not place such work here, and this is the
+node's own refusal for anything that got past it. The engine starts from a clean
+environment (``PROCESS_BASE_ENV``, never the agent's own, which may hold secrets) plus
+the task's variables under the C3 rules and the deny-list.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -22,7 +30,7 @@ from heteroflow.agent.log_shipper import file_source
 from heteroflow.agent.models import ModelPathError, resolve_model_file
 from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec, Runtime
-from heteroflow.core.containers import AGENT_OWNED_ENV, container_env
+from heteroflow.core.containers import AGENT_OWNED_ENV, PROCESS_BASE_ENV, container_env
 from heteroflow.core.engines import LLAMACPP_AGENT_FLAGS, owned_flag_in
 from heteroflow.core.engines.commands import CommandError, LaunchShape, process_argv
 from heteroflow.schemas.nodes import TaskAssignment
@@ -70,8 +78,10 @@ class Launcher(Protocol):
 
 
 def task_env(t: TaskAssignment) -> dict[str, str]:
-    """C3 rules, plus the CUDA visibility a process (not a container) needs."""
-    env = container_env(
+    """The whole environment of an engine process: a clean base, the C3 rules, and the
+    CUDA visibility a process (not a container) needs."""
+    env = dict(PROCESS_BASE_ENV)
+    env |= container_env(
         t.env,
         task_id=t.id,
         group_id=t.group_id,
@@ -100,8 +110,10 @@ def build_launch(
     port = host_port_for(t)
     log_path = log_dir / f"{t.id}.log"
     if t.command:
-        env["PORT"] = str(port)
-        return LaunchSpec(t.id, tuple(t.command), env, host_ports, log_path)
+        raise LaunchFailed(
+            "this node runs the process runtime, which never runs a custom task.command "
+            "(it would run on the host): use a node with the Docker runtime"
+        )
     if t.engine != "llamacpp":
         raise LaunchFailed(
             f"engine {t.engine or '(none)'} needs a container runtime; this node runs the "
@@ -152,6 +164,7 @@ class ProcessLauncher:
 
     def launch(self, t: TaskAssignment) -> tuple[str, ...]:
         spec = build_launch(t, self.config, cpu_threads=self.cpu_threads, log_dir=self.log_dir)
+        spec = replace(spec, env={**spec.env, "HOME": str(self.runtime.work_dir)})
         self._process.start(spec)
         return spec.argv
 

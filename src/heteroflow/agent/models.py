@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from heteroflow.core import containers
+from heteroflow.core.paths import inside, model_path_problem
 
 DATA_MODELS = Path(containers.DATA_MODELS)  # one definition: core.containers
 
@@ -21,17 +22,15 @@ class ModelPathError(Exception):
     pass
 
 
-def _inside(path: Path, prefix: Path) -> bool:
-    return path == prefix or prefix in path.parents
-
-
 def check_allowed(path: Path, allowed: tuple[str, ...], denied: tuple[str, ...]) -> Path:
-    real = Path(os.path.realpath(path))  # symlinks and '..' resolved before comparing
-    if not any(_inside(real, Path(os.path.realpath(p))) for p in allowed):
+    """The server's rule (``core.paths.volume_allows``) on real paths: symlinks and
+    ``..`` are resolved on both sides before the segment-boundary comparison."""
+    real = Path(os.path.realpath(path))
+    if not inside(str(real), [os.path.realpath(p) for p in allowed]):
         raise ModelPathError(
             f"model path {str(path)!r} is outside this node's allowed volume prefixes"
         )
-    if any(_inside(real, Path(os.path.realpath(p))) for p in denied):
+    if inside(str(real), [os.path.realpath(p) for p in denied]):
         raise ModelPathError(f"model path {str(path)!r} is under a denied volume prefix")
     return real
 
@@ -49,15 +48,18 @@ def resolve_model_file(
 ) -> Path:
     if not model_path:
         raise ModelPathError("the task has no model_path")
-    if os.path.isabs(model_path):
+    if "\x00" in model_path:
+        raise ModelPathError("model path may not contain a NUL character")
+    if os.path.isabs(model_path):  # '..' is resolved by realpath before the comparison
         real = check_allowed(Path(model_path), allowed, denied)
         if real.is_dir():
             return _gguf_in(real)
         if not real.is_file():
             raise ModelPathError(f"model path {model_path!r} does not exist on this node")
         return real
-    if "/" in model_path.strip("/") and ".." in Path(model_path).parts:
-        raise ModelPathError(f"relative model path {model_path!r} may not contain '..'")
+    problem = model_path_problem(model_path)  # the server's rule: no '..' in a name
+    if problem:
+        raise ModelPathError(f"relative model path {model_path!r}: {problem}")
     for base in (*allowed, str(DATA_MODELS)):
         for candidate in (Path(base) / model_path, Path(base) / f"{model_path}.gguf"):
             if candidate.exists():

@@ -7,14 +7,17 @@ from typing import Any
 from fastapi import FastAPI
 
 from heteroflow.api import errors
+from heteroflow.api.audit_middleware import AuditMiddleware
 from heteroflow.api.context import ServerContext
 from heteroflow.api.routes import (
+    audit,
     auth,
     drain,
     files,
     gateway,
     logs,
     nodes,
+    servers,
     sharing_groups,
     task_groups,
     tenants,
@@ -33,6 +36,9 @@ def create_api(ctx: ServerContext) -> FastAPI:
     )
     app.state.ctx = ctx
     errors.install(app)
+    # Every management write -> one audit_log row, after the answer is sent (not the
+    # agents' and gateways' own high-frequency calls; see the module).
+    app.add_middleware(AuditMiddleware, ctx=ctx)
     for r in (
         auth.router,
         tenants.router,
@@ -44,6 +50,8 @@ def create_api(ctx: ServerContext) -> FastAPI:
         nodes.router,
         logs.router,
         files.router,
+        audit.router,
+        servers.router,
     ):
         app.include_router(r)
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from heteroflow.api.context import ServerContext
 from heteroflow.core.errors import Unauthorized
-from heteroflow.services.auth import Principal
+from heteroflow.services.auth import Principal, authenticate
 
 
 def get_ctx(request: Request) -> ServerContext:
@@ -41,10 +41,17 @@ def _bearer(authorization: str | None) -> str:
     return authorization[7:].strip()
 
 
+def _authenticate(ctx: ServerContext, token: str) -> Principal:
+    """The token's checks plus one read of its user (still there, same role and tenant,
+    not revoked). Sync on purpose: FastAPI runs it in the threadpool."""
+    with ctx.db.session() as s:
+        return authenticate(s, ctx.tokens, token)
+
+
 def get_principal(
     request: Request, ctx: Ctx, authorization: Annotated[str | None, Header()] = None
 ) -> Principal:
-    principal = ctx.tokens.verify(_bearer(authorization))
+    principal = _authenticate(ctx, _bearer(authorization))
     request.state.principal = principal  # the audit log names who made a write
     return principal
 
@@ -53,6 +60,7 @@ Who = Annotated[Principal, Depends(get_principal)]
 
 
 def get_node_id(
+    request: Request,
     ctx: Ctx,
     authorization: Annotated[str | None, Header()] = None,
     x_heteroflow_node: Annotated[str | None, Header()] = None,
@@ -60,6 +68,7 @@ def get_node_id(
     """Agents authenticate with the node token and name their node id in a header."""
     if not hmac.compare_digest(_bearer(authorization).encode(), ctx.node_token.encode()):
         raise Unauthorized("invalid node token")
+    request.state.actor = "agent"  # the audit log skips the agent's own calls
     return x_heteroflow_node or ""
 
 
@@ -67,11 +76,14 @@ AgentNode = Annotated[str, Depends(get_node_id)]
 
 
 def require_gateway(
-    ctx: Ctx, authorization: Annotated[str | None, Header()] = None
+    request: Request, ctx: Ctx, authorization: Annotated[str | None, Header()] = None
 ) -> None:
     """The routing snapshot holds key hashes: only gateways and operators may read it."""
     token = _bearer(authorization)
     if ctx.gateway_token and hmac.compare_digest(token.encode(), ctx.gateway_token.encode()):
+        request.state.actor = "gateway"  # the audit log skips the gateway's usage posts
         return
-    if not ctx.tokens.verify(token).is_operator:
+    principal = _authenticate(ctx, token)
+    if not principal.is_operator:
         raise Unauthorized("the routing snapshot is for gateways and operators")
+    request.state.principal = principal  # the audit log names who made a write

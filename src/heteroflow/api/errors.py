@@ -48,7 +48,10 @@ def error_body(code: str, message: str, field: str | None = None) -> dict[str, A
 
 
 def _validation_message(err: dict[str, Any]) -> tuple[str, str]:
-    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    raw = list(err.get("loc", ()))
+    if raw and raw[0] in ("body", "query", "path", "header"):
+        raw = raw[1:]  # where it came from; a field named "path" further on is kept
+    loc = [str(p) for p in raw]
     field = ".".join(loc)
     top = loc[0] if len(loc) == 1 else ""
     if err.get("type") == "extra_forbidden":
@@ -63,7 +66,11 @@ def _validation_message(err: dict[str, Any]) -> tuple[str, str]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(_: Request, exc: DomainError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status)
+        return JSONResponse(
+            error_body(exc.code, exc.message, exc.field),
+            status_code=exc.status,
+            headers=exc.headers,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -21,12 +21,13 @@ from sqlalchemy import select
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.factory import RuntimeUnavailable, make_launcher
-from heteroflow.db.tables import InferenceEndpoint, TaskGroup, User
+from heteroflow.db.tables import InferenceEndpoint, Node, TaskGroup, User
 from heteroflow.models.demo import GEMMA_CHAT_TEMPLATE, DemoModelUnavailable, ensure_demo_model
 from heteroflow.schemas.task_groups import TaskGroupCreate
-from heteroflow.server import ServerApp, bind, install_stop_signals
+from heteroflow.server import ServerApp
 from heteroflow.services import endpoints, task_groups
 from heteroflow.services.auth import Principal
+from heteroflow.serving import bind, install_stop_signals
 from heteroflow.settings import AgentSettings, ServerSettings
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,24 @@ def _deploy_demo(app: ServerApp, model: Path, kind: str) -> tuple[str, str, str]
     return created.id, model_name, created.api_key
 
 
+async def _wait_registered(
+    app: ServerApp, node_name: str, stop: asyncio.Event, timeout_s: float = 60.0
+) -> bool:
+    """The local agent's first heartbeat: until it reports its volume rules, no node
+    allows the demo's absolute model path and the create would be refused."""
+    started = app.clock.now()
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not stop.is_set() and asyncio.get_running_loop().time() < deadline:
+        with app.db.session() as s:
+            seen = s.scalar(select(Node.last_heartbeat_at).where(Node.name == node_name))
+        if seen is not None and seen >= started:
+            return True
+        await asyncio.sleep(0.2)
+    if not stop.is_set():
+        print(f"the local agent did not register within {timeout_s:.0f} s; no demo deployed")
+    return False
+
+
 async def _wait_running(app: ServerApp, group_id: str, stop: asyncio.Event) -> str:
     last = ""
     while not stop.is_set():
@@ -179,7 +198,7 @@ async def run_up(opts: UpOptions) -> int:
     install_stop_signals(stop)
     server = asyncio.create_task(app.serve(stop, sock, extra=[agent.run]))
     print(f"HeteroFlow server on {base} (data: {opts.data_dir}, models: {opts.models_dir})")
-    if picked is not None:
+    if picked is not None and await _wait_registered(app, agent_settings.node_name, stop):
         group_id, model_name, key = await asyncio.to_thread(
             _deploy_demo, app, picked[0], picked[1]
         )

@@ -3,15 +3,23 @@
 Controllers are level-triggered and idempotent, so a failed round is logged and the
 next one simply tries again. Database work runs in a worker thread so the event loop
 (which also serves the API and the gateway in the all-in-one) never blocks on it.
+
+A controller declares ``leader_only``: True when it must run on one instance at a time
+(its writes carry the lease's fencing epoch, see services/leadership.py), False when
+every instance runs it. ``run_tick`` skips a leader-only controller on an instance that
+does not hold the lease at that moment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime
 from typing import Protocol
 
+from heteroflow.controllers.leadership import Leadership
 from heteroflow.core.clock import Clock, interruptible_sleep
+from heteroflow.services.leadership import LeaseLost
 
 log = logging.getLogger(__name__)
 
@@ -19,15 +27,43 @@ log = logging.getLogger(__name__)
 class Controller(Protocol):
     name: str
     interval_s: float
+    leader_only: bool
 
-    def reconcile_once(self) -> None: ...
+    def reconcile_once(self, now: datetime) -> None: ...
 
 
-async def run_loop(controller: Controller, clock: Clock, stop: asyncio.Event) -> None:
+class FrozenClock:
+    """``clock`` with ``now()`` fixed at one instant: a round runs "as of" its tick."""
+
+    def __init__(self, clock: Clock, now: datetime) -> None:
+        self._clock = clock
+        self._now = now
+
+    def now(self) -> datetime:
+        return self._now
+
+    def monotonic(self) -> float:
+        return self._clock.monotonic()
+
+
+def run_tick(controller: Controller, leadership: Leadership, now: datetime) -> bool:
+    """One round if this instance may run it at ``now``; True when it ran (even if it
+    failed: the failure is logged and the next round tries again)."""
+    if controller.leader_only and not leadership.is_leader(now):
+        return False
+    try:
+        controller.reconcile_once(now)
+    except LeaseLost as exc:  # lost between the check above and the write: refused
+        log.warning("%s round refused: %s", controller.name, exc)
+    except Exception:
+        log.exception("%s round failed; retrying next interval", controller.name)
+    return True
+
+
+async def run_loop(
+    controller: Controller, clock: Clock, stop: asyncio.Event, leadership: Leadership
+) -> None:
     while not stop.is_set():
-        try:
-            await asyncio.to_thread(controller.reconcile_once)
-        except Exception:
-            log.exception("%s round failed; retrying next interval", controller.name)
+        await asyncio.to_thread(run_tick, controller, leadership, clock.now())
         if await interruptible_sleep(stop, controller.interval_s):
             return

@@ -7,12 +7,17 @@ nodes' booking CAS keeps their cards apart (see services.scheduling). Placement 
 work under the GIL, so more workers buy overlap with database round trips, not more
 cores; several server instances are the way to more cores. SQLite has one writer:
 there the pool is one worker.
+
+Every instance runs it (``leader_only = False``): the same ``SKIP LOCKED`` claim and
+booking compare-and-set that keep a pool's workers apart keep several instances' rounds
+apart, so more instances are more placement throughput and no failover gap.
 """
 
 from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.placement import Policy, Reservation
@@ -24,6 +29,7 @@ log = logging.getLogger(__name__)
 
 class Scheduler:
     name = "scheduler"
+    leader_only = False
 
     def __init__(
         self,
@@ -51,7 +57,8 @@ class Scheduler:
         self.round_limit = round_limit
         self.worker_chunk = worker_chunk
 
-    def reconcile_once(self) -> None:
+    def reconcile_once(self, now: datetime) -> None:
+        # placement reads the injected clock itself: a pool's rounds may span a while
         if self.workers == 1:
             self.run_round()
             return

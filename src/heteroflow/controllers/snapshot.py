@@ -2,12 +2,16 @@
 
 The version moves only when the content changes, so a remote gateway's conditional
 poll (ETag = version) costs one 304 when nothing happened.
+
+Every instance runs it (``leader_only = False``): each serves its own gateway (and
+remote gateways poll whichever instance they reach) from its own in-memory snapshot.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 
 from heteroflow.db.engine import Database
 from heteroflow.gateway.snapshot import RoutingSnapshot, SnapshotHolder
@@ -16,6 +20,7 @@ from heteroflow.services.routing import build_snapshot
 
 class SnapshotPublisher:
     name = "snapshot"
+    leader_only = False
 
     def __init__(self, db: Database, holder: SnapshotHolder, *, interval_s: float) -> None:
         self.db = db
@@ -23,7 +28,7 @@ class SnapshotPublisher:
         self.interval_s = interval_s
         self._fingerprint = ""
 
-    def reconcile_once(self) -> None:
+    def reconcile_once(self, now: datetime) -> None:
         self.refresh()
 
     def refresh(self) -> RoutingSnapshot:

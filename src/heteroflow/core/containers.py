@@ -19,6 +19,7 @@ GPU arguments per vendor (the spec's table was lost; rebuilt from the vendors' d
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -44,6 +45,155 @@ AGENT_OWNED_ENV = frozenset(
     }
 )
 
+# Never settable by a user, whatever an operator adds to the allow-list: the dynamic
+# loader, interpreter start-up hooks (a Python, Perl, Ruby, Node, JVM or shell that
+# reads them runs code before the engine does), proxy and browser hooks (``BROWSER``
+# is run by Python's webbrowser module; proxies redirect the engine's downloads),
+# GPU-runtime capability switches (``NVIDIA_DRIVER_CAPABILITIES=all`` mounts more of
+# the host's driver) and anything of the platform's own (``HETEROFLOW_*``).
+DENIED_ENV_PREFIXES = (
+    "LD_",
+    "DYLD_",
+    "GLIBC_",
+    "MALLOC_",
+    "PYTHON",
+    "PERL",
+    "RUBY",
+    "NODE_",
+    "JAVA_",
+    "_JAVA_",
+    "JDK_",
+    "BASH_",
+    "NVIDIA_",
+    "HETEROFLOW_",
+)
+DENIED_ENV = frozenset(
+    {
+        "ENV",
+        "SHELLOPTS",
+        "PROMPT_COMMAND",
+        "PS4",
+        "IFS",
+        "PATH",
+        "HOME",
+        "SHELL",
+        "GCONV_PATH",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "RES_OPTIONS",
+        "NLSPATH",
+        "TMPDIR",
+        "BROWSER",
+        "EDITOR",
+        "VISUAL",
+        "PAGER",
+        "GIT_ASKPASS",
+        "SSH_ASKPASS",
+        "GIT_SSH_COMMAND",
+        "GIT_CONFIG_GLOBAL",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "FTP_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+        "REQUESTS_CA_BUNDLE",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "CURL_CA_BUNDLE",
+        "OPENSSL_CONF",
+        "OPENSSL_MODULES",
+        "OPENSSL_ENGINES",
+        "PIP_INDEX_URL",
+        "PIP_EXTRA_INDEX_URL",
+        "TORCHINDUCTOR_CACHE_DIR",  # compiled kernels are loaded from it
+        "TRITON_CACHE_DIR",
+    }
+)
+
+# What a user may set: the engines' own knobs and the libraries under them. An operator
+# extends it with names or ``PREFIX*`` patterns (``HETEROFLOW_TASK_ENV_ALLOW``).
+DEFAULT_ENV_ALLOW = (
+    "VLLM_*",
+    "SGLANG_*",
+    "SGL_*",
+    "GGML_*",
+    "TRTLLM_*",
+    "TLLM_*",
+    "MINDIE_*",
+    "MIES_*",
+    "ATB_*",
+    "HCCL_*",
+    "ASCEND_*",
+    "MUSA_*",
+    "MCCL_*",
+    "NCCL_*",
+    "RCCL_*",
+    "CUDA_*",
+    "CUBLAS_*",
+    "HIP_*",
+    "MIOPEN_*",
+    "HSA_*",
+    "TORCH_*",
+    "PYTORCH_*",
+    "HF_*",
+    "HUGGING_FACE_*",
+    "TRANSFORMERS_*",
+    "TOKENIZERS_*",
+    "OMP_*",
+    "MKL_*",
+    "OPENBLAS_*",
+    "KMP_*",
+    "RAY_*",
+    "LANG",
+    "LC_*",
+    "TZ",
+)
+
+
+def env_denied(name: str) -> bool:
+    """True for names no one may set (the deny-list above; case-insensitive, since
+    libraries read both ``http_proxy`` and ``HTTP_PROXY``)."""
+    upper = name.upper()
+    return upper in DENIED_ENV or upper.startswith(DENIED_ENV_PREFIXES)
+
+
+def env_allowed(name: str, allow: Sequence[str] = DEFAULT_ENV_ALLOW) -> bool:
+    """A user variable passes when the allow-list names it and the deny-list does not."""
+    if env_denied(name):
+        return False
+    return any(
+        name.startswith(p[:-1]) if p.endswith("*") else name == p for p in allow
+    )
+
+
+def env_problem(item: str, allow: Sequence[str] = DEFAULT_ENV_ALLOW) -> str:
+    """Why a ``NAME=value`` item of ``task.env`` is refused ("" when it is fine)."""
+    name = item.split("=", 1)[0]
+    if "=" not in item:
+        return ""  # a bare name is dropped (C3), not refused
+    if not ENV_NAME.match(name):
+        return f"{name!r} is not a valid variable name"
+    if name in AGENT_OWNED_ENV:
+        return ""  # dropped: the agent sets it (C3)
+    if env_denied(name):
+        return f"{name} may never be set: it changes how programs start or what they trust"
+    if not env_allowed(name, allow):
+        return (
+            f"{name} is not in the allowed variables ({', '.join(allow)}); a platform "
+            "operator can extend the list (HETEROFLOW_TASK_ENV_ALLOW)"
+        )
+    return ""
+
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+# The whole environment an engine on the process runtime starts with (never the
+# agent's or the server's own), before the task's variables.
+PROCESS_BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+}
+
 
 @dataclass(frozen=True)
 class Mount:
@@ -62,6 +212,26 @@ class GpuRequest:
 
 
 @dataclass(frozen=True)
+class ContainerSecurity:
+    """How a task's container is confined. Every container gets it: a task's image,
+    command and environment are a tenant member's, so the container is the boundary.
+
+    No ``--privileged``; every capability dropped except the few an image's entrypoint
+    needs to set up files and drop to its own user; ``no-new-privileges`` so a setuid
+    binary in the image cannot gain more; a bounded number of processes.
+    """
+
+    privileged: bool = False
+    cap_drop: tuple[str, ...] = ("ALL",)
+    cap_add: tuple[str, ...] = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID")
+    security_opt: tuple[str, ...] = ("no-new-privileges:true",)
+    pids_limit: int = 16384
+
+
+HARDENED = ContainerSecurity()
+
+
+@dataclass(frozen=True)
 class ContainerPlan:
     name: str
     image: str
@@ -75,6 +245,16 @@ class ContainerPlan:
     network_mode: str | None
     gpu: GpuRequest | None
     labels: Mapping[str, str]
+    security: ContainerSecurity = HARDENED
+
+
+PROCESS_ENGINES = frozenset({"llamacpp"})  # what the process runtime's launcher starts
+
+
+def needs_container(command: Sequence[str], engine: str) -> bool:
+    """Whether a task can only run in a container: a custom command (a user's program)
+    or an engine the process runtime has no launcher for."""
+    return bool(command) or engine not in PROCESS_ENGINES
 
 
 def gpu_request(vendor: str, gpu_ids: Sequence[int]) -> GpuRequest | None:
@@ -113,13 +293,15 @@ def container_env(
     engine_env: Mapping[str, str],
     gpu: GpuRequest | None,
 ) -> dict[str, str]:
-    """C3: bare names dropped, agent-owned names dropped, vLLM dev mode for vLLM only."""
+    """C3: bare names dropped, agent-owned names dropped, vLLM dev mode for vLLM only; and
+    never a denied name (the server refuses them at create; this is the node's own line
+    for anything that got past it, e.g. a row written before the rule existed)."""
     env: dict[str, str] = {}
     for item in user_env:
         if "=" not in item:
             continue
         name, value = item.split("=", 1)
-        if name and name not in AGENT_OWNED_ENV:
+        if ENV_NAME.match(name) and name not in AGENT_OWNED_ENV and not env_denied(name):
             env[name] = value
     for name, value in engine_env.items():
         if name == "VLLM_SERVER_DEV_MODE" and engine not in VLLM_FAMILY:
@@ -146,13 +328,17 @@ def model_mount(model_path: str, engine: str) -> tuple[Mount | None, str]:
 
 
 def shared_memory(parallelism: str, gpus: int) -> tuple[str | None, str | None, str | None]:
-    """(ipc_mode, shm_size, network_mode) — C5.
+    """(ipc_mode, shm_size, network_mode) — C5, confined.
 
     Docker's default 64 MB /dev/shm deadlocks multi-process GPU executors (seen on A10
-    x2 with TP=2); pipeline stages also need the host network for their rendezvous.
+    x2 with TP=2): a multi-GPU container gets a 16 GB /dev/shm in its OWN IPC namespace
+    — every process of the engine is in the one container, so that is all NCCL needs,
+    and the host's IPC namespace (other tenants' shared memory) stays out of reach. The
+    spec's ``--ipc=host`` is deliberately not used. Pipeline stages need the host
+    network for their rendezvous across nodes; only operators may create them.
     """
     if parallelism == "pipeline":
-        return "host", SHM_SIZE, "host"
+        return None, SHM_SIZE, "host"
     if gpus > 1:
-        return "host", SHM_SIZE, None
+        return None, SHM_SIZE, None
     return None, None, None

@@ -7,10 +7,13 @@ class DomainError(Exception):
     status = 400
     code = "invalid_request"
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, field: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        self.headers = headers  # extra response headers (Retry-After)
 
 
 class ValidationFailed(DomainError):
@@ -41,3 +44,14 @@ class Forbidden(DomainError):
 class PayloadTooLarge(DomainError):
     status = 413
     code = "payload_too_large"
+
+
+class TooManyRequests(DomainError):
+    """Refused for now (login throttling); ``retry_after_s`` goes out as Retry-After."""
+
+    status = 429
+    code = "too_many_requests"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        self.retry_after_s = retry_after_s

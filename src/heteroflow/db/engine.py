@@ -13,6 +13,8 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from heteroflow.private_files import private_file
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
@@ -29,7 +31,8 @@ def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            # owner-only before SQLite opens it: its -wal and -shm files take its mode
+            private_file(Path(path))
         engine = create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, **_JSON
         )

@@ -344,3 +344,33 @@ class UsageRecord(Base):
     requests: Mapped[int] = mapped_column(Integer, default=0)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class Lease(Base):
+    """A named lease (leader election, services/leadership.py; migration 0008).
+
+    ``epoch`` grows by one each time a different holder takes the lease and never goes
+    back: it is the fencing token every leader-only write carries.
+    """
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)  # e.g. "controllers"
+    holder: Mapped[str] = mapped_column(String(64))  # a server instance id
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[datetime]
+    acquired_at: Mapped[datetime]  # when this holder took it (renewals keep it)
+    renewed_at: Mapped[datetime]
+
+
+class ServerInstance(Base):
+    """One running ``heteroflow server`` process; heartbeats its row at every lease renew."""
+
+    __tablename__ = "server_instances"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # new at every start
+    hostname: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    address: Mapped[str] = mapped_column(String(255), default="")  # "" until it listens
+    port: Mapped[int] = mapped_column(Integer, default=0)
+    version: Mapped[str] = mapped_column(String(64), default="")
+    started_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime] = mapped_column(index=True)

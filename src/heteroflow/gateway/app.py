@@ -2,7 +2,9 @@
 
 Owns the request path of inference traffic: API-key check against the routing snapshot,
 model access check, backend choice (``balancing``), model-name remap to the backend's own
-model id, and a byte relay of the backend's answer (SSE chunk by chunk). No framework sits
+model id, failover to another backend of the route when the connection to the chosen one
+could not be made (``retry``: at most once by default, and never once anything was sent),
+and a byte relay of the backend's answer (SSE chunk by chunk). No framework sits
 on this path, and nothing here logs per request at INFO, because the gateway's CPU cost per
 request is its throughput limit (see bench/gateway: a bare relay costs ~0.2 ms/request).
 
@@ -50,10 +52,18 @@ from heteroflow.gateway.probes import (
     DEFAULT_SCRAPE_INTERVAL_S,
     BackendMonitor,
 )
-from heteroflow.gateway.snapshot import KeyEntry, RouteTarget, RoutingSnapshot, SnapshotHolder
-from heteroflow.gateway.store import GatewayStore, MemoryStore
-from heteroflow.gateway.upstream import Upstream
+from heteroflow.gateway.retry import DEFAULT_CONNECT_RETRIES, may_fail_over, without
+from heteroflow.gateway.snapshot import (
+    Backend,
+    KeyEntry,
+    RouteTarget,
+    RoutingSnapshot,
+    SnapshotHolder,
+)
+from heteroflow.gateway.store import GatewayStore, MemoryStore, open_store
+from heteroflow.gateway.upstream import Upstream, UpstreamFailure
 from heteroflow.gateway.usage import Usage, UsageCollector, UsageTracker
+from heteroflow.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -122,10 +132,14 @@ class GatewayApp:
         probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S,
         scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
         auto_long_prompt_tokens: int = DEFAULT_LONG_PROMPT_TOKENS,
+        connect_retries: int = DEFAULT_CONNECT_RETRIES,
         store: GatewayStore | None = None,
         clock: Clock | None = None,
     ) -> None:
         self._holder = holder
+        # How many other backends a request may be sent on to when the connection to its
+        # backend failed before anything was sent (gateway.retry); 0 turns failover off.
+        self._connect_retries = connect_retries
         # M8 limits and M9 idempotency keys: in memory, or shared through Redis
         # (store.RedisStore); closed with the app.
         self._store: GatewayStore = store or MemoryStore()
@@ -155,6 +169,32 @@ class GatewayApp:
             connect_timeout_s=connect_timeout_s,
         )
         self._seen_version: int | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: ServerSettings,
+        holder: SnapshotHolder,
+        *,
+        usage: UsageCollector | None = None,
+        clock: Clock | None = None,
+    ) -> GatewayApp:
+        """The gateway as every process builds it (``up``, ``server`` and a separate
+        ``heteroflow gateway``): every gateway setting in one place."""
+        return cls(
+            holder,
+            usage=usage,
+            models_cache_ttl_s=settings.models_cache_ttl_s,
+            upstream_timeout_s=settings.upstream_timeout_s,
+            max_card_temp_c=settings.gateway_max_card_temp_c,
+            probe_interval_s=settings.gateway_probe_interval_s,
+            probe_timeout_s=settings.gateway_probe_timeout_s,
+            scrape_interval_s=settings.gateway_scrape_interval_s,
+            auto_long_prompt_tokens=settings.gateway_auto_long_prompt_tokens,
+            connect_retries=settings.gateway_connect_retries,
+            store=open_store(settings.redis_url, settings.redis_key_prefix),
+            clock=clock,
+        )
 
     async def aclose(self) -> None:
         """Stop the backend monitor; close the upstream connection pool(s) and the store."""
@@ -288,7 +328,8 @@ class GatewayApp:
             if isinstance(user, str) and user:
                 sid = user
         balancer = self._balancer
-        backend = balancer.choose(targets, None if sid is None else (entry.tenant_id, model, sid))
+        pin = None if sid is None else (entry.tenant_id, model, sid)
+        backend = balancer.choose(targets, pin)
         if backend is None:
             await errors.send_error(send, errors.no_healthy_backend(model))
             return
@@ -341,26 +382,33 @@ class GatewayApp:
         balancer.acquire(backend)
         watcher = asyncio.create_task(_watch_disconnect(receive, task, watch))
         try:
-            # M6: engines serve their model under their own id (often a path or a file
-            # name); callers use the route's name. Rename only when the backend would not
-            # know the requested name, and re-serialize only then.
-            known = await self._upstream.model_ids(backend.base_url, backend.auth)
-            if known is not None and known.first is not None and model not in known.ids:
-                body["model"] = known.first
-                dirty = True
-            if dirty:
-                raw = orjson.dumps(body)
-            url = backend.base_url + path
-            if scope.get("query_string"):
-                url += "?" + scope["query_string"].decode("latin-1")
-            sent_at = time.perf_counter()
-            resp = await self._upstream.open(url, raw, backend)
-            if isinstance(resp, errors.OpenAIError):
+            tried: list[str] | None = None  # backends whose connection failed (failover)
+            while True:
+                resp = await self._send(backend, scope, path, body, model, raw, dirty)
+                if not isinstance(resp, UpstreamFailure):
+                    break
                 self._eject(backend.base_url)  # unreachable, reset or timed out
-                watch.finished = True
-                await errors.send_error(send, resp)
-                return
-            self.metrics.upstream_latency(model, time.perf_counter() - sent_at)
+                if tried is None:
+                    tried = [backend.base_url]
+                else:
+                    tried.append(backend.base_url)
+                # Another backend of the route only when nothing was sent (gateway.retry):
+                # admission, idempotency and usage above and below still count it once.
+                other: Backend | None = None
+                if may_fail_over(
+                    nothing_sent=resp.nothing_sent,
+                    retries_done=len(tried) - 1,
+                    max_retries=self._connect_retries,
+                ):
+                    other = balancer.choose(without(targets, tried), pin, fail_open=False)
+                if other is None:
+                    watch.finished = True
+                    await errors.send_error(send, resp.error)
+                    return
+                self.metrics.failed_over(backend.base_url)
+                balancer.release(backend)  # no await in between: always paired
+                backend = other
+                balancer.acquire(backend)
             answered = resp.status < 300
             if resp.status >= 500:
                 self._eject(backend.base_url)  # relayed as is; the next request goes elsewhere
@@ -391,6 +439,41 @@ class GatewayApp:
                 self._limiter.settle(ticket, send.status or None, used)
             if pending is not None:
                 await self._idempotency.end(pending, delivered)
+
+    async def _send(
+        self,
+        backend: Backend,
+        scope: Scope,
+        path: str,
+        body: dict[str, object],
+        model: str,
+        raw: bytes,
+        dirty: bool,
+    ) -> aiohttp.ClientResponse | UpstreamFailure:
+        """One attempt: the request as ``backend`` must see it, sent; its response headers.
+
+        ``raw`` is the body as the client sent it with ``model`` (``dirty``: ``body`` was
+        changed since and must be serialized again).
+        """
+        # M6: engines serve their model under their own id (often a path or a file name);
+        # callers use the route's name. Rename only when the backend would not know the
+        # requested name, and re-serialize only then. Recomputed per backend, since a
+        # failover may reach an engine that names the model differently.
+        known = await self._upstream.model_ids(backend.base_url, backend.auth)
+        upstream_model = model
+        if known is not None and known.first is not None and model not in known.ids:
+            upstream_model = known.first
+        if dirty or upstream_model != model:
+            body["model"] = upstream_model
+            raw = orjson.dumps(body)
+        url = backend.base_url + path
+        if scope.get("query_string"):
+            url += "?" + scope["query_string"].decode("latin-1")
+        sent_at = time.perf_counter()
+        resp = await self._upstream.open(url, raw, backend)
+        if not isinstance(resp, UpstreamFailure):
+            self.metrics.upstream_latency(model, time.perf_counter() - sent_at)
+        return resp
 
     def _choose_auto(
         self,

@@ -34,7 +34,8 @@ them, so that a route is never left empty by a guess:
 * a backend ejected in ``PassiveHealth`` (M5: a failed request, or a failed active
   probe) is skipped; when *every* non-draining backend is ejected, selection fails open
   and tries one anyway: a cooldown is a guess made from one failure, and a dead backend
-  costs the same 502 it would have cost.
+  costs the same 502 it would have cost. (Not so for the failover of a request whose
+  connection failed, ``choose(..., fail_open=False)``: it has an answer already.)
 
 Stickiness (M4): with a ``session`` key, the backend chosen for it is remembered
 (a bounded LRU map of base URLs) and returned again while it is still a usable backend
@@ -151,16 +152,24 @@ class Balancer:
     # -- selection ----------------------------------------------------------------------
 
     def choose(
-        self, targets: Sequence[RouteTarget], session: Hashable | None = None
+        self,
+        targets: Sequence[RouteTarget],
+        session: Hashable | None = None,
+        *,
+        fail_open: bool = True,
     ) -> Backend | None:
-        """The backend for the next request, or None when no target has a usable one."""
+        """The backend for the next request, or None when no target has a usable one.
+
+        ``fail_open=False`` never relaxes ejection (a failover after a failed connection
+        wants a healthy backend or none; see ``gateway.retry``).
+        """
         health = self._health if self._health.any_ejected() else None
         flt = _Filter(health, self._max_temp_c)
         level = _eligible(targets, flt)
         if level is None and flt.max_temp_c is not None:
             flt = _Filter(health, None)  # every cool backend is out: accept a hot one
             level = _eligible(targets, flt)
-        if level is None and health is not None:
+        if level is None and health is not None and fail_open:
             flt = _Filter(None, None)  # fail open: every backend is ejected, try one anyway
             level = _eligible(targets, flt)
         if level is None:

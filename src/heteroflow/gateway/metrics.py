@@ -14,6 +14,9 @@ Series:
                                                            backend's response headers
   heteroflow_gateway_tokens_total{model,kind}            counter, kind prompt|completion
   heteroflow_gateway_ejections_total{backend}            counter (passive health, M5)
+  heteroflow_gateway_failovers_total{backend}            counter: requests sent on to
+                                                           another backend after the
+                                                           connection to this one failed
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class GatewayMetrics:
         self.latency: dict[str, Histogram] = {}
         self.tokens: dict[tuple[str, str], int] = {}
         self.ejections: dict[str, int] = {}
+        self.failovers: dict[str, int] = {}
 
     def request_done(self, path: str, model: str, status: int) -> None:
         key = (path, model, status or CLIENT_LEFT)
@@ -66,6 +70,9 @@ class GatewayMetrics:
 
     def ejected(self, backend: str) -> None:
         self.ejections[backend] = self.ejections.get(backend, 0) + 1
+
+    def failed_over(self, backend: str) -> None:
+        self.failovers[backend] = self.failovers.get(backend, 0) + 1
 
     def render(self) -> bytes:
         out: list[str] = [
@@ -110,6 +117,13 @@ class GatewayMetrics:
         ]
         for backend, n in sorted(self.ejections.items()):
             out.append(f'heteroflow_gateway_ejections_total{{backend="{_esc(backend)}"}} {n}')
+        out += [
+            "# HELP heteroflow_gateway_failovers_total Requests sent on to another backend "
+            "after the connection to this one failed (nothing had been sent).",
+            "# TYPE heteroflow_gateway_failovers_total counter",
+        ]
+        for backend, n in sorted(self.failovers.items()):
+            out.append(f'heteroflow_gateway_failovers_total{{backend="{_esc(backend)}"}} {n}')
         return ("\n".join(out) + "\n").encode()
 
 

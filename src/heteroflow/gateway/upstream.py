@@ -5,9 +5,9 @@ routes and relays:
 
 * one ``aiohttp.ClientSession`` per event loop, created on first use, with an unlimited
   keep-alive pool (a gateway must never queue requests behind a pool limit);
-* ``open()``: send one request, retrying once when a pooled connection turns out to be
-  stale (closed by the backend before any response byte), and mapping failures to
-  OpenAI-shaped 502/504 errors;
+* ``open()``: send one request, never resent, mapping failures to OpenAI-shaped
+  502/504 errors, marked when the connection itself failed (nothing was sent: the app
+  may send the request to another backend, see ``gateway.retry``);
 * ``model_ids()``: each backend's ``GET /v1/models`` answer, cached for a TTL,
   refreshed in the background once stale, and looked up once per backend at a time.
 """
@@ -19,28 +19,40 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import aiohttp
 import orjson
 
 from heteroflow.gateway import errors
+from heteroflow.gateway.retry import NOTHING_SENT
 from heteroflow.gateway.snapshot import Backend
 
 logger = logging.getLogger(__name__)
 
 # uvicorn (so vLLM) and llama.cpp close idle keep-alive connections after 5 s; dropping
 # ours sooner means we rarely send on a connection the backend is closing. The rare race
-# left over is what the one retry in ``open()`` is for.
+# left over answers 502, which OpenAI's SDKs retry: a resend here could not tell it from
+# a backend that read the request and died, and would run a generation twice.
 _KEEPALIVE_S = 4.0
 _MODELS_LOOKUP_TIMEOUT_S = 10.0
 _FORWARD_HEADERS = {"Content-Type": "application/json"}
-# A retry is safe only when the request surely did not reach a live handler: the
-# connection was found closed or reset before any byte of the response arrived.
-_STALE_ERRORS = (
+# The connection closed or was reset before any byte of the response arrived: a backend
+# that read the request and died, or (rarely) a keep-alive connection it closed as we
+# reused it. Not proof that nothing was sent: never resent, never failed over.
+_LOST_ERRORS = (
     aiohttp.ServerDisconnectedError,
     aiohttp.ClientConnectionResetError,
     aiohttp.ClientOSError,
 )
+
+
+class UpstreamFailure(NamedTuple):
+    """Why ``open()`` got no response: the error to answer, and whether it is certain
+    that no byte of the request left (the connection could not be made)."""
+
+    error: errors.OpenAIError
+    nothing_sent: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,50 +114,46 @@ class Upstream:
 
     async def open(
         self, url: str, body: bytes, backend: Backend
-    ) -> aiohttp.ClientResponse | errors.OpenAIError:
-        """POST ``body`` to ``url``; the response (headers read) or the error to answer."""
+    ) -> aiohttp.ClientResponse | UpstreamFailure:
+        """POST ``body`` to ``url``; the response (headers read) or why there is none.
+
+        Never resent here: once the request may have been written, a second send could
+        run a generation twice (issue 10). Only a connection that could not be made
+        (nothing sent) is marked so the app may try another backend.
+        """
         session = self._state().session
-        for attempt in (0, 1):
-            try:
-                headers = _FORWARD_HEADERS
-                if backend.auth:  # an external backend's own key (routing file)
-                    headers = {**headers, "Authorization": backend.auth}
-                return await session.post(url, data=body, headers=headers)
-            except TimeoutError:
-                logger.warning("backend %s (task %s): timed out", backend.base_url, backend.task_id)
-                return errors.upstream_timeout()
-            except aiohttp.ClientConnectorError as exc:
-                logger.warning(
-                    "backend %s (task %s): cannot connect: %s",
-                    backend.base_url,
-                    backend.task_id,
-                    exc.os_error.strerror or type(exc).__name__,
-                )
-                return errors.upstream_error()
-            except _STALE_ERRORS as exc:
-                if attempt == 0:
-                    logger.debug(
-                        "backend %s: stale connection (%s), retrying",
-                        backend.base_url,
-                        type(exc).__name__,
-                    )
-                    continue
-                logger.warning(
-                    "backend %s (task %s): connection lost: %s",
-                    backend.base_url,
-                    backend.task_id,
-                    type(exc).__name__,
-                )
-                return errors.upstream_error()
-            except aiohttp.ClientError as exc:
-                logger.warning(
-                    "backend %s (task %s): %s",
-                    backend.base_url,
-                    backend.task_id,
-                    type(exc).__name__,
-                )
-                return errors.upstream_error()
-        raise AssertionError("unreachable")  # pragma: no cover
+        headers = _FORWARD_HEADERS
+        if backend.auth:  # an external backend's own key (routing file)
+            headers = {**headers, "Authorization": backend.auth}
+        try:
+            return await session.post(url, data=body, headers=headers)
+        except NOTHING_SENT as exc:
+            # refused, unreachable, DNS, TLS, connect timeout: nothing was sent
+            logger.warning(
+                "backend %s (task %s): cannot connect: %s",
+                backend.base_url,
+                backend.task_id,
+                _connect_reason(exc),
+            )
+            timed_out = isinstance(exc, TimeoutError)
+            error = errors.upstream_timeout() if timed_out else errors.upstream_error()
+            return UpstreamFailure(error, True)
+        except TimeoutError:
+            logger.warning("backend %s (task %s): timed out", backend.base_url, backend.task_id)
+            return UpstreamFailure(errors.upstream_timeout(), False)
+        except _LOST_ERRORS as exc:
+            logger.warning(
+                "backend %s (task %s): connection lost: %s",
+                backend.base_url,
+                backend.task_id,
+                type(exc).__name__,
+            )
+            return UpstreamFailure(errors.upstream_error(), False)
+        except aiohttp.ClientError as exc:
+            logger.warning(
+                "backend %s (task %s): %s", backend.base_url, backend.task_id, type(exc).__name__
+            )
+            return UpstreamFailure(errors.upstream_error(), False)
 
     async def model_ids(self, base_url: str, auth: str = "") -> BackendModels | None:
         """The backend's model ids, or None when they have never been obtained.
@@ -213,6 +221,12 @@ class Upstream:
                 await _close_state(st)
             elif not loop.is_closed():
                 asyncio.run_coroutine_threadsafe(_close_state(st), loop)
+
+
+def _connect_reason(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return exc.os_error.strerror or type(exc).__name__
+    return "connect timed out"
 
 
 async def _close_state(st: _LoopState) -> None:

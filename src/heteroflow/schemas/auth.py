@@ -7,12 +7,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from heteroflow.schemas.common import Strict
+from heteroflow.schemas.common import IdStr, SafeStr, Strict
 
 
 class LoginRequest(Strict):
-    username: str = Field(min_length=1, max_length=128)
-    password: str = Field(min_length=1, max_length=1024)
+    username: SafeStr = Field(min_length=1, max_length=128)
+    password: SafeStr = Field(min_length=1, max_length=1024)
 
 
 class LoginResponse(BaseModel):
@@ -25,16 +25,16 @@ PRIORITY_CEILING_DOC = "the highest task-group priority (0-1000) a member of it 
 
 
 class TenantCreate(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    name: SafeStr = Field(max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
     priority_ceiling: int = Field(default=100, ge=0, le=1000, description=PRIORITY_CEILING_DOC)
-    sharing_group_id: str | None = Field(default=None, max_length=32)
+    sharing_group_id: IdStr | None = None
 
 
 class TenantUpdate(Strict):
     """Operators only. Fields left out stay; ``sharing_group_id: null`` leaves the group."""
 
     priority_ceiling: int | None = Field(default=None, ge=0, le=1000)
-    sharing_group_id: str | None = Field(default=None, max_length=32)
+    sharing_group_id: IdStr | None = None
 
 
 class TenantRead(BaseModel):
@@ -46,10 +46,10 @@ class TenantRead(BaseModel):
 
 
 class UserCreate(Strict):
-    username: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
-    password: str = Field(min_length=8, max_length=1024)
+    username: SafeStr = Field(max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
+    password: SafeStr = Field(min_length=8, max_length=1024)
     role: Literal["operator", "member"] = "member"
-    tenant_id: str | None = Field(default=None, description="default: the caller's tenant")
+    tenant_id: IdStr | None = Field(default=None, description="default: the caller's tenant")
 
 
 class UserRead(BaseModel):

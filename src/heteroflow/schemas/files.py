@@ -7,17 +7,24 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from heteroflow.schemas.common import Strict
+from heteroflow.schemas.common import (
+    ID_PATTERN,
+    MAX_ID_LENGTH,
+    MAX_INT64,
+    SafeStr,
+    ScrubbedStr,
+    Strict,
+)
 
 RequestType = Literal["list", "download"]
 
 
 class FileRequestCreate(Strict):
-    task_id: str = Field(min_length=1, max_length=64)
+    task_id: SafeStr = Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)
     request_type: RequestType
     # The byte limit (4096, UTF-8) and the path rules are checked by core.paths so the
     # message names them; this bound only stops absurd bodies early.
-    target_path: str = Field(max_length=8192)
+    target_path: SafeStr = Field(max_length=8192)
 
 
 class FileRequestCreated(BaseModel):
@@ -29,17 +36,18 @@ MAX_LIST_ENTRIES = 10000
 
 
 class FileEntry(BaseModel):
-    name: str = Field(max_length=4096)
-    size: int = Field(ge=0)
-    is_dir: bool
-    mtime: float
+    # an agent's listing entry (strict per field; also read back from stored rows)
+    name: ScrubbedStr = Field(max_length=4096, strict=True)  # undecodable names: U+FFFD
+    size: int = Field(ge=0, le=MAX_INT64, strict=True)
+    is_dir: bool = Field(strict=True)
+    mtime: float = Field(ge=-1e12, le=1e12, allow_inf_nan=False, strict=True)
 
 
 class ListResult(BaseModel):
     """A directory listing (non-recursive); ``truncated`` past MAX_LIST_ENTRIES."""
 
     entries: list[FileEntry] = Field(default_factory=list, max_length=MAX_LIST_ENTRIES)
-    truncated: bool = False
+    truncated: bool = Field(default=False, strict=True)
 
 
 class FileRequestRead(BaseModel):
@@ -69,6 +77,6 @@ class AgentFileRequest(BaseModel):
 
 class FileRequestDone(Strict):
     status: Literal["done", "failed"]
-    error: str = Field(default="", max_length=8192)
+    error: ScrubbedStr = Field(default="", max_length=8192)
     result: ListResult | None = None
-    size_bytes: int = Field(default=0, ge=0)
+    size_bytes: int = Field(default=0, ge=0, le=MAX_INT64)

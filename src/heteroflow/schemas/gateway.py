@@ -5,9 +5,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, Field, StringConstraints
 
-from heteroflow.schemas.common import Strict
+from heteroflow.schemas.common import (
+    ID_PATTERN,
+    MAX_ID_LENGTH,
+    MAX_INT32,
+    IdStr,
+    NameStr,
+    SafeStr,
+    Strict,
+    no_nul,
+)
 from heteroflow.schemas.task_groups import MODEL_NAME_PATTERN
 
 
@@ -30,10 +39,10 @@ class EndpointRead(BaseModel):
 
 class EndpointUpdate(Strict):
     rotate_key: bool = False
-    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    name: NameStr | None = None
     external_port: int | None = Field(default=None, ge=0, le=65535)
     rpm_limit: int | None = Field(default=None, ge=0, le=1_000_000_000)
-    tpm_limit: int | None = Field(default=None, ge=0, le=1_000_000_000_000)
+    tpm_limit: int | None = Field(default=None, ge=0, le=MAX_INT32)
     quota_tokens: int | None = Field(default=None, ge=0, le=1_000_000_000_000_000)
     quota_period: Literal["day", "month", ""] | None = None
 
@@ -57,7 +66,13 @@ class ModelRouteRead(BaseModel):
 
 
 # A capability tag for model=auto (M10): "code", "long-context", "embedding", ...
-RouteTag = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,31}$")]
+RouteTag = Annotated[
+    str,
+    StringConstraints(max_length=32, pattern=r"^[a-z0-9][a-z0-9._-]{0,31}$"),
+    AfterValidator(no_nul),
+]
+# Route priority: lower is tried first; negative values are for operators.
+ROUTE_PRIORITY_MAX = 1_000_000
 
 
 class ModelRouteCreate(Strict):
@@ -68,20 +83,20 @@ class ModelRouteCreate(Strict):
     shared with that tenant.
     """
 
-    model_name: str = Field(pattern=MODEL_NAME_PATTERN)
-    group_id: str
-    tenant_id: str | None = None
-    priority: int = Field(default=0, le=1000000)
+    model_name: SafeStr = Field(max_length=256, pattern=MODEL_NAME_PATTERN)
+    group_id: SafeStr = Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)
+    tenant_id: IdStr | None = None
+    priority: int = Field(default=0, ge=-ROUTE_PRIORITY_MAX, le=ROUTE_PRIORITY_MAX)
     weight: int = Field(default=100, ge=0, le=100)
-    version: str = Field(default="v1", min_length=1, max_length=64)
-    algorithm: str = "round_robin"
+    version: SafeStr = Field(default="v1", min_length=1, max_length=64)
+    algorithm: SafeStr = Field(default="round_robin", max_length=32)
     tags: list[RouteTag] = Field(default_factory=list, max_length=16)
 
 
 class ModelRouteUpdate(Strict):
-    priority: int | None = Field(default=None, le=1000000)
-    weight: int | None = None
-    version: str | None = Field(default=None, min_length=1, max_length=64)
+    priority: int | None = Field(default=None, ge=-ROUTE_PRIORITY_MAX, le=ROUTE_PRIORITY_MAX)
+    weight: int | None = Field(default=None, ge=0, le=100)
+    version: SafeStr | None = Field(default=None, min_length=1, max_length=64)
     active: bool | None = None
-    algorithm: str | None = None
+    algorithm: SafeStr | None = Field(default=None, max_length=32)
     tags: list[RouteTag] | None = Field(default=None, max_length=16)

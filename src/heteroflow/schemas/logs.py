@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from heteroflow.schemas.common import Strict
+from heteroflow.schemas.common import ScrubbedStr, Strict
 
 
 class LogAppend(Strict):
-    """An agent's new output for one task (size checked in bytes by the service: 413)."""
+    """An agent's new output for one task (size checked in bytes by the service: 413).
 
-    text: str
+    Engines may write NUL bytes or undecodable text: they become U+FFFD (PostgreSQL text
+    cannot hold NUL) rather than losing the chunk. The raw body is capped by the route;
+    this bound only keeps the schema honest."""
+
+    text: ScrubbedStr = Field(max_length=64 * 1024 * 1024)
 
 
 class LogAppended(BaseModel):

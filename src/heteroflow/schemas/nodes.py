@@ -3,47 +3,101 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AfterValidator, BaseModel, Field, StringConstraints, model_validator
 
-from heteroflow.schemas.common import Strict
+from heteroflow.schemas.common import (
+    LABEL_KEY_PATTERN,
+    MAX_INT32,
+    MAX_INT64,
+    MAX_LABELS,
+    MAX_TEXT_ITEM,
+    SafeStr,
+    ScrubbedStr,
+    Strict,
+    no_nul,
+)
+
+# What the agent reports is read as strictly as a user's request, field by field (the
+# agent builds these models in Python from dataclasses, so lists may arrive as tuples).
+Count = Annotated[int, Field(ge=0, le=MAX_INT32, strict=True)]
+Percent = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False, strict=True)]
+ShortText = Annotated[str, StringConstraints(max_length=256), AfterValidator(no_nul)]
+# A node's volume rule: an absolute path (the agent refuses relative ones in its config).
+VolumePrefix = Annotated[
+    str, StringConstraints(min_length=1, max_length=4096, pattern=r"^/"), AfterValidator(no_nul)
+]
+MAX_VOLUME_PREFIXES = 64
+ImageRef = Annotated[str, StringConstraints(max_length=512), AfterValidator(no_nul)]
+# Node labels: the label keys of task groups; values may be longer (heteroflow.tenants
+# lists tenant ids).
+NodeLabelKey = Annotated[
+    str, StringConstraints(max_length=63, pattern=LABEL_KEY_PATTERN), AfterValidator(no_nul)
+]
+NodeLabelValue = Annotated[
+    str, StringConstraints(max_length=MAX_TEXT_ITEM), AfterValidator(no_nul)
+]
 
 
 class GpuCardWire(BaseModel):
-    index: int = Field(ge=0, le=1024)
-    uuid: str = ""
-    vendor: str = "nvidia"
-    model: str = ""
-    memory_total_mb: int = Field(ge=0)
-    memory_used_mb: int = Field(default=0, ge=0)
-    compute_capability: str | None = None
-    mig_capable: bool = False
-    mps_capable: bool = False
-    temperature_c: int | None = None
+    index: int = Field(ge=0, le=1024, strict=True)
+    uuid: ShortText = ""
+    vendor: ShortText = "nvidia"
+    model: ShortText = ""
+    memory_total_mb: Count
+    memory_used_mb: Count = 0
+    compute_capability: ShortText | None = None
+    mig_capable: bool = Field(default=False, strict=True)
+    mps_capable: bool = Field(default=False, strict=True)
+    temperature_c: int | None = Field(default=None, ge=-273, le=1000, strict=True)
     # indices of the node's cards this card reaches over NVLink (topology scoring, B1)
-    nvlink_peers: list[int] = Field(default_factory=list, max_length=1024)
-    source: str = "declared"
+    nvlink_peers: list[Annotated[int, Field(ge=0, le=1024, strict=True)]] = Field(
+        default_factory=list, max_length=1024
+    )
+    source: ShortText = "declared"
 
 
 class InventoryWire(BaseModel):
     gpus: list[GpuCardWire] = Field(default_factory=list, max_length=1024)
-    cpu_count: int = Field(default=0, ge=0)
-    memory_total_mb: int = Field(default=0, ge=0)
-    memory_available_mb: int = Field(default=0, ge=0)
-    cpu_percent: float = 0.0
-    memory_percent: float = 0.0
+    cpu_count: Count = 0
+    memory_total_mb: Count = 0
+    memory_available_mb: Count = 0
+    cpu_percent: Percent = 0.0
+    memory_percent: Percent = 0.0
+
+
+class ModelWire(BaseModel):
+    """One model the agent's scan found (``agent.model_scan.ScannedModel``). Names come
+    from the disk: undecodable text becomes U+FFFD rather than failing the heartbeat."""
+
+    name: ScrubbedStr = Field(default="", max_length=4096)
+    path: ScrubbedStr = Field(default="", max_length=4096)
+    format: ShortText = ""
+    size_bytes: int = Field(default=0, ge=0, le=MAX_INT64, strict=True)
+    files: list[Annotated[ScrubbedStr, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=10_000
+    )
+    mtime: float = Field(default=0.0, ge=-1e12, le=1e12, allow_inf_nan=False, strict=True)
 
 
 class Heartbeat(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-    address: str = Field(min_length=1, max_length=255)
+    name: SafeStr = Field(max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+    address: ShortText = Field(min_length=1, max_length=255)
     runtime: Literal["process", "docker"] = "process"
     inventory: InventoryWire
-    labels: dict[str, str] = Field(default_factory=dict)
-    models: list[dict[str, Any]] = Field(default_factory=list)
+    labels: dict[NodeLabelKey, NodeLabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
+    models: list[ModelWire] = Field(default_factory=list, max_length=10_000)
     # engine -> exact image ref ("" for an engine the process runtime runs itself)
-    engines: dict[str, str] = Field(default_factory=dict)
+    engines: dict[ShortText, ImageRef] = Field(default_factory=dict, max_length=64)
+    # the agent's volume rules (C4): create refuses an absolute model_path that no node
+    # the caller may use allows (an agent that reports none allows no absolute path)
+    allowed_volume_prefixes: list[VolumePrefix] = Field(
+        default_factory=list, max_length=MAX_VOLUME_PREFIXES
+    )
+    denied_volume_prefixes: list[VolumePrefix] = Field(
+        default_factory=list, max_length=MAX_VOLUME_PREFIXES
+    )
 
 
 class TaskAssignment(BaseModel):
@@ -83,8 +137,10 @@ FaultKind = Literal["container_lost", "engine_exited", "unhealthy"]
 
 class TaskReport(Strict):
     status: Literal["running", "failed", "stopped", "completed"]
-    message: str = Field(default="", max_length=8192)
-    argv: list[str] | None = Field(default=None, max_length=4096, description="as launched")
+    message: ScrubbedStr = Field(default="", max_length=8192)
+    argv: list[Annotated[ScrubbedStr, Field(max_length=MAX_TEXT_ITEM)]] | None = Field(
+        default=None, max_length=4096, description="as launched"
+    )
     fault: FaultKind | None = Field(
         default=None, description="the fault behind a 'failed' report; becomes fault.<kind>"
     )
@@ -111,6 +167,9 @@ class NodeRead(BaseModel):
     labels: dict[str, Any]
     engines: dict[str, str]
     models: list[dict[str, Any]]
+    # where model files may live on the node (absolute model paths must be inside)
+    allowed_volume_prefixes: list[str] = Field(default_factory=list)
+    denied_volume_prefixes: list[str] = Field(default_factory=list)
     registered_at: datetime
     last_heartbeat_at: datetime
 

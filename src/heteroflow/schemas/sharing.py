@@ -6,17 +6,17 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from heteroflow.schemas.common import Strict
+from heteroflow.schemas.common import ID_PATTERN, MAX_ID_LENGTH, SafeStr, Strict
 
 GROUP_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
 
 class SharingGroupCreate(Strict):
-    name: str = Field(pattern=GROUP_NAME_PATTERN)
+    name: SafeStr = Field(max_length=63, pattern=GROUP_NAME_PATTERN)
 
 
 class SharingGroupTenantAdd(Strict):
-    tenant_id: str = Field(min_length=1, max_length=32)
+    tenant_id: SafeStr = Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN)
 
 
 class SharingGroupMember(BaseModel):

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, Field, StringConstraints, field_validator
 
 from heteroflow.core.engines import ENGINES
-from heteroflow.schemas.common import Strict
+from heteroflow.schemas.common import (
+    NAME_PATTERN,
+    Labels,
+    NameStr,
+    SafeStr,
+    Strict,
+    TextItem,
+    no_nul,
+)
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 # What callers put in "model": no spaces or commas (engines read comma lists of aliases).
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$"
+ModelNameStr = Annotated[
+    str, StringConstraints(max_length=256, pattern=MODEL_NAME_PATTERN), AfterValidator(no_nul)
+]
 IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?$"
 
 
@@ -23,7 +33,7 @@ class PortMapping(Strict):
 
 class HealthCheckIn(Strict):
     type: Literal["http", "tcp"] = "http"
-    path: str = Field(default="/health", pattern=r"^/")
+    path: SafeStr = Field(default="/health", max_length=1024, pattern=r"^/")
     port: int | None = Field(default=None, ge=1, le=65535, description="container port")
     interval_seconds: float = Field(default=10, gt=0, le=3600)
     timeout_seconds: float = Field(default=3, gt=0, le=600)
@@ -34,8 +44,8 @@ class HealthCheckIn(Strict):
 class TaskSpec(Strict):
     """Container-level fields: only here, never at the top level of a group."""
 
-    name: str | None = Field(default=None, pattern=NAME_PATTERN)
-    image: str = Field(
+    name: NameStr | None = None
+    image: SafeStr = Field(
         default="",
         max_length=512,
         pattern=IMAGE_PATTERN + "|^$",
@@ -43,13 +53,18 @@ class TaskSpec(Strict):
         "server picks from the engines the nodes report (H2)",
     )
     gpu_required: int = Field(default=1, ge=0, le=64, description="0 = CPU engine")
-    gpu_type: str = Field(default="", max_length=64)
-    engine: str = Field(default="")
-    model_path: str = Field(default="", max_length=4096)
+    gpu_type: SafeStr = Field(default="", max_length=64)
+    engine: SafeStr = Field(default="", max_length=32)
+    model_path: SafeStr = Field(
+        default="",
+        max_length=4096,
+        description="absolute: inside the allowed volume prefixes of a node you may use; "
+        "relative: a name under /data/models on the node (no '..' segments)",
+    )
     ports: list[PortMapping] = Field(default_factory=list, max_length=16)
-    env: list[str] = Field(default_factory=list, max_length=256)
-    command: list[str] = Field(default_factory=list, max_length=256)
-    engine_args: list[str] = Field(default_factory=list, max_length=256)
+    env: list[TextItem] = Field(default_factory=list, max_length=256)
+    command: list[TextItem] = Field(default_factory=list, max_length=256)
+    engine_args: list[TextItem] = Field(default_factory=list, max_length=256)
     memory_mb: int = Field(default=0, ge=0, le=16 * 1024 * 1024)
     estimated_gpu_memory_mb: int = Field(default=0, ge=0, le=16 * 1024 * 1024)
     kv_offload_gb: int = Field(
@@ -76,8 +91,8 @@ class TaskSpec(Strict):
 
 
 class TaskGroupCreate(Strict):
-    name: str = Field(pattern=NAME_PATTERN)
-    model_name: str | None = Field(default=None, pattern=MODEL_NAME_PATTERN)
+    name: SafeStr = Field(max_length=63, pattern=NAME_PATTERN)
+    model_name: ModelNameStr | None = None
     task_type: Literal["inference", "training", "container"] | None = None
     parallelism: Literal["single", "tensor_parallel", "split", "pipeline"] = "single"
     world_size: int = Field(default=1, ge=1, le=64)
@@ -90,11 +105,11 @@ class TaskGroupCreate(Strict):
         description="tenant: the priority ranks only within your tenant (and its sharing "
         "group); platform (operators only): may preempt any tenant's lower-priority work",
     )
-    endpoint_name: str | None = Field(default=None, pattern=NAME_PATTERN)
+    endpoint_name: NameStr | None = None
     endpoint_port: int | None = Field(default=None, ge=1, le=65535)
     external_port: int = Field(default=0, ge=0, le=65535)
     health_check: HealthCheckIn | None = None
-    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    labels: Labels = Field(default_factory=dict)
     task: TaskSpec
 
 

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import AwareDatetime, BaseModel, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, Field
 
-from heteroflow.schemas.common import Strict
+from heteroflow.schemas.common import ID_PATTERN, MAX_INT32, SafeStr, Strict, to_utc
 
 MAX_BATCH_RECORDS = 100_000
+# tokens in one row (a gateway flushes every 5 s): far above any real figure, and sums
+# of many rows stay inside a 64-bit integer
+MAX_TOKENS = 10**12
 
 
 class UsageRecordIn(Strict):
     """One row of a gateway's batch (``gateway.usage.UsageRow.to_wire``)."""
 
-    endpoint_id: str = Field(min_length=1, max_length=32)
-    tenant_id: str = Field(min_length=1, max_length=32)
-    model: str = Field(min_length=1, max_length=256)
-    requests: int = Field(ge=0)
-    prompt_tokens: int = Field(ge=0)
-    completion_tokens: int = Field(ge=0)
-    recorded_at: AwareDatetime
+    endpoint_id: SafeStr = Field(min_length=1, max_length=32, pattern=ID_PATTERN)
+    tenant_id: SafeStr = Field(min_length=1, max_length=32, pattern=ID_PATTERN)
+    model: SafeStr = Field(min_length=1, max_length=256)
+    requests: int = Field(ge=0, le=MAX_INT32)
+    prompt_tokens: int = Field(ge=0, le=MAX_TOKENS)
+    completion_tokens: int = Field(ge=0, le=MAX_TOKENS)
+    # an ISO 8601 string with its zone (the one lax field: JSON has no datetime type)
+    recorded_at: Annotated[AwareDatetime, AfterValidator(to_utc)] = Field(strict=False)
 
 
 class UsageBatch(Strict):

@@ -7,12 +7,14 @@ build — engine argv from the command builders, environment, mounts, GPU argume
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.containers import (
+    DEFAULT_ENV_ALLOW,
     ContainerPlan,
     container_env,
     gpu_request,
@@ -45,6 +47,7 @@ def dry_run(
     reservation: Reservation,
     port_pool: range,
     policy: Policy | None = None,
+    env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
 ) -> DryRunPlan:
     """What a create would do, written nowhere: the plan and where each task would go
     now, by the same filters, sharing rules and scorers as a scheduler round (a pipeline
@@ -52,7 +55,7 @@ def dry_run(
     policy = policy or Policy()
     keys = tenant_share_keys(s)
     views = node_views(s, clock, offline_after_s, keys)
-    plan = plan_group(s, who, req, list(views.values()), reservation)
+    plan = plan_group(s, who, req, list(views.values()), reservation, env_allow)
     share_key = keys.get(who.tenant_id, who.tenant_id)
     tasks: list[PlannedTask] = []
     for rank in range(plan.replicas):

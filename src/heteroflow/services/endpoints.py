@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from datetime import datetime
+
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
@@ -101,6 +103,24 @@ def _check_route_fields(
         )
 
 
+def lock_live_group(s: Session, group_id: str, now: datetime) -> bool:
+    """Write-lock a group that is not deleted, in this transaction (False: it is gone).
+
+    Route creation and group deletion serialise on this row: a delete writes
+    ``deleted_at`` first, so a route insert either commits before the delete (whose
+    later read of the group's routes then sees it and deletes it) or waits for the
+    delete's commit and finds the group gone. PostgreSQL: the row lock; SQLite: the
+    first write of a transaction takes the database's write lock.
+    """
+    moved = s.execute(
+        update(TaskGroup)
+        .where(TaskGroup.id == group_id, TaskGroup.deleted_at.is_(None))
+        .values(updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(moved, "rowcount", 0))
+
+
 def create_route(
     s: Session, who: Principal, clock: Clock, req: ModelRouteCreate
 ) -> ModelRouteRead:
@@ -121,6 +141,9 @@ def create_route(
     ):
         raise NotFound(f"task group {req.group_id!r} not found")
     _check_route_fields(who, req.priority, req.weight, req.algorithm)
+    now = clock.now()
+    if not lock_live_group(s, g.id, now):  # deleted since the read above
+        raise NotFound(f"task group {req.group_id!r} not found")
     clash = s.scalar(
         select(ModelRoute.id).where(
             ModelRoute.tenant_id == tenant_id,
@@ -134,7 +157,6 @@ def create_route(
             f"({clash}); change that route instead",
             field="model_name",
         )
-    now = clock.now()
     r = ModelRoute(
         id=new_id("mr"), tenant_id=tenant_id, group_id=g.id, model_name=req.model_name,
         priority=req.priority, weight=req.weight, version=req.version, active=True,

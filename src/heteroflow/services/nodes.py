@@ -56,8 +56,11 @@ def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
     node.cpu_percent = inv.cpu_percent
     node.memory_percent = inv.memory_percent
     node.labels = dict(hb.labels)
-    node.models = list(hb.models)
+    node.models = [m.model_dump() for m in hb.models]
     node.engines = dict(hb.engines)
+    # C4 volume rules: create refuses an absolute model_path no node the caller may use allows
+    node.allowed_volume_prefixes = list(hb.allowed_volume_prefixes)
+    node.denied_volume_prefixes = list(hb.denied_volume_prefixes)
     node.last_heartbeat_at = now
     s.flush()
     rows = s.execute(
@@ -203,6 +206,8 @@ def list_nodes(
             labels=dict(n.labels),
             engines={str(k): str(v) for k, v in n.engines.items()},
             models=list(n.models),
+            allowed_volume_prefixes=[str(p) for p in n.allowed_volume_prefixes],
+            denied_volume_prefixes=[str(p) for p in n.denied_volume_prefixes],
             registered_at=n.registered_at,
             last_heartbeat_at=n.last_heartbeat_at,
         )
@@ -222,9 +227,13 @@ def node_engines(n: Node) -> NodeEngines:
     )
 
 
-def inference_templates(s: Session, node_id: str) -> list[TemplateRead]:
+def inference_templates(
+    s: Session, node_id: str, tenant_id: str | None = None
+) -> list[TemplateRead]:
+    """A node's one-click chain; with ``tenant_id`` only for a node that tenant may use
+    (a node dedicated to other tenants is not found, as in ``list_nodes``)."""
     n = s.get(Node, node_id)
-    if n is None:
+    if n is None or (tenant_id is not None and not may_use(dedicated_to(n.labels), tenant_id)):
         raise NotFound(f"node {node_id!r} not found")
     return [
         TemplateRead(engine=t.engine, image=t.image, reason=t.reason)

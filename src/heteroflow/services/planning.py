@@ -1,12 +1,14 @@
 """Validating a task-group request into a plan, shared by create and dry run.
 
-``plan_group`` checks every rule that needs no write (priority ceiling, engine, shape,
-ports, health check, kv offload, endpoint-name clash, the create-time memory precheck)
-and returns the derived values; ``create_group`` writes them and ``dry_run`` shows them.
+``plan_group`` checks every rule that needs no write (priority ceiling, the model path
+against the nodes' volume rules, engine, shape, ports, health check, kv offload,
+endpoint-name clash, the create-time memory precheck) and returns the derived values;
+``create_group`` writes them and ``dry_run`` shows them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,12 +16,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from heteroflow.core.containers import DEFAULT_ENV_ALLOW, env_problem, needs_container
 from heteroflow.core.engines import CPU_CAPABLE, LLAMACPP_AGENT_FLAGS, owned_flag_in, resolve_engine
 from heteroflow.core.engines.registry import vendors_of
 from heteroflow.core.engines.selection import NodeEngines
 from heteroflow.core.engines.templates import Template, inference_templates
 from heteroflow.core.errors import Conflict, ValidationFailed
 from heteroflow.core.estimate import MemoryEstimate
+from heteroflow.core.paths import model_path_problem, normalize, volume_allows
 from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
 from heteroflow.db.tables import InferenceEndpoint, Node, Tenant
 from heteroflow.models.estimate import estimate_model_path
@@ -77,6 +81,8 @@ class GroupPlan:
             priority=self.req.priority,
             multi_node=self.req.parallelism == "pipeline",
             engine_vendors=vendors_of(self.engine),
+            priority_class=self.req.priority_class,
+            needs_container=needs_container(self.req.task.command, self.engine),
         )
 
 
@@ -131,7 +137,7 @@ def _check_kv_offload(req: TaskGroupCreate, engine: str, task_type: str) -> None
 
 
 def _check_fields(req: TaskGroupCreate, who: Principal, engine: str, task_type: str,
-                  gpus: int, container_ports: list[int]) -> None:
+                  gpus: int, container_ports: list[int], env_allow: Sequence[str]) -> None:
     spec = req.task
     if task_type == "inference" and not spec.model_path and not spec.command:
         raise ValidationFailed(
@@ -156,6 +162,9 @@ def _check_fields(req: TaskGroupCreate, who: Principal, engine: str, task_type: 
     for i, item in enumerate(spec.env):
         if "=" in item and not item.split("=", 1)[0]:
             raise ValidationFailed(f"env[{i}] has an empty name", field=f"task.env[{i}]")
+        problem = env_problem(item, env_allow)
+        if problem:
+            raise ValidationFailed(f"env[{i}]: {problem}", field=f"task.env[{i}]")
     if req.endpoint_port and not who.is_operator and req.endpoint_port not in container_ports:
         raise ValidationFailed(
             f"endpoint_port {req.endpoint_port} is not one of the group's container ports "
@@ -163,6 +172,34 @@ def _check_fields(req: TaskGroupCreate, who: Principal, engine: str, task_type: 
             field="endpoint_port",
         )
     _check_kv_offload(req, engine, task_type)
+
+
+def _check_operator_only(req: TaskGroupCreate, who: Principal) -> None:
+    """What reaches past a tenant's own work is an operator's decision (issue 10): a
+    fixed host port (a member could take a port the platform or another tenant needs,
+    or one below 1024), the host network of pipeline stages, and a priority that may
+    preempt other tenants."""
+    if who.is_operator:
+        return
+    for i, p in enumerate(req.task.ports):
+        if p.host_port:
+            raise ValidationFailed(
+                f"ports[{i}].host_port {p.host_port}: fixed host ports are for platform "
+                "operators; use 0 and the platform allocates one from its pool",
+                field=f"task.ports[{i}].host_port",
+            )
+    if req.parallelism == "pipeline":
+        raise ValidationFailed(
+            "pipeline stages run on the host network of their nodes, which only a platform "
+            "operator may grant; use single, tensor_parallel or split",
+            field="parallelism",
+        )
+    if req.priority_class == "platform":
+        raise ValidationFailed(
+            "priority_class 'platform' (preempting other tenants' work) is set by platform "
+            "operators; a member's priority ranks within its own tenant",
+            field="priority_class",
+        )
 
 
 def _check_strict_type(gpu_type: str, nodes: list[NodeView]) -> None:
@@ -188,6 +225,53 @@ def _health(req: TaskGroupCreate, container_ports: list[int]) -> dict[str, Any]:
             field="health_check.port",
         )
     return health
+
+
+MAX_PREFIXES_SHOWN = 20
+
+
+def _check_model_path(s: Session, path: str, nodes: list[NodeView]) -> None:
+    """C4 at the door (issue 10): no NUL and no ``..`` segment; an absolute path must be
+    allowed by the volume rules one of ``nodes`` (those the caller may use) reports —
+    else 400 listing the prefixes the caller may use. Runs before ``_estimate`` reads
+    any header, so neither a create nor a dry run opens a file outside the prefixes.
+    With no such node registered yet an absolute path is refused (nothing allows it).
+    """
+    if not path:
+        return
+    problem = model_path_problem(path)
+    if problem:
+        raise ValidationFailed(problem, field="task.model_path")
+    if not path.startswith("/"):
+        return  # a name under /data/models on the node; the agent resolves it there
+    usable = {n.id for n in nodes}
+    rules = [
+        ([str(p) for p in allowed], [str(p) for p in denied])
+        for node_id, allowed, denied in s.execute(
+            select(Node.id, Node.allowed_volume_prefixes, Node.denied_volume_prefixes)
+        )
+        if node_id in usable
+    ]
+    if any(volume_allows(path, allowed, denied) for allowed, denied in rules):
+        return
+    if not rules:
+        raise ValidationFailed(
+            f"model_path {path!r}: no node you may use has registered yet, so no node "
+            "allows an absolute model path; start an agent with allowed_volume_prefixes, "
+            "or give a model name under /data/models",
+            field="task.model_path",
+        )
+    offered = sorted({normalize(p) for allowed, _ in rules for p in allowed})
+    denied = sorted({normalize(p) for _, d in rules for p in d})
+    shown = ", ".join(offered[:MAX_PREFIXES_SHOWN]) or "none"
+    if len(offered) > MAX_PREFIXES_SHOWN:
+        shown += f" and {len(offered) - MAX_PREFIXES_SHOWN} more"
+    except_ = f" (except under {', '.join(denied[:MAX_PREFIXES_SHOWN])})" if denied else ""
+    raise ValidationFailed(
+        f"model_path {path!r} is outside the allowed volume prefixes of every node you "
+        f"may use; allowed: {shown}{except_}",
+        field="task.model_path",
+    )
 
 
 def _estimate(req: TaskGroupCreate) -> MemoryEstimate | None:
@@ -251,10 +335,14 @@ def plan_group(
     req: TaskGroupCreate,
     nodes: list[NodeView],
     reservation: Reservation,
+    env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
 ) -> GroupPlan:
     _check_priority(s, who, req.priority)
+    _check_operator_only(req, who)
     templates: list[dict[str, str]] = []
     nodes = [n for n in nodes if n.visible_to(who.tenant_id)]  # dedicated nodes (B7)
+    # C4 before anything reads the model (the memory estimate below) or is written
+    _check_model_path(s, req.task.model_path, nodes)
     if not req.task.image and not req.task.command:
         req, templates = one_click(s, req, {n.id for n in nodes if n.online})
     spec = req.task
@@ -269,7 +357,7 @@ def plan_group(
     ]
     container_ports = [p["container_port"] for p in ports]
     replicas, gpus = _replica_shape(req, task_type)
-    _check_fields(req, who, engine, task_type, gpus, container_ports)
+    _check_fields(req, who, engine, task_type, gpus, container_ports, env_allow)
     if req.parallelism == "pipeline":
         _check_strict_type(req.task.gpu_type, nodes)
     plan = GroupPlan(

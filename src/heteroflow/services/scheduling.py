@@ -27,6 +27,7 @@ from sqlalchemy import Row, func, select, text, update
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
+from heteroflow.core.containers import needs_container
 from heteroflow.core.engines.registry import vendors_of
 from heteroflow.core.engines.selection import (
     EngineChoice,
@@ -93,7 +94,7 @@ def node_views(
     cols = (
         Node.id, Node.name, Node.gpus, Node.cpu_count, Node.memory_total_mb, Node.cpu_percent,
         Node.memory_percent, Node.models, Node.engines, Node.labels, Node.last_heartbeat_at,
-        Node.booking_version,
+        Node.booking_version, Node.runtime,
     )
     for n in s.execute(select(*cols).order_by(Node.name)):
         views[n.id] = NodeView(
@@ -112,6 +113,7 @@ def node_views(
             labels={str(k): str(v) for k, v in n.labels.items()},
             version=n.booking_version,
             tenants=dedicated_to(n.labels),
+            runtime=n.runtime,
         )
     held = select(
         Task.id, Task.group_id, Task.tenant_id, Task.node_id, Task.gpu_ids, Task.gpu_required,
@@ -171,6 +173,8 @@ def _demand(t: Row[Any], keys: dict[str, str]) -> TaskDemand:
         group_id=t.group_id,
         multi_node=t.parallelism == "pipeline",
         engine_vendors=vendors_of(t.engine),
+        priority_class=t.priority_class,
+        needs_container=needs_container(t.command, t.engine),
     )
 
 
@@ -352,7 +356,7 @@ def _queue(s: Session, limit: int) -> list[Row[Any]]:
             Task.gpu_memory_utilization, Task.estimated_gpu_memory_mb, Task.memory_mb,
             Task.ports, Task.task_type, Task.model_path, Task.engine, Task.command,
             Task.image, Task.priority, Task.status_message, Task.generation, Task.engine_reason,
-            TaskGroup.parallelism,
+            Task.priority_class, TaskGroup.parallelism,
         )
         .join(TaskGroup, TaskGroup.id == Task.group_id)
         .where(Task.status == TaskStatus.PENDING.value)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
+from heteroflow.core.containers import DEFAULT_ENV_ALLOW
 from heteroflow.core.errors import Conflict, NotFound
 from heteroflow.core.ids import key_display_prefix, new_api_key, new_id
 from heteroflow.core.placement import Reservation
@@ -36,9 +38,10 @@ def create_group(
     clock: Clock,
     req: TaskGroupCreate,
     reservation: Reservation | None = None,
+    env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
 ) -> TaskGroupCreated:
     nodes = list(node_views(s, clock, offline_after_s=0).values())
-    plan = plan_group(s, who, req, nodes, reservation or Reservation())
+    plan = plan_group(s, who, req, nodes, reservation or Reservation(), env_allow)
     return _write(s, who, clock, plan)
 
 
@@ -65,6 +68,7 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
         idle_timeout_minutes=req.idle_timeout_minutes,
         gpu_memory_utilization=req.gpu_memory_utilization,
         priority=req.priority,
+        priority_class=req.priority_class,
         health_check=plan.health,
         scale_policy={},
         schedule_window={},
@@ -105,6 +109,7 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
             kv_offload_gb=spec.kv_offload_gb,
             gpu_memory_utilization=req.gpu_memory_utilization,
             priority=req.priority,
+            priority_class=req.priority_class,
             health_check=plan.health,
             created_at=now,
             updated_at=now,
@@ -219,6 +224,9 @@ def _stop(s: Session, clock: Clock, task: Task, reason: str) -> None:
 def delete_group(s: Session, who: Principal, clock: Clock, group_id: str) -> None:
     g = _visible_group(s, who, group_id)
     g.deleted_at = clock.now()
+    # written first: this row lock orders the delete against route creation
+    # (endpoints.lock_live_group), so no route is added to a group being deleted
+    s.flush()
     for t in s.scalars(select(Task).where(Task.group_id == g.id)):
         _stop(s, clock, t, f"task group {g.id} deleted")
     for e in s.scalars(select(InferenceEndpoint).where(InferenceEndpoint.group_id == g.id)):

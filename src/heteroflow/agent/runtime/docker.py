@@ -122,6 +122,12 @@ class DockerRuntime:
                 for m in plan.mounts
             ],
             "log_config": docker.types.LogConfig(type="json-file", config=LOG_CONFIG),
+            # the task's image, command and env are a tenant member's: confine them
+            "privileged": plan.security.privileged,
+            "cap_drop": list(plan.security.cap_drop),
+            "cap_add": list(plan.security.cap_add),
+            "security_opt": list(plan.security.security_opt),
+            "pids_limit": plan.security.pids_limit,
         }
         if plan.network_mode != "host":
             kwargs["ports"] = {f"{port}/tcp": bind for port, bind in plan.ports.items()}

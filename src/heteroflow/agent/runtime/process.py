@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec, PortInUse
+from heteroflow.private_files import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,10 @@ class ProcessRuntime:
             if not port_free(port):
                 raise PortInUse(f"host port {port} is already in use")
         log_path = spec.log_path or self.work_dir / "logs" / f"{spec.task_id}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **spec.env}
-        with open(log_path, "ab") as out:
+        private_dir(log_path.parent)
+        env = dict(spec.env)  # the whole environment: never the agent's own (secrets)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "ab") as out:
             try:
                 proc = subprocess.Popen(
                     list(spec.argv),

@@ -1,17 +1,34 @@
-"""POST /api/v1/auth/login."""
+"""POST /api/v1/auth/login (throttled per user name and per client address)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
-from heteroflow.api.deps import DB, Ctx
+from heteroflow.api.deps import Ctx
+from heteroflow.core.auth_policy import LoginBackoff
 from heteroflow.schemas.auth import LoginRequest, LoginResponse
 from heteroflow.services import auth
 
 router = APIRouter(prefix="/api/v1/auth", tags=["auth"])
 
 
-@router.post("/login", response_model=LoginResponse)
-def login(req: LoginRequest, ctx: Ctx, s: DB) -> LoginResponse:
-    token = auth.login(s, ctx.tokens, req.username, req.password)
-    return LoginResponse(access_token=token, expires_in=int(ctx.settings.jwt_ttl_s))
+@router.post(
+    "/login",
+    response_model=LoginResponse,
+    responses={
+        401: {"description": "wrong username or password"},
+        429: {"description": "too many failed logins; see Retry-After"},
+    },
+)
+def login(req: LoginRequest, request: Request, ctx: Ctx) -> LoginResponse:
+    st = ctx.settings
+    backoff = LoginBackoff(
+        base_s=st.login_backoff_base_s,
+        max_s=st.login_backoff_max_s,
+        forget_s=st.login_throttle_forget_s,
+    )
+    address = request.client.host if request.client else ""
+    # The service opens its own units of work: a failure must be counted (committed)
+    # although the answer is an error.
+    token = auth.login(ctx.db, ctx.tokens, ctx.clock, backoff, req.username, req.password, address)
+    return LoginResponse(access_token=token, expires_in=int(st.jwt_ttl_s))

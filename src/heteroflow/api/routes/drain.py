@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from heteroflow.api.deps import DB, Ctx, Who
+from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.task_groups import TaskRead
 from heteroflow.services import draining
 
@@ -12,12 +13,12 @@ router = APIRouter(prefix="/api/v1", tags=["task-groups"])
 
 
 @router.post("/tasks/{task_id}/drain", response_model=TaskRead)
-def drain_task(task_id: str, ctx: Ctx, s: DB, who: Who) -> TaskRead:
+def drain_task(task_id: IdStr, ctx: Ctx, s: DB, who: Who) -> TaskRead:
     """The gateway sends the task no new requests; requests in flight finish."""
     return draining.set_draining(s, who, ctx.clock, task_id, True)
 
 
 @router.delete("/tasks/{task_id}/drain", response_model=TaskRead)
-def undrain_task(task_id: str, ctx: Ctx, s: DB, who: Who) -> TaskRead:
+def undrain_task(task_id: IdStr, ctx: Ctx, s: DB, who: Who) -> TaskRead:
     """The task takes new requests again."""
     return draining.set_draining(s, who, ctx.clock, task_id, False)

@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from heteroflow.api.deps import DB, AgentNode, Ctx, Who
 from heteroflow.api.routes.logs import read_capped
+from heteroflow.schemas.common import MAX_INT32, IdStr
 from heteroflow.schemas.files import (
     AgentFileRequest,
     FileRequestCreate,
@@ -30,7 +31,7 @@ def create_request(req: FileRequestCreate, ctx: Ctx, s: DB, who: Who) -> FileReq
 
 
 @router.get("/file-requests/{request_id}", response_model=FileRequestRead)
-def get_request(request_id: str, ctx: Ctx, s: DB, who: Who) -> FileRequestRead:
+def get_request(request_id: IdStr, ctx: Ctx, s: DB, who: Who) -> FileRequestRead:
     return files.get(s, who, ctx.clock, request_id, ctx.settings.file_request_timeout_s)
 
 
@@ -42,7 +43,7 @@ def get_request(request_id: str, ctx: Ctx, s: DB, who: Who) -> FileRequestRead:
         409: {"description": "not done (yet)"},
     },
 )
-def get_content(request_id: str, ctx: Ctx, s: DB, who: Who) -> StreamingResponse:
+def get_content(request_id: IdStr, ctx: Ctx, s: DB, who: Who) -> StreamingResponse:
     name, size = files.content_of(
         s, who, ctx.clock, request_id, ctx.settings.file_request_timeout_s
     )
@@ -64,11 +65,11 @@ def claim_requests(ctx: Ctx, s: DB, node: AgentNode) -> list[AgentFileRequest]:
 
 @router.post("/agent/file-requests/{request_id}/chunks", tags=["agent"])
 async def upload_chunk(
-    request_id: str,
+    request_id: IdStr,
     request: Request,
     ctx: Ctx,
     node: AgentNode,
-    x_chunk_seq: Annotated[int, Header(ge=0)],
+    x_chunk_seq: Annotated[int, Header(ge=0, le=MAX_INT32)],
 ) -> dict[str, int]:
     limit = ctx.settings.file_chunk_bytes
     data = await read_capped(request, limit, "chunk")
@@ -90,6 +91,6 @@ async def upload_chunk(
 
 @router.post("/agent/file-requests/{request_id}/done", tags=["agent"])
 def finish_request(
-    request_id: str, done: FileRequestDone, ctx: Ctx, s: DB, node: AgentNode
+    request_id: IdStr, done: FileRequestDone, ctx: Ctx, s: DB, node: AgentNode
 ) -> dict[str, str]:
     return {"status": files.finish(s, ctx.clock, node, request_id, done)}

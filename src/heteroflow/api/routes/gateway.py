@@ -8,6 +8,7 @@ import orjson
 from fastapi import APIRouter, Depends, Header, Response
 
 from heteroflow.api.deps import DB, Ctx, Who, require_gateway
+from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.gateway import (
     EndpointRead,
     EndpointUpdate,
@@ -29,19 +30,21 @@ def list_endpoints(s: DB, who: Who) -> list[EndpointRead]:
 @router.put("/gateway/endpoints/{endpoint_id}", response_model=EndpointUpdated)
 @router.patch("/gateway/endpoints/{endpoint_id}", response_model=EndpointUpdated)
 def update_endpoint(
-    endpoint_id: str, req: EndpointUpdate, ctx: Ctx, s: DB, who: Who
+    endpoint_id: IdStr, req: EndpointUpdate, ctx: Ctx, s: DB, who: Who
 ) -> EndpointUpdated:
     return endpoints.update_endpoint(s, who, ctx.clock, endpoint_id, req)
 
 
 @router.delete("/gateway/endpoints/{endpoint_id}", status_code=204)
-def delete_endpoint(endpoint_id: str, s: DB, who: Who) -> Response:
+def delete_endpoint(endpoint_id: IdStr, s: DB, who: Who) -> Response:
     endpoints.delete_endpoint(s, who, endpoint_id)
     return Response(status_code=204)
 
 
 @router.get("/model-routes", response_model=list[ModelRouteRead])
-def list_routes(s: DB, who: Who, group_id: str | None = None) -> list[ModelRouteRead]:
+def list_routes(
+    s: DB, who: Who, group_id: IdStr | None = None
+) -> list[ModelRouteRead]:
     return endpoints.list_routes(s, who, group_id)
 
 
@@ -51,13 +54,15 @@ def create_route(req: ModelRouteCreate, ctx: Ctx, s: DB, who: Who) -> ModelRoute
 
 
 @router.delete("/model-routes/{route_id}", status_code=204)
-def delete_route(route_id: str, s: DB, who: Who) -> Response:
+def delete_route(route_id: IdStr, s: DB, who: Who) -> Response:
     endpoints.delete_route(s, who, route_id)
     return Response(status_code=204)
 
 
 @router.put("/model-routes/{route_id}", response_model=ModelRouteRead)
-def update_route(route_id: str, req: ModelRouteUpdate, ctx: Ctx, s: DB, who: Who) -> ModelRouteRead:
+def update_route(
+    route_id: IdStr, req: ModelRouteUpdate, ctx: Ctx, s: DB, who: Who
+) -> ModelRouteRead:
     return endpoints.update_route(s, who, ctx.clock, route_id, req)
 
 
@@ -67,7 +72,7 @@ def update_route(route_id: str, req: ModelRouteUpdate, ctx: Ctx, s: DB, who: Who
     responses={304: {"description": "unchanged since the version in If-None-Match"}},
 )
 def snapshot(
-    ctx: Ctx, if_none_match: Annotated[str | None, Header()] = None
+    ctx: Ctx, if_none_match: Annotated[str | None, Header(max_length=64)] = None
 ) -> Any:
     snap = ctx.holder.current
     etag = f'"{snap.version}"'

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from heteroflow.api.deps import DB, AgentNode, Ctx, Who
 from heteroflow.core.errors import PayloadTooLarge
+from heteroflow.schemas.common import MAX_INT32, IdStr
 from heteroflow.schemas.logs import LogAppend, LogAppended, LogPage
 from heteroflow.services import logs
 from heteroflow.services.access import visible_task
@@ -34,7 +35,7 @@ async def read_capped(request: Request, limit: int, what: str) -> bytes:
 @router.post(
     "/agent/tasks/{task_id}/logs", response_model=LogAppended, status_code=201, tags=["agent"]
 )
-async def append_logs(task_id: str, request: Request, ctx: Ctx, node: AgentNode) -> LogAppended:
+async def append_logs(task_id: IdStr, request: Request, ctx: Ctx, node: AgentNode) -> LogAppended:
     settings = ctx.settings
     # JSON escapes take at most 6 bytes per byte of text: bound the raw body by that.
     raw = await read_capped(request, 6 * settings.log_append_max_bytes + 4096, "log body")
@@ -64,11 +65,13 @@ async def append_logs(task_id: str, request: Request, ctx: Ctx, node: AgentNode)
     responses={200: {"content": {"text/plain": {}}, "description": "follow=true: live text"}},
 )
 def read_logs(
-    task_id: str,
+    task_id: IdStr,
     ctx: Ctx,
     s: DB,
     who: Who,
-    after: int = Query(default=0, ge=0, description="return chunks with seq > after"),
+    after: int = Query(
+        default=0, ge=0, le=MAX_INT32, description="return chunks with seq > after"
+    ),
     limit: int = Query(default=100, ge=1, le=1000),
     follow: bool = Query(default=False, description="stream new text until the task ends"),
 ) -> LogPage | StreamingResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from heteroflow.api.deps import DB, AgentNode, Ctx, Who
+from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.nodes import (
     Heartbeat,
     HeartbeatReply,
@@ -29,9 +30,9 @@ def list_nodes(ctx: Ctx, s: DB, who: Who) -> list[NodeRead]:
 
 
 @router.get("/nodes/{node_id}/inference-template", response_model=list[TemplateRead])
-def inference_template(node_id: str, ctx: Ctx, s: DB, who: Who) -> list[TemplateRead]:
+def inference_template(node_id: IdStr, ctx: Ctx, s: DB, who: Who) -> list[TemplateRead]:
     """The engines this node can run a one-click service with, recommended first ([] if none)."""
-    return nodes.inference_templates(s, node_id)
+    return nodes.inference_templates(s, node_id, None if who.is_operator else who.tenant_id)
 
 
 @router.post("/agent/heartbeat", response_model=HeartbeatReply, tags=["agent"])
@@ -40,10 +41,10 @@ def heartbeat(hb: Heartbeat, ctx: Ctx, s: DB, _node: AgentNode) -> HeartbeatRepl
 
 
 @router.post("/agent/tasks/{task_id}/claim", response_model=TaskAssignment, tags=["agent"])
-def claim(task_id: str, ctx: Ctx, s: DB, node: AgentNode) -> TaskAssignment:
+def claim(task_id: IdStr, ctx: Ctx, s: DB, node: AgentNode) -> TaskAssignment:
     return nodes.claim(s, ctx.clock, node, task_id)
 
 
 @router.post("/agent/tasks/{task_id}/report", tags=["agent"])
-def report(task_id: str, rep: TaskReport, ctx: Ctx, s: DB, node: AgentNode) -> dict[str, str]:
+def report(task_id: IdStr, rep: TaskReport, ctx: Ctx, s: DB, node: AgentNode) -> dict[str, str]:
     return {"status": nodes.report(s, ctx.clock, node, task_id, rep)}

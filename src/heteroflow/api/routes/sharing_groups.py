@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from heteroflow.api.deps import DB, Ctx, Who
+from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.sharing import (
     SharingGroupCreate,
     SharingGroupRead,
@@ -26,23 +27,23 @@ def list_groups(s: DB, who: Who) -> list[SharingGroupRead]:
 
 
 @router.get("/{group_id}", response_model=SharingGroupRead)
-def get_group(group_id: str, s: DB, who: Who) -> SharingGroupRead:
+def get_group(group_id: IdStr, s: DB, who: Who) -> SharingGroupRead:
     return sharing.get_group(s, who, group_id)
 
 
 @router.delete("/{group_id}", status_code=204)
-def delete_group(group_id: str, s: DB, who: Who) -> Response:
+def delete_group(group_id: IdStr, s: DB, who: Who) -> Response:
     sharing.delete_group(s, who, group_id)
     return Response(status_code=204)
 
 
 @router.post("/{group_id}/tenants", response_model=SharingGroupRead)
 def add_tenant(
-    group_id: str, req: SharingGroupTenantAdd, s: DB, who: Who
+    group_id: IdStr, req: SharingGroupTenantAdd, s: DB, who: Who
 ) -> SharingGroupRead:
     return sharing.add_tenant(s, who, group_id, req)
 
 
 @router.delete("/{group_id}/tenants/{tenant_id}", response_model=SharingGroupRead)
-def remove_tenant(group_id: str, tenant_id: str, s: DB, who: Who) -> SharingGroupRead:
+def remove_tenant(group_id: IdStr, tenant_id: IdStr, s: DB, who: Who) -> SharingGroupRead:
     return sharing.remove_tenant(s, who, group_id, tenant_id)

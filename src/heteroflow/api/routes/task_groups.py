@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from heteroflow.api.deps import DB, Ctx, Who
+from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.task_groups import (
     DryRunPlan,
     EventRead,
@@ -42,8 +43,11 @@ def create_group(
             reservation=settings.reservation(),
             port_pool=settings.port_pool(),
             policy=settings.placement_policy(),
+            env_allow=settings.env_allow(),
         )
-    return task_groups.create_group(s, who, ctx.clock, req, settings.reservation())
+    return task_groups.create_group(
+        s, who, ctx.clock, req, settings.reservation(), settings.env_allow()
+    )
 
 
 @router.get("/task-groups", response_model=list[TaskGroupRead])
@@ -52,28 +56,28 @@ def list_groups(s: DB, who: Who) -> list[TaskGroupRead]:
 
 
 @router.get("/task-groups/{group_id}", response_model=TaskGroupRead)
-def get_group(group_id: str, s: DB, who: Who) -> TaskGroupRead:
+def get_group(group_id: IdStr, s: DB, who: Who) -> TaskGroupRead:
     return task_groups.get_group(s, who, group_id)
 
 
 @router.get("/task-groups/{group_id}/events", response_model=list[EventRead])
-def group_events(group_id: str, s: DB, who: Who) -> list[dict[str, Any]]:
+def group_events(group_id: IdStr, s: DB, who: Who) -> list[dict[str, Any]]:
     return [
         {"group_id": group_id, **e} for e in task_groups.group_events(s, who, group_id)
     ]
 
 
 @router.delete("/task-groups/{group_id}", status_code=204)
-def delete_group(group_id: str, ctx: Ctx, s: DB, who: Who) -> Response:
+def delete_group(group_id: IdStr, ctx: Ctx, s: DB, who: Who) -> Response:
     task_groups.delete_group(s, who, ctx.clock, group_id)
     return Response(status_code=204)
 
 
 @router.get("/tasks/{task_id}", response_model=TaskRead)
-def get_task(task_id: str, s: DB, who: Who) -> TaskRead:
+def get_task(task_id: IdStr, s: DB, who: Who) -> TaskRead:
     return task_groups.get_task(s, who, task_id)
 
 
 @router.post("/tasks/{task_id}/stop", response_model=TaskRead)
-def stop_task(task_id: str, ctx: Ctx, s: DB, who: Who) -> TaskRead:
+def stop_task(task_id: IdStr, ctx: Ctx, s: DB, who: Who) -> TaskRead:
     return task_groups.stop_task(s, who, ctx.clock, task_id)

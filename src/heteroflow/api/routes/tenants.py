@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from heteroflow.api.deps import DB, Ctx, Who
 from heteroflow.schemas.auth import TenantCreate, TenantRead, TenantUpdate, UserCreate, UserRead
+from heteroflow.schemas.common import IdStr
 from heteroflow.services import tenants
 
 router = APIRouter(prefix="/api/v1", tags=["tenants"])
@@ -22,7 +23,7 @@ def list_tenants(s: DB, who: Who) -> list[TenantRead]:
 
 
 @router.patch("/tenants/{tenant_id}", response_model=TenantRead)
-def update_tenant(tenant_id: str, req: TenantUpdate, s: DB, who: Who) -> TenantRead:
+def update_tenant(tenant_id: IdStr, req: TenantUpdate, s: DB, who: Who) -> TenantRead:
     return tenants.update_tenant(s, who, tenant_id, req)
 
 

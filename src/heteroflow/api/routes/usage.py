@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
+from pydantic import AfterValidator, StringConstraints
 
 from heteroflow.api.deps import DB, Ctx, Who, require_gateway
 from heteroflow.gateway.usage import UsageRow
+from heteroflow.schemas.common import IdStr, UtcTime, no_nul
 from heteroflow.schemas.usage import UsageAccepted, UsageBatch, UsageReport
 from heteroflow.services import usage
 
 router = APIRouter(prefix="/api/v1", tags=["usage"])
+ModelName = Annotated[str, StringConstraints(max_length=256), AfterValidator(no_nul)]
 
 
 @router.post(
@@ -47,15 +50,17 @@ def hand_in(batch: UsageBatch, ctx: Ctx) -> UsageAccepted:
 def read_usage(
     s: DB,
     who: Who,
-    start: datetime | None = Query(default=None, description="from (inclusive); UTC if no zone"),
-    end: datetime | None = Query(default=None, description="until (exclusive); UTC if no zone"),
+    start: UtcTime | None = Query(default=None, description="from (inclusive); UTC if no zone"),
+    end: UtcTime | None = Query(default=None, description="until (exclusive); UTC if no zone"),
     group_by: str = Query(
-        default="endpoint,model", description="comma list of tenant, member, endpoint, model"
+        default="endpoint,model",
+        max_length=64,
+        description="comma list of tenant, member, endpoint, model",
     ),
-    tenant_id: str | None = Query(default=None, description="operators: any; members: own"),
-    member_id: str | None = None,
-    endpoint_id: str | None = None,
-    model: str | None = None,
+    tenant_id: IdStr | None = Query(default=None, description="operators: any; members: own"),
+    member_id: IdStr | None = None,
+    endpoint_id: IdStr | None = None,
+    model: ModelName | None = None,
 ) -> UsageReport:
     return usage.report(
         s,

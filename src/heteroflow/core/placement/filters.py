@@ -25,6 +25,7 @@ from heteroflow.core.placement.model import (
 # reason keys, in the order the pipeline checks them
 OFFLINE = "offline"
 RESERVED = "reserved"
+PROCESS_RUNTIME = "process_runtime"
 NO_GPUS = "no_gpus"
 TYPE_MISMATCH = "gpu_type_mismatch"
 PORTS = "ports"
@@ -64,11 +65,14 @@ def card_admits(card: CardView, t: TaskDemand, res: Reservation) -> tuple[str, b
 
 
 def node_gate(node: NodeView, t: TaskDemand, thr: float, cap: int) -> str:
-    """The node-level checks that need no card: online, load threshold, container cap."""
+    """The node-level checks that need no card: online, dedication, runtime, load
+    threshold, container cap."""
     if not node.online:
         return OFFLINE
     if node.tenants and t.tenant_id and t.tenant_id not in node.tenants:
         return RESERVED  # dedicated to other tenants (same rule as NodeView.visible_to)
+    if t.needs_container and node.runtime == "process":
+        return PROCESS_RUNTIME  # the trusted mode runs the platform's own launcher only
     if node.cpu_percent > thr or node.memory_percent > thr:
         return OVERLOADED
     if t.inference and node.inference_tasks >= cap:

@@ -27,7 +27,7 @@ class FailureMemo:
     @staticmethod
     def _kind(t: TaskDemand, extra: Hashable) -> Hashable:
         return (t.gpu_type, t.task_type, t.share_key, t.tenant_id, t.whole, t.host_ports,
-                t.engine_vendors, extra)
+                t.engine_vendors, t.needs_container, t.priority_class, extra)
 
     @staticmethod
     def _size(t: TaskDemand) -> tuple[int, int, int, int]:

@@ -104,6 +104,7 @@ class NodeView:
     version: int = 0  # nodes.booking_version as read
     # tenants this node is dedicated to (label heteroflow.tenants); empty = every tenant
     tenants: frozenset[str] = frozenset()
+    runtime: str = "docker"  # docker | process (the agent's runtime)
 
     def visible_to(self, tenant_id: str) -> bool:
         return may_use(self.tenants, tenant_id)
@@ -148,6 +149,12 @@ class TaskDemand:
     multi_node: bool = False  # a stage of a pipeline group (prefers RDMA nodes)
     # card vendors the task's engine runs on ("cpu" for CPU work); empty = no engine
     engine_vendors: frozenset[str] = frozenset()
+    # "tenant": its priority ranks only within its share key; "platform" (operator-set):
+    # it may preempt any tenant's lower-priority work
+    priority_class: str = "tenant"
+    # a custom command or an engine that exists only as an image: never on a node of
+    # the process runtime (the trusted mode runs the platform's own launcher only)
+    needs_container: bool = False
     # derived once (the pipeline reads them for every card it looks at)
     inference: bool = field(init=False, repr=False, compare=False)
     # Takes whole cards outside the percentage protocol (B6): TP replicas and all

@@ -3,7 +3,9 @@
 Pure: it works on copies of the views and says (node, victims); the caller moves the
 victims back to the queue through the state door and the waiting task takes the cards
 once they are released. Only tasks of strictly lower priority are victims, never a
-task already being preempted; the choice minimises first the number of victims, then
+task already being preempted, and only inside the preemptor's reach (``may_preempt``:
+its tenant or sharing group, unless an operator gave it the platform class); the choice
+minimises first the number of victims, then
 the highest priority among them, then prefers the lowest-priority work.
 """
 
@@ -20,6 +22,16 @@ from heteroflow.core.placement.model import (
     unbook_occupant,
 )
 from heteroflow.core.placement.pipeline import Policy, evaluate
+
+
+def may_preempt(t: TaskDemand, o: Occupant) -> bool:
+    """Strictly lower priority, not already moving, and within the task's reach: a
+    tenant-class priority (every member's) ranks only inside its share key (its tenant,
+    or its sharing group), so no tenant can push another off its cards by raising a
+    number; a platform-class priority is an operator's decision and reaches everyone."""
+    if o.priority >= t.priority or o.preempting:
+        return False
+    return t.priority_class == "platform" or (bool(t.share_key) and o.share_key == t.share_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +56,7 @@ def plan_preemption(
         if t.gpu_required and not node.cards:
             continue
         lower = sorted(
-            (o for o in node.occupants if o.priority < t.priority and not o.preempting),
+            (o for o in node.occupants if may_preempt(t, o)),
             key=lambda o: (o.priority, -o.per_card_pct),
         )
         if not lower or not _could_fit(node, t, {o.task_id for o in lower}):
