@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from heteroflow.gateway.snapshot import hash_key
+from heteroflow.schemas.routing import hash_key
 
 NEVER_REFUSING_RPM = 1_000_000_000
 NEVER_REFUSING_TPM = 1_000_000_000_000

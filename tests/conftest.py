@@ -1,7 +1,8 @@
 """Shared fixtures and the FEATURES.md report.
 
 ``pytest --features`` prints, after the run, which FEATURES.md rows have passing tests
-(rows come from ``@pytest.mark.feature("ID")``).
+(rows come from ``@pytest.mark.feature("ID")``). A skipped test does not count as
+passing: a row whose tests were all skipped is listed as such, never as proven.
 
 Databases: ``db_url`` runs a test on SQLite and on PostgreSQL (a throw-away database
 per test session on 127.0.0.1:5432). When PostgreSQL cannot be reached the PostgreSQL
@@ -15,38 +16,62 @@ import os
 import secrets
 import socket
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 PG_ADMIN_URL = os.environ.get("HETEROFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
-_feature_results: dict[str, list[str]] = defaultdict(list)
+# row -> test id -> outcome of that test (its worst phase: failed > skipped > passed)
+_feature_results: dict[str, dict[str, str]] = defaultdict(dict)
+_RANK = {"passed": 0, "skipped": 1, "xfailed": 1, "failed": 2}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--features", action="store_true", help="print FEATURES.md row coverage")
 
 
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
-    if call.when != "call":
-        return
-    for mark in item.iter_markers("feature"):
-        for fid in mark.args:
-            _feature_results[str(fid)].append("passed" if call.excinfo is None else "failed")
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if call.when == "call" or report.outcome != "passed":  # a skip or error in setup too
+        outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+        for mark in item.iter_markers("feature"):
+            for fid in mark.args:
+                seen = _feature_results[str(fid)]
+                old = seen.get(item.nodeid, "passed")
+                seen[item.nodeid] = max(old, outcome, key=_RANK.__getitem__)
+    return report
+
+
+def _row_order(fid: str) -> tuple[str, int]:
+    return fid[0], int("".join(c for c in fid[1:] if c.isdigit()) or 0)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not terminalreporter.config.getoption("--features"):
         return
     terminalreporter.section("FEATURES.md rows with tests")
-    for fid in sorted(
-        _feature_results, key=lambda f: (f[0], int("".join(c for c in f[1:] if c.isdigit()) or 0))
-    ):
-        res = _feature_results[fid]
-        ok = res.count("passed")
-        terminalreporter.write_line(f"{fid:5} {ok}/{len(res)} passing")
+    terminalreporter.write_line(
+        "passing = tests that ran and passed; a skipped test (no PostgreSQL, no Docker, "
+        "no GPU...) or an xfailed one (known not built) does not count as passing"
+    )
+    only_skipped: list[str] = []
+    for fid in sorted(_feature_results, key=_row_order):
+        res = list(_feature_results[fid].values())
+        counts = {o: res.count(o) for o in ("skipped", "xfailed", "failed")}
+        extra = "".join(f", {n} {what}" for what, n in counts.items() if n)
+        terminalreporter.write_line(f"{fid:5} {res.count('passed')}/{len(res)} passing{extra}")
+        if counts["skipped"] + counts["xfailed"] == len(res):
+            only_skipped.append(fid)
+    if only_skipped:
+        terminalreporter.write_line(
+            "rows whose tests were all skipped or xfailed (not proven by this run): "
+            + ", ".join(only_skipped)
+        )
 
 
 def free_port() -> int:

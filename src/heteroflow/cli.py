@@ -109,13 +109,13 @@ async def _run_gateway(a: argparse.Namespace, token: str) -> int:
     from heteroflow.gateway.app import GatewayApp
     from heteroflow.gateway.poller import SnapshotPoller
     from heteroflow.gateway.routes_file import RoutesFileError, RoutesFileWatcher
-    from heteroflow.gateway.snapshot import SnapshotHolder
     from heteroflow.gateway.usage import (
         HttpUsageSink,
         JsonLinesUsageSink,
         UsageCollector,
         UsageSink,
     )
+    from heteroflow.schemas.routing import SnapshotHolder
     from heteroflow.serving import bind, http_server, install_stop_signals
 
     settings = ServerSettings()
@@ -155,6 +155,7 @@ async def _run_gateway(a: argparse.Namespace, token: str) -> int:
     stop = asyncio.Event()
     install_stop_signals(stop)
     server = http_server(app, lifespan="off")
+    app.start()  # probes and scrapes follow the snapshot from now on
     background = [asyncio.create_task(source(stop))]
     if usage is not None:
         background.append(asyncio.create_task(usage.run(stop)))
@@ -186,7 +187,7 @@ def _gateway(a: argparse.Namespace) -> int:
 
 
 def _hash_key(a: argparse.Namespace) -> int:
-    from heteroflow.gateway.snapshot import hash_key
+    from heteroflow.schemas.routing import hash_key
 
     if a.new:
         from heteroflow.core.ids import new_api_key

@@ -27,9 +27,9 @@ from heteroflow.controllers.snapshot import SnapshotPublisher
 from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.db.engine import Database, migrate
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.snapshot import SnapshotHolder
 from heteroflow.gateway.usage import UsageCollector
 from heteroflow.private_files import private_dir
+from heteroflow.schemas.routing import SnapshotHolder
 from heteroflow.services.auth import (
     JWT_SECRET_KEY,
     Bootstrap,
@@ -135,6 +135,7 @@ class ServerApp:
         extra: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] | None = None,
     ) -> None:
         server = http_server(self.asgi)
+        self.gateway.start()  # probes and scrapes follow the snapshot from now on
         host, port = sock.getsockname()[:2]
         self.leadership.listening_on(str(host), int(port))
         # the elector first: leader-only loops skip their rounds until it holds the lease

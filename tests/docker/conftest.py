@@ -18,7 +18,7 @@ import os
 import secrets
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +135,9 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
     """On failure, attach the server/agent logs of an end-to-end stack (``dstack``)."""
     outcome = yield
     rep = outcome.get_result()

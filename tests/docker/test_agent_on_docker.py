@@ -198,7 +198,7 @@ def test_service_runs_as_a_container_and_stop_removes_it(dstack: Stack, docker_c
     )
 
 
-@pytest.mark.feature("C2", "D1")
+@pytest.mark.feature("C2")
 def test_a_container_killed_behind_the_agents_back_fails_the_task(
     dstack: Stack, docker_client: Any
 ) -> None:
@@ -303,7 +303,7 @@ def test_a_members_command_runs_only_inside_its_container_and_sees_no_secret(
         json={"username": "mallory", "password": "mallory-pass-1"},
     )
     member = {"Authorization": f"Bearer {login.json()['access_token']}"}
-    spec = {
+    spec: dict[str, Any] = {
         "name": "shell",
         "task_type": "container",
         "task": {

@@ -29,7 +29,8 @@ def run_script(runtime: DockerRuntime, image: str, script: str) -> tuple[int, st
     code = runtime.exit_code(plan.name)
     out = runtime.log_tail(plan.name, 50)
     runtime.remove(plan.name)
-    return int(code), out
+    assert code is not None
+    return code, out
 
 
 def test_the_container_is_not_privileged_and_keeps_few_capabilities(

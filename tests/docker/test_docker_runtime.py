@@ -101,7 +101,7 @@ def test_pipeline_plan_gets_host_network(runtime: DockerRuntime, busybox_image: 
     assert not host["PortBindings"]
 
 
-@pytest.mark.feature("C1", "C3")
+@pytest.mark.feature("C1")
 def test_nvidia_request_reaches_the_container(runtime: DockerRuntime, busybox_image: str) -> None:
     plan = make_plan(busybox_image, ("env",), gpu=gpu_request("nvidia", [1, 3]))
     runtime.start(plan)
@@ -112,7 +112,7 @@ def test_nvidia_request_reaches_the_container(runtime: DockerRuntime, busybox_im
     assert "NVIDIA_VISIBLE_DEVICES=1,3" in runtime.log_tail(plan.name, 100).splitlines()
 
 
-@pytest.mark.feature("C1", "C3")
+@pytest.mark.feature("C1")
 def test_device_vendor_gets_devices_groups_and_env(
     runtime: DockerRuntime, busybox_image: str
 ) -> None:

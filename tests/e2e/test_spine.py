@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import openai
 import pytest
@@ -96,7 +97,7 @@ def test_a_model_file_becomes_an_endpoint_the_openai_sdk_calls(stack: Stack) -> 
     assert unknown.value.code == "model_not_found"
 
 
-@pytest.mark.feature("D1", "C2")
+@pytest.mark.feature("C2")
 def test_a_killed_engine_is_detected_and_the_task_fails_with_a_reason(stack: Stack) -> None:
     g = stack.create_service("victim")
     g = stack.wait_status(g["id"], "running")
@@ -182,7 +183,7 @@ def test_a_busy_host_port_is_retried_with_back_off_then_given_up(stack: Stack) -
         busy.close()
 
 
-def _task(stack: Stack) -> dict:
+def _task(stack: Stack) -> dict[str, Any]:
     return {
         "image": "ghcr.io/ggml-org/llama.cpp:server",
         "gpu_required": 0,

@@ -180,7 +180,6 @@ def test_query_parameters_out_of_range_are_400(api: Api, params: dict[str, Any])
     assert r.json()["error"]["code"] == "validation_error"
 
 
-@pytest.mark.feature("N1")
 def test_failed_login_is_recorded_without_user_or_password(api: Api) -> None:
     secret = "wrong-pass-Zq81"  # what an attacker tried
     r = api.client.post("/api/v1/auth/login", json={"username": "admin", "password": secret})

@@ -3,6 +3,7 @@ a running (in-process) server, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import getpass
 import io
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def test_reset_password_prompts_twice_on_a_terminal(
 ) -> None:
     monkeypatch.setattr("sys.stdin", _Terminal(""))
     answers = iter(["typed-pass-123", "typed-pass-124"])
-    monkeypatch.setattr(cli.getpass, "getpass", lambda prompt="": next(answers))
+    monkeypatch.setattr(getpass, "getpass", lambda prompt="": next(answers))
     assert cli.main(["reset-password", "admin"]) == 2  # the two differ: nothing changes
     assert server_env.login()
     answers = iter(["typed-pass-123", "typed-pass-123"])

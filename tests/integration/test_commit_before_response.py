@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from sqlalchemy import event, select
 
 from heteroflow.core.clock import FakeClock
@@ -24,7 +23,6 @@ from heteroflow.testing.fake_openai_backend import UvicornThread
 from .conftest import ADMIN_PASSWORD, NODE_TOKEN
 
 
-@pytest.mark.feature("N1")
 def test_a_created_answer_means_committed(db_url: str, tmp_path: Path) -> None:
     settings = ServerSettings(
         data_dir=tmp_path / "data", database_url=db_url, admin_password=ADMIN_PASSWORD,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from heteroflow.gateway.snapshot import Backend
+from heteroflow.schemas.routing import Backend
 
 from .conftest import Api, service_body
 

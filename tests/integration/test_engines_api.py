@@ -73,7 +73,9 @@ def rows(api: Api, table: type) -> int:
         ),
     ],
 )
-def test_kv_offload_is_refused_outside_vllm_inference(api: Api, body: dict, why: str) -> None:
+def test_kv_offload_is_refused_outside_vllm_inference(
+    api: Api, body: dict[str, Any], why: str
+) -> None:
     admin = api.login()
     r = api.client.post("/api/v1/task-groups", json=body, headers=admin)
     assert r.status_code == 400, r.text
@@ -223,7 +225,7 @@ def test_task_shows_the_argv_the_agent_launched(api: Api) -> None:
     assert api.client.get(f"/api/v1/tasks/{task_id}", headers=admin).json()["launch_argv"] == argv
 
 
-@pytest.mark.feature("H2", "E3")
+@pytest.mark.feature("H2")
 def test_one_click_takes_the_first_template_and_stores_the_chain(api: Api) -> None:
     admin = api.login()
     heartbeat(

@@ -262,11 +262,11 @@ def test_the_agent_names_its_faults_on_the_wire(api: Api, tmp_path: Path) -> Non
     agent = Agent(
         settings,
         NodeConfig(),
-        FakeLauncher(runtime),  # the launcher's surface the watch loop uses
+        FakeLauncher(runtime),  # type: ignore[arg-type]  # the surface the watch loop uses
         api.clock,
         nvml=NvmlDiscovery(platform="none"),
     )
-    agent.shipper = NoLogs()
+    agent.shipper = NoLogs()  # type: ignore[assignment]
     with socket.socket() as closed:  # bound, never listening: every probe is refused
         closed.bind(("127.0.0.1", 0))
         beat = {"name": "node-a", "address": "127.0.0.1", "inventory": {}}

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.snapshot import (
+from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
     RouteTarget,

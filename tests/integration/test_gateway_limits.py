@@ -22,7 +22,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from heteroflow.core.clock import FakeClock
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.snapshot import (
+from heteroflow.gateway.store import MemoryStore
+from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
     RouteTarget,
@@ -30,7 +31,6 @@ from heteroflow.gateway.snapshot import (
     SnapshotHolder,
     hash_key,
 )
-from heteroflow.gateway.store import MemoryStore
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 
 from .conftest import Api, service_body

@@ -37,7 +37,8 @@ from heteroflow.gateway.idempotency import (
     fingerprint,
 )
 from heteroflow.gateway.limits import OK, Charge, quota_period
-from heteroflow.gateway.snapshot import (
+from heteroflow.gateway.store import MemoryStore, RedisStore
+from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
     RouteTarget,
@@ -45,7 +46,6 @@ from heteroflow.gateway.snapshot import (
     SnapshotHolder,
     hash_key,
 )
-from heteroflow.gateway.store import MemoryStore, RedisStore
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 
 REDIS_URL = os.environ.get("HETEROFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from .conftest import Api, service_body
@@ -47,7 +49,9 @@ def test_deleting_the_endpoint_clears_the_group_reference(api: Api) -> None:
         ({"priority": -1}, "priority"),
     ],
 )
-def test_route_update_validation_for_members(api: Api, body: dict, field: str) -> None:
+def test_route_update_validation_for_members(
+    api: Api, body: dict[str, Any], field: str
+) -> None:
     admin = api.login()
     member = api.member(admin, "team-r", "rita")
     g = api.client.post("/api/v1/task-groups", json=service_body(), headers=member).json()
@@ -56,7 +60,6 @@ def test_route_update_validation_for_members(api: Api, body: dict, field: str) -
     assert r.status_code == 400 and r.json()["error"]["field"] == field
 
 
-@pytest.mark.feature("A4")
 def test_operator_may_set_negative_priority_and_weights_apply(api: Api) -> None:
     admin = api.login()
     g = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).json()

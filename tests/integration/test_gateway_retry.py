@@ -30,7 +30,9 @@ import pytest
 
 from heteroflow.core.clock import FakeClock
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.snapshot import (
+from heteroflow.gateway.store import MemoryStore
+from heteroflow.gateway.upstream import UpstreamFailure
+from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
     RouteTarget,
@@ -38,8 +40,6 @@ from heteroflow.gateway.snapshot import (
     SnapshotHolder,
     hash_key,
 )
-from heteroflow.gateway.store import MemoryStore
-from heteroflow.gateway.upstream import UpstreamFailure
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 
 KEY = "sk-test-retry-key-0001"

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from heteroflow.gateway.app import GatewayApp
 from heteroflow.gateway.errors import Receive, Scope, Send
-from heteroflow.gateway.snapshot import (
+from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
     RouteTarget,

@@ -24,7 +24,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from heteroflow.gateway.app import GatewayApp
 from heteroflow.gateway.errors import Receive, Scope, Send
 from heteroflow.gateway.poller import PollError, SnapshotPoller
-from heteroflow.gateway.snapshot import (
+from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
     RouteTarget,
@@ -592,7 +592,6 @@ class _SnapshotServer:
         await send({"type": "http.response.body", "body": body})
 
 
-@pytest.mark.feature("M1")
 async def test_poller_follows_the_server_snapshot(
     env: Env, caplog: pytest.LogCaptureFixture
 ) -> None:

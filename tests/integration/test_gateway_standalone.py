@@ -22,7 +22,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from heteroflow.cli import main
-from heteroflow.gateway.snapshot import hash_key
+from heteroflow.schemas.routing import hash_key
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 
 KEY = "sk-standalone-test-key"
@@ -153,7 +153,6 @@ def test_standalone_gateway_serves_reloads_counts_and_flushes_at_exit(
     assert sums == {"chat": (2, 4, 5), "code": (1, 1, 3)}
 
 
-@pytest.mark.feature("M1")
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
@@ -177,7 +176,6 @@ def test_bad_routes_file_exits_2_naming_the_field(
     assert "Traceback" not in err
 
 
-@pytest.mark.feature("M1")
 def test_cli_arguments_and_hash_key(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["hash-key", KEY]) == 0
     assert capsys.readouterr().out.strip() == hash_key(KEY)
@@ -223,7 +221,10 @@ def test_gateway_settings_reach_the_separate_gateway_process(
         [sys.executable, "-m", "heteroflow.cli", "gateway", "--port", "0",
          "--routes", str(tmp_path / "routes.json")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "HETEROFLOW_GATEWAY_CONNECT_RETRIES": retries},
+        # probes off (a second setting that must reach it): else they eject the dead
+        # backend before any request does
+        env={**os.environ, "HETEROFLOW_GATEWAY_CONNECT_RETRIES": retries,
+             "HETEROFLOW_GATEWAY_PROBE_INTERVAL_S": "0"},
     )
     try:
         assert proc.stdout is not None

@@ -335,10 +335,10 @@ def test_the_dry_run_reads_no_file_outside_the_prefixes(
     api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The estimate reads GGUF headers: it must never run for a path no node allows."""
+    from heteroflow.models.estimate import estimate_model_path as real
     from heteroflow.services import planning
 
     read: list[Path] = []
-    real = planning.estimate_model_path
 
     def spy(path: Path) -> Any:
         read.append(path)
@@ -383,7 +383,9 @@ def test_the_agent_reports_its_volume_rules_in_the_heartbeat(api: Api, tmp_path:
         server_url="http://server", node_token=NODE_TOKEN, node_name="agent-node",
         work_dir=tmp_path / "agent",
     )
-    agent = Agent(settings, config, Launcher(), api.clock, nvml=NvmlDiscovery(platform="none"))
+    agent = Agent(
+        settings, config, Launcher(), api.clock, nvml=NvmlDiscovery(platform="none")  # type: ignore[arg-type]
+    )
     inv = NodeInventory(gpus=(), cpu_count=2, memory_total_mb=4096, memory_available_mb=4096,
                         cpu_percent=1.0, memory_percent=2.0)
     body = agent._heartbeat_body(inv).model_dump(mode="json")

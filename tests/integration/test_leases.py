@@ -48,7 +48,7 @@ def db(db_url: str) -> Iterator[Database]:
 
 def event_count(db: Database, kind: str) -> int:
     with db.session() as s:
-        return int(s.scalar(select(func.count()).select_from(Event).where(Event.kind == kind)))
+        return s.scalar(select(func.count()).select_from(Event).where(Event.kind == kind)) or 0
 
 
 def test_the_migration_matches_the_tables(db: Database) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
@@ -13,7 +12,6 @@ from heteroflow.db.tables import Base
 NEW_TABLES = {"task_logs", "file_requests", "file_request_chunks"}
 
 
-@pytest.mark.feature("C6", "C7")
 def test_upgrade_from_0002_adds_the_tables_and_keeps_rows(db_url: str) -> None:
     engine = make_engine(db_url)
     try:

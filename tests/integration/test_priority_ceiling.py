@@ -8,8 +8,6 @@ import pytest
 
 from .conftest import Api, service_body
 
-pytestmark = pytest.mark.feature("B4")
-
 GROUPS = "/api/v1/task-groups"
 
 

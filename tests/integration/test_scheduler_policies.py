@@ -272,7 +272,9 @@ def test_nodes_dedicated_to_a_tenant_are_used_and_seen_by_it_only(api: Api) -> N
     tenants = {t["name"]: t["id"] for t in api.client.get("/api/v1/tenants", headers=admin).json()}
     _dedicate(api, "private", [tenants["one"]])
     # members see the nodes they may use; operators the whole fleet
-    names = lambda h: sorted(n["name"] for n in api.client.get("/api/v1/nodes", headers=h).json())  # noqa: E731
+    def names(h: dict[str, str]) -> list[str]:
+        return sorted(n["name"] for n in api.client.get("/api/v1/nodes", headers=h).json())
+
     assert (names(one), names(two), names(admin)) == (
         ["private", "shared"], ["shared"], ["private", "shared"])
     # pipelines are an operator's (host network); the operator's own tenant may not use

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from .conftest import Api, service_body
@@ -9,7 +11,9 @@ from .conftest import Api, service_body
 A10 = {"index": 0, "vendor": "nvidia", "model": "A10", "memory_total_mb": 24576}
 
 
-def running_service(api: Api, admin: dict[str, str], node_id: str) -> tuple[dict, str]:
+def running_service(
+    api: Api, admin: dict[str, str], node_id: str
+) -> tuple[dict[str, Any], str]:
     """A service whose only task was placed, claimed and reported running."""
     g = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).json()
     task_id = g["tasks"][0]["id"]
@@ -20,7 +24,7 @@ def running_service(api: Api, admin: dict[str, str], node_id: str) -> tuple[dict
     return g, task_id
 
 
-def gpu_service(name: str = "gsvc", **task: object) -> dict:
+def gpu_service(name: str = "gsvc", **task: object) -> dict[str, Any]:
     return service_body(
         name=name,
         task={"image": "vllm/vllm-openai:v0.11.2", "gpu_required": 1, **task},
@@ -159,7 +163,6 @@ def test_claim_is_compare_and_set_and_reports_drive_the_group(api: Api) -> None:
     ]
 
 
-@pytest.mark.feature("A7")
 def test_stop_moves_a_running_task_to_stopping_then_the_agent_confirms(api: Api) -> None:
     admin = api.login()
     node_id = api.heartbeat()
@@ -206,7 +209,6 @@ def test_snapshot_route_needs_gateway_token_or_operator(api: Api) -> None:
     assert r2.status_code == 304
 
 
-@pytest.mark.feature("A7")
 def test_an_exit_while_stopping_counts_as_stopped(api: Api) -> None:
     admin = api.login()
     node_id = api.heartbeat()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select, text
@@ -95,7 +96,9 @@ def test_container_field_at_top_level_is_400_naming_it(api: Api, field: str) -> 
         ({"health_check": {"port": 9999}}, "health_check.port"),
     ],
 )
-def test_bad_input_is_400_naming_the_field(api: Api, body_over: dict, field: str) -> None:
+def test_bad_input_is_400_naming_the_field(
+    api: Api, body_over: dict[str, Any], field: str
+) -> None:
     admin = api.login()
     r = api.client.post("/api/v1/task-groups", json=service_body(**body_over), headers=admin)
     assert r.status_code == 400, r.text
@@ -198,6 +201,7 @@ def test_endpoint_port_must_be_a_group_port_unless_operator(api: Api) -> None:
     assert r.status_code == 400 and r.json()["error"]["field"] == "external_port"
 
 
+@pytest.mark.feature("G1")
 def test_split_creates_one_task_per_replica(api: Api) -> None:
     admin = api.login()
     g = api.client.post(
@@ -209,6 +213,7 @@ def test_split_creates_one_task_per_replica(api: Api) -> None:
     assert g["current_replicas"] == 3
 
 
+@pytest.mark.feature("G1")
 def test_tensor_parallel_is_one_task_with_world_size_cards(api: Api) -> None:
     admin = api.login()
     g = api.client.post(

@@ -68,7 +68,6 @@ def test_a_member_cannot_ask_for_the_host_network(api: Api) -> None:
     assert api.client.post("/api/v1/task-groups", json=body, headers=admin).status_code == 201
 
 
-@pytest.mark.feature("C3")
 @pytest.mark.parametrize(
     "item",
     [
@@ -91,7 +90,6 @@ def test_env_hooks_are_refused_at_create_naming_the_item(api: Api, item: str) ->
     refused(api, admin, body, "task.env[1]")  # operators too: the rule is the platform's
 
 
-@pytest.mark.feature("C3")
 def test_an_operator_extends_the_env_allow_list_by_setting(api: Api) -> None:
     admin = api.login()
     api.heartbeat(gpus=[H100])
@@ -158,7 +156,6 @@ def running_victim(api: Api, admin: dict[str, str]) -> tuple[str, str, dict[str,
     return node, victim["tasks"][0]["id"], a
 
 
-@pytest.mark.feature("B4")
 def test_a_members_priority_never_preempts_another_tenant(api: Api) -> None:
     """Attack: a member's priority-100 task (every tenant's default ceiling) preempted
     another tenant's running service."""

@@ -25,8 +25,8 @@ from sqlalchemy import select
 from heteroflow.core.clock import FakeClock
 from heteroflow.db.tables import UsageRecord
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.snapshot import Backend, RoutingSnapshot, SnapshotHolder
 from heteroflow.gateway.usage import HttpUsageSink, UsageCollector
+from heteroflow.schemas.routing import Backend, RoutingSnapshot, SnapshotHolder
 from heteroflow.server import ServerApp
 from heteroflow.services.routing import build_snapshot
 from heteroflow.serving import bind

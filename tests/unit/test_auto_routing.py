@@ -13,7 +13,7 @@ from heteroflow.gateway.auto import (
     estimate_prompt_tokens,
     parse_capabilities,
 )
-from heteroflow.gateway.snapshot import Backend, RouteTarget
+from heteroflow.schemas.routing import Backend, RouteTarget
 
 
 def _route(name: str, *tags: str, backends: int = 1, draining: bool = False) -> RouteTarget:

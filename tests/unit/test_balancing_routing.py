@@ -13,7 +13,7 @@ import pytest
 from heteroflow.gateway.balancing import Balancer
 from heteroflow.gateway.engine_metrics import EngineLoad
 from heteroflow.gateway.health import PassiveHealth
-from heteroflow.gateway.snapshot import Backend, RouteTarget
+from heteroflow.schemas.routing import Backend, RouteTarget
 
 
 def _backend(name: str, *, draining: bool = False, temp: int | None = None) -> Backend:

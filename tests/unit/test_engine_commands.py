@@ -140,7 +140,6 @@ GOLDEN: list[tuple[str, LaunchShape, tuple[str, ...] | None, tuple[str, ...]]] =
 
 
 @pytest.mark.feature("H4")
-@pytest.mark.feature("G1")
 @pytest.mark.parametrize(
     ("s", "entrypoint", "args"), [g[1:] for g in GOLDEN], ids=[g[0] for g in GOLDEN]
 )
@@ -193,7 +192,6 @@ def walk_keys(value: Any) -> Iterator[str]:
 
 
 @pytest.mark.feature("H4")
-@pytest.mark.feature("G2")
 def test_mindie_is_configured_by_a_documented_config_file() -> None:
     command = build_command(
         tp("mindie", 4, served_model_name="qwen2-7b", gpu_memory_utilization=80)
@@ -244,7 +242,6 @@ def test_process_runtime_runs_llamacpp_through_the_launcher() -> None:
         process_argv(shape("vllm"), "/venv/python")
 
 
-@pytest.mark.feature("G2")
 @pytest.mark.feature("H3")
 @pytest.mark.parametrize("engine", ["mindie", "trtllm", "llamacpp"])
 def test_engines_without_pipeline_refuse_it(engine: str) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from heteroflow.gateway.balancing import Balancer
 from heteroflow.gateway.health import PassiveHealth
-from heteroflow.gateway.snapshot import Backend, RouteTarget
+from heteroflow.schemas.routing import Backend, RouteTarget
 
 
 def _target(route_id: str, priority: int, weight: int, n_backends: int) -> RouteTarget:

@@ -28,8 +28,8 @@ from heteroflow.gateway.limits import (
     request_cost,
     settle,
 )
-from heteroflow.gateway.snapshot import KeyEntry, RoutingSnapshot
 from heteroflow.gateway.store import MemoryStore
+from heteroflow.schemas.routing import KeyEntry, RoutingSnapshot
 
 T0 = datetime(2026, 3, 31, 23, 0, tzinfo=UTC).timestamp() * 1000.0
 

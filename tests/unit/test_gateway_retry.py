@@ -12,7 +12,7 @@ import pytest
 from heteroflow.gateway.balancing import Balancer
 from heteroflow.gateway.health import PassiveHealth
 from heteroflow.gateway.retry import may_fail_over, nothing_sent, without
-from heteroflow.gateway.snapshot import Backend, RouteTarget
+from heteroflow.schemas.routing import Backend, RouteTarget
 
 # What ClientConnectorError's message reads; any object with these attributes will do.
 _KEY = SimpleNamespace(host="10.0.0.1", port=8000, ssl=True, is_ssl=False)

@@ -51,7 +51,8 @@ def test_two_cards_discovered_with_memory_cc_and_temperature() -> None:
     a10, a100 = cards
     assert a10 == GpuCard(index=0, uuid="GPU-a10", vendor="nvidia", model="NVIDIA A10",
                           memory_total_mb=23028, memory_used_mb=512, compute_capability="8.6",
-                          mig_capable=False, mps_capable=True, temperature_c=41, source="nvml")
+                          mig_capable=False, mps_capable=True, temperature_c=41, source="nvml",
+                          mig_enabled=False)
     assert (a100.index, a100.memory_total_mb, a100.memory_used_mb) == (1, 81920, 1024)
     assert (a100.compute_capability, a100.temperature_c) == ("8.0", 55)
     assert fake.shutdown_calls == 1 and not fake.initialised

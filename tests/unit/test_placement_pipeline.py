@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from heteroflow.core.placement import (
@@ -20,11 +22,11 @@ RES = Reservation()
 POOL = range(20000, 20010)
 
 
-def node(name: str, **kw: object) -> NodeView:
+def node(name: str, **kw: Any) -> NodeView:
     cards = [CardView(0, "nvidia", "A10", 24576)]
     return NodeView(
         id=name, name=name, online=True, cards=cards, cpu_count=8, memory_total_mb=65536, **kw
-    )  # type: ignore[arg-type]
+    )
 
 
 def demand(**kw: object) -> TaskDemand:

@@ -86,7 +86,6 @@ def check_invariants(nodes: list[NodeView], booked: list[tuple[TaskDemand, Place
 
 @pytest.mark.feature("B6")
 @pytest.mark.feature("B5")
-@pytest.mark.feature("B4")
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fleet=st.lists(node_st, min_size=1, max_size=6), queue=st.lists(demand_st, max_size=40))
 def test_no_overcommit_no_tenant_mix_no_kind_mix(

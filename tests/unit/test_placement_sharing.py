@@ -112,7 +112,6 @@ def test_inference_never_shares_with_non_inference() -> None:
     assert "another kind" in unplaced(place(demand("inf"), [m], RES, POOL))
 
 
-@pytest.mark.feature("F5")
 @pytest.mark.feature("B6")
 def test_training_borrows_the_cards_of_a_sleeping_inference_service_only() -> None:
     n = node("n")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from heteroflow.gateway.routes_file import RoutesFileError, RoutesFileWatcher, load_routes
-from heteroflow.gateway.snapshot import SnapshotHolder, hash_key
+from heteroflow.schemas.routing import SnapshotHolder, hash_key
 
 KEY_A, KEY_B = hash_key("sk-a"), hash_key("sk-b")
 
@@ -44,7 +44,6 @@ GOOD: dict[str, Any] = {
 }
 
 
-@pytest.mark.feature("M1")
 def test_a_good_file_becomes_a_snapshot(tmp_path: Path) -> None:
     snap = load_routes(_write(tmp_path / "r.json", GOOD), version=7)
     assert snap.version == 7
@@ -66,7 +65,6 @@ def test_a_good_file_becomes_a_snapshot(tmp_path: Path) -> None:
     assert (chat[0].algorithm, chat[2].algorithm) == ("round_robin", "random")
 
 
-@pytest.mark.feature("M1")
 def test_toml_is_read_too(tmp_path: Path) -> None:
     path = tmp_path / "r.toml"
     path.write_text(
@@ -98,7 +96,6 @@ def _with(**over: Any) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.feature("M1")
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
@@ -133,7 +130,6 @@ def test_errors_name_the_field(tmp_path: Path, data: Any, expected: str) -> None
     assert expected in str(info.value)
 
 
-@pytest.mark.feature("M1")
 def test_unreadable_or_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(RoutesFileError, match="cannot read it"):
         load_routes(tmp_path / "missing.json", version=1)
@@ -158,7 +154,6 @@ async def _until(cond: Any) -> None:
             await asyncio.sleep(0.005)
 
 
-@pytest.mark.feature("M1")
 async def test_watcher_reloads_on_change_and_on_request_and_keeps_old_on_error(
     tmp_path: Path,
 ) -> None:
@@ -193,7 +188,6 @@ async def test_watcher_reloads_on_change_and_on_request_and_keeps_old_on_error(
         await asyncio.wait_for(runner, 5)
 
 
-@pytest.mark.feature("M1")
 def test_external_backend_keys_come_from_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

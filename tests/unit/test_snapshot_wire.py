@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from heteroflow.gateway.snapshot import (
+from heteroflow.schemas.routing import (
     EMPTY_SNAPSHOT,
     Backend,
     KeyEntry,
@@ -167,7 +167,7 @@ def test_holder_publish_swaps_snapshot() -> None:
 def test_route_algorithm_travels_over_the_wire_and_defaults_to_round_robin() -> None:
     import orjson
 
-    from heteroflow.gateway.snapshot import Backend, RouteTarget, RoutingSnapshot
+    from heteroflow.schemas.routing import Backend, RouteTarget, RoutingSnapshot
 
     t = RouteTarget(
         "mr-1",

@@ -19,8 +19,6 @@ from heteroflow.core.states import (
 )
 from heteroflow.services.transitions import IllegalTransition, transition
 
-pytestmark = pytest.mark.feature("A7")
-
 # Written out independently of the module's table, by status value.
 EXPECTED_LEGAL: dict[str, set[str]] = {
     "pending": {"scheduled", "stopped"},

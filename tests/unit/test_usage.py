@@ -20,10 +20,10 @@ from heteroflow.gateway.usage import (
     JsonLinesUsageSink,
     Usage,
     UsageCollector,
-    UsageRow,
     UsageTracker,
     usage_from_json,
 )
+from heteroflow.schemas.usage import UsageRow
 
 
 def _chat(usage: object, content: str = "hi") -> bytes:

@@ -1,11 +1,11 @@
 """Turns a task assignment into a container and starts it on the Docker runtime.
 
-The container is built from the same pure pieces the dry run shows
-(``core.containers``, ``core.engines.commands``): the engine argv for the container
-port on all container interfaces, C3 environment, the model mounted read-only, GPU
-arguments for the node's vendor, shared memory / IPC / host network per shape (C5),
-and ports published only on the node's address (127.0.0.1 on a single node — an open
-engine port would bypass the gateway's keys).
+The container is the one recipe the dry run shows (``core.recipe.container_plan``):
+the engine argv for the container port on all container interfaces, C3 environment,
+the model mounted read-only, engine config files written under the work dir and
+mounted read-only, GPU arguments for the node's vendor, shared memory / IPC / host
+network per shape (C5), and ports published only on the node's address (127.0.0.1 on
+a single node — an open engine port would bypass the gateway's keys).
 
 The model path is checked here, on the node (C4): an absolute path must sit inside
 the allow-list before anything about it is probed; a relative name means
@@ -25,16 +25,10 @@ from heteroflow.agent.engine_probe import VERSION_LABEL, kv_offload_check
 from heteroflow.agent.inventory import GpuCard, NodeInventory
 from heteroflow.agent.models import DATA_MODELS, ModelPathError, check_allowed
 from heteroflow.agent.runtime.protocol import LaunchFailed
-from heteroflow.core.containers import (
-    ContainerPlan,
-    Mount,
-    container_env,
-    gpu_request,
-    model_mount,
-    shared_memory,
-)
-from heteroflow.core.engines.commands import CommandError, LaunchShape, build_command
+from heteroflow.core.containers import ContainerPlan
 from heteroflow.core.paths import task_roots
+from heteroflow.core.ports import ports_from_dicts
+from heteroflow.core.recipe import NodeShape, TaskShape, container_plan
 from heteroflow.private_files import private_dir, private_file
 from heteroflow.schemas.nodes import TaskAssignment
 
@@ -64,6 +58,30 @@ def _check_model(t: TaskAssignment, config: NodeConfig) -> None:
         raise LaunchFailed(f"model path {t.model_path!r} does not exist on this node")
 
 
+def task_shape(t: TaskAssignment, engine_version: str = "") -> TaskShape:
+    """The recipe's view of an assignment (the wire's port dicts become ``PortMapping``)."""
+    return TaskShape(
+        id=t.id,
+        group_id=t.group_id,
+        name=t.name,
+        image=t.image,
+        engine=t.engine,
+        model_path=t.model_path,
+        model_name=t.model_name,
+        command=tuple(t.command),
+        engine_args=tuple(t.engine_args),
+        env=tuple(t.env),
+        ports=ports_from_dicts(t.ports),
+        parallelism=t.parallelism,
+        gpu_required=t.gpu_required,
+        gpu_ids=tuple(t.gpu_ids),
+        gpu_memory_utilization=t.gpu_memory_utilization,
+        kv_offload_gb=t.kv_offload_gb,
+        engine_version=engine_version,
+        generation=t.generation,
+    )
+
+
 def build_container(
     t: TaskAssignment,
     config: NodeConfig,
@@ -73,72 +91,20 @@ def build_container(
     work_dir: Path,
     engine_version: str = "",
 ) -> ContainerPlan:
+    """C4 on the node, then the one recipe (``core.recipe``); writes its config files."""
     _check_model(t, config)
-    vendor = next((c.vendor for c in cards if c.index in t.gpu_ids), "")
+    node = NodeShape(address=address, card_vendors={c.index: c.vendor for c in cards})
     try:
-        gpu = gpu_request(vendor, t.gpu_ids) if vendor else None
-    except ValueError as exc:
+        result = container_plan(
+            task_shape(t, engine_version), node, work_dir_config=str(work_dir / "config")
+        )
+    except ValueError as exc:  # CommandError included
         raise LaunchFailed(str(exc)) from exc
-    mount, engine_path = model_mount(t.model_path, t.engine)
-    mounts: list[Mount] = [mount] if mount else []
-    container_port = int(t.ports[0]["container_port"]) if t.ports else 8000
-    entrypoint: tuple[str, ...] | None
-    if t.command:
-        entrypoint, args, engine_env = None, tuple(t.command), {}
-    else:
-        tp = t.gpu_required if t.parallelism == "tensor_parallel" else 1
-        try:
-            cmd = build_command(
-                LaunchShape(
-                    engine=t.engine,
-                    model_path=engine_path,
-                    served_model_name=t.model_name,
-                    port=container_port,
-                    parallelism=t.parallelism,
-                    gpus=t.gpu_required,
-                    tensor_parallel_size=tp,
-                    gpu_memory_utilization=t.gpu_memory_utilization,
-                    extra_args=tuple(t.engine_args),
-                    kv_offload_gb=t.kv_offload_gb,
-                    engine_version=engine_version,
-                )
-            )
-        except CommandError as exc:
-            raise LaunchFailed(str(exc)) from exc
-        entrypoint, args, engine_env = cmd.entrypoint, cmd.args, dict(cmd.env)
-        for target, content in cmd.config_files.items():
-            host = work_dir / "config" / t.id / target.lstrip("/")
-            private_dir(host.parent)
-            private_file(host).write_text(content)
-            mounts.append(Mount(str(host), target))
-    ipc, shm, network = shared_memory(t.parallelism, t.gpu_required)
-    return ContainerPlan(
-        name=t.id,
-        image=t.image,
-        entrypoint=entrypoint,
-        command=tuple(args),
-        env=container_env(
-            t.env,
-            task_id=t.id,
-            group_id=t.group_id,
-            task_name=t.name,
-            engine=t.engine,
-            engine_env=engine_env,
-            gpu=gpu,
-        ),
-        ports={int(p["container_port"]): (address, int(p["host_port"])) for p in t.ports},
-        mounts=tuple(mounts),
-        ipc_mode=ipc,
-        shm_size=shm,
-        network_mode=network,
-        gpu=gpu,
-        labels={
-            "heteroflow.task": t.id,
-            "heteroflow.group": t.group_id,
-            "heteroflow.generation": str(t.generation),
-            "heteroflow.engine": t.engine,
-        },
-    )
+    for f in result.config_files:
+        host = Path(f.source)
+        private_dir(host.parent)
+        private_file(host).write_text(f.content)
+    return result.plan
 
 
 class DockerLauncher:

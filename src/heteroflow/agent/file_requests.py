@@ -27,6 +27,7 @@ from typing import Protocol
 from heteroflow.agent.client import ServerError
 from heteroflow.agent.models import ModelPathError, resolve_model_file
 from heteroflow.core.paths import inside, validate_target
+from heteroflow.core.states import FileOutcome, FileRequestStatus
 from heteroflow.schemas.files import MAX_LIST_ENTRIES, AgentFileRequest, FileEntry, ListResult
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class FileRequestClient(Protocol):
     async def file_done(
         self,
         request_id: str,
-        status: str,
+        status: FileOutcome,
         *,
         error: str = "",
         result: ListResult | None = None,
@@ -121,7 +122,7 @@ async def _upload(client: FileRequestClient, request_id: str, real: str, chunk_b
 
 async def _fail(client: FileRequestClient, request_id: str, reason: str) -> None:
     try:
-        await client.file_done(request_id, "failed", error=reason)
+        await client.file_done(request_id, FileRequestStatus.FAILED, error=reason)
     except Exception as exc:  # the server fails it after file_request_timeout_s
         log.warning("could not report file request %s as failed: %s", request_id, exc)
 
@@ -136,10 +137,10 @@ async def serve_one(
         real = resolve_target(req.target_path, allowed_roots_for_task(req.task_id))
         if req.request_type == "list":
             listing = await asyncio.to_thread(list_dir, real)
-            await client.file_done(req.id, "done", result=listing)
+            await client.file_done(req.id, FileRequestStatus.DONE, result=listing)
         else:
             size = await _upload(client, req.id, real, chunk_bytes)
-            await client.file_done(req.id, "done", size_bytes=size)
+            await client.file_done(req.id, FileRequestStatus.DONE, size_bytes=size)
     except Refused as exc:
         await _fail(client, req.id, str(exc))
     except OSError as exc:

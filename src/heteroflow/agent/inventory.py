@@ -66,6 +66,9 @@ class GpuCard:
     source: str  # "nvml" | "declared"
     # indices of this node's cards reachable over NVLink (the scheduler's topology scorer)
     nvlink_peers: tuple[int, ...] = ()
+    # MIG mode is on now (NVML's current mode), so the card really is partitioned; None
+    # when not read (declared cards: the declaration of mig_capable stands for it)
+    mig_enabled: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (all fields, plain types)."""
@@ -203,11 +206,13 @@ class NvmlDiscovery:
             logger.warning("NVML: GPU %d compute capability unknown: %s", index, exc)
             cc = None
         mps = cc is not None and cc >= MPS_MIN_COMPUTE_CAPABILITY
+        mig_capable, mig_enabled = self._mig(nvml, handle, index)
         return GpuCard(
             index=index, uuid=uuid, vendor="nvidia", model=name,
             memory_total_mb=total_mb, memory_used_mb=used_mb,
             compute_capability=None if cc is None else f"{cc[0]}.{cc[1]}",
-            mig_capable=self._mig_capable(nvml, handle, index),
+            mig_capable=mig_capable,
+            mig_enabled=mig_enabled,
             mps_capable=mps and self._platform.startswith("linux"),
             temperature_c=self._temperature(nvml, handle, index),
             source="nvml",
@@ -237,14 +242,20 @@ class NvmlDiscovery:
         return [dataclasses.replace(c, nvlink_peers=tuple(peers[c.index])) for c in cards]
 
     @staticmethod
-    def _mig_capable(nvml: NvmlModule, handle: Any, index: int) -> bool:
+    def _mig(nvml: NvmlModule, handle: Any, index: int) -> tuple[bool, bool]:
+        """(the card supports MIG, MIG mode is on now). A real H200 answers ``[0, 0]``:
+        capable but disabled, so not partitioned — QoS must not say gold for it."""
         try:
-            nvml.nvmlDeviceGetMigMode(handle)
+            mode = nvml.nvmlDeviceGetMigMode(handle)
         except nvml.NVMLError as exc:
             if not isinstance(exc, nvml.NVMLError_NotSupported):
                 logger.debug("NVML: GPU %d MIG mode unreadable (%s); not capable", index, exc)
-            return False
-        return True
+            return False, False
+        try:
+            current = int(mode[0])
+        except (TypeError, ValueError, IndexError):
+            return True, False
+        return True, current == 1  # NVML_DEVICE_MIG_ENABLE
 
     @staticmethod
     def _temperature(nvml: NvmlModule, handle: Any, index: int) -> int | None:

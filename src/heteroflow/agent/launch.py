@@ -33,6 +33,8 @@ from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec, Runtime
 from heteroflow.core.containers import AGENT_OWNED_ENV, PROCESS_BASE_ENV, container_env
 from heteroflow.core.engines import LLAMACPP_AGENT_FLAGS, owned_flag_in
 from heteroflow.core.engines.commands import CommandError, LaunchShape, process_argv
+from heteroflow.core.ports import host_ports as mapped_host_ports
+from heteroflow.core.ports import ports_from_dicts
 from heteroflow.schemas.nodes import TaskAssignment
 
 __all__ = [
@@ -96,9 +98,9 @@ def task_env(t: TaskAssignment) -> dict[str, str]:
 
 def host_port_for(t: TaskAssignment, container_port: int | None = None) -> int:
     """The host port standing for a container port (the first mapping by default)."""
-    for p in t.ports:
-        if container_port is None or p["container_port"] == container_port:
-            return int(p["host_port"])
+    for p in ports_from_dicts(t.ports):
+        if container_port is None or p.container_port == container_port:
+            return p.host_port
     raise LaunchFailed(f"task has no mapping for container port {container_port}")
 
 
@@ -106,7 +108,7 @@ def build_launch(
     t: TaskAssignment, config: NodeConfig, *, cpu_threads: int, log_dir: Path
 ) -> LaunchSpec:
     env = task_env(t)
-    host_ports = tuple(int(p["host_port"]) for p in t.ports if p.get("host_port"))
+    host_ports = mapped_host_ports(ports_from_dicts(t.ports), chosen_only=True)
     port = host_port_for(t)
     log_path = log_dir / f"{t.id}.log"
     if t.command:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -73,7 +74,7 @@ class Dispatcher:
         self.gateway = gateway
         self.api = api
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and (
             scope["path"].startswith("/v1") or scope["path"] == "/metrics"
         ):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from heteroflow.core.clock import Clock
 from heteroflow.db.engine import Database
-from heteroflow.gateway.snapshot import SnapshotHolder
+from heteroflow.schemas.routing import SnapshotHolder
 from heteroflow.services.auth import Tokens
 from heteroflow.settings import ServerSettings
 

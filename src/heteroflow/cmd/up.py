@@ -104,6 +104,7 @@ def _deploy_demo(app: ServerApp, model: Path, kind: str) -> tuple[str, str, str]
                     },
                 }
             ),
+            offline_after_s=app.settings.node_offline_after_s,
         )
     assert created.api_key is not None
     return created.id, model_name, created.api_key

@@ -4,8 +4,10 @@ Every interval (the server passes ``scheduler_interval_s``) it runs one round of
 ``services.faults.watch_nodes``: a node that stopped heartbeating for
 ``node_offline_after_s`` while it holds starting/running tasks gets one
 ``fault.node_lost`` per affected group; when it heartbeats again those groups get a
-``fault.node_back``. The recorded state lives in the events table, so a round is
-idempotent and a restarted server picks up where the last one stopped.
+``fault.node_back``. The recorded state lives in the events table — a node's latest
+node-level row, found by its ``node_id`` and ``kind`` (``core.events.EventKind``), never
+by its message — so a round is idempotent and a restarted server picks up where the
+last one stopped.
 
 Leader-only: two instances comparing "recorded" with "heartbeat-derived" state at once
 would both write the same fault. Each round's transaction starts with

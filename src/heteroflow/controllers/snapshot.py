@@ -14,7 +14,7 @@ import json
 from datetime import datetime
 
 from heteroflow.db.engine import Database
-from heteroflow.gateway.snapshot import RoutingSnapshot, SnapshotHolder
+from heteroflow.schemas.routing import RoutingSnapshot, SnapshotHolder
 from heteroflow.services.routing import build_snapshot
 
 

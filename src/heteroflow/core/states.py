@@ -10,14 +10,30 @@ Task (one container / engine process)::
 ``starting`` is claimed by the agent, engine launched, first health check not yet passed.
 A task is routable only in ``running``. Sleeping / waking / draining arrive with the
 sleep and rolling-update work and will extend these tables.
+
+File request (C7)::
+
+    pending -> running -> done | failed      (pending | running -> failed: expired)
+
+Every state is a ``WireEnum``: its value is what the database and the wire carry, so
+code compares members, never spelled-out strings.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 
-class TaskStatus(StrEnum):
+class WireEnum(StrEnum):
+    """A ``StrEnum`` whose repr is its wire value, so a validation error reads
+    ``Input should be 'done' or 'failed'`` exactly as it did with string literals."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class TaskStatus(WireEnum):
     PENDING = "pending"
     SCHEDULED = "scheduled"
     STARTING = "starting"
@@ -28,7 +44,7 @@ class TaskStatus(StrEnum):
     COMPLETED = "completed"
 
 
-class GroupStatus(StrEnum):
+class GroupStatus(WireEnum):
     PENDING = "pending"
     SCHEDULING = "scheduling"
     RUNNING = "running"
@@ -57,6 +73,22 @@ HOLDS_RESOURCES = frozenset({T.SCHEDULED, T.STARTING, T.RUNNING, T.STOPPING})
 # Tasks an agent should be running (or starting) on its node.
 AGENT_OWNED = frozenset({T.STARTING, T.RUNNING})
 TERMINAL = frozenset({T.STOPPED, T.FAILED, T.COMPLETED})
+
+# What an agent may report a task as (``TaskReport.status``): the report's target state.
+ReportTarget = Literal[T.RUNNING, T.FAILED, T.STOPPED, T.COMPLETED]
+
+
+class FileRequestStatus(WireEnum):
+    """A file request's lifecycle (services/files.py moves it by compare-and-set)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+# What the agent may finish a file request with (``FileRequestDone.status``).
+FileOutcome = Literal[FileRequestStatus.DONE, FileRequestStatus.FAILED]
 
 
 def can_transition(src: TaskStatus, dst: TaskStatus) -> bool:

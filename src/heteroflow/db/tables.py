@@ -272,11 +272,13 @@ class Event(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     group_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
     task_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
-    kind: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(64))  # a core.events.EventKind value
     from_status: Mapped[str] = mapped_column(String(32), default="")
     to_status: Mapped[str] = mapped_column(String(32), default="")
     message: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime]
+    # the node a fault concerns (node_lost / node_back / gpu_lost / task faults; 0009)
+    node_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
 
 
 class TaskLog(Base):

@@ -21,6 +21,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 import orjson
@@ -53,16 +54,16 @@ from heteroflow.gateway.probes import (
     BackendMonitor,
 )
 from heteroflow.gateway.retry import DEFAULT_CONNECT_RETRIES, may_fail_over, without
-from heteroflow.gateway.snapshot import (
+from heteroflow.gateway.store import GatewayStore, MemoryStore, open_store
+from heteroflow.gateway.upstream import Upstream, UpstreamFailure
+from heteroflow.gateway.usage import Usage, UsageCollector, UsageTracker
+from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
     RouteTarget,
     RoutingSnapshot,
     SnapshotHolder,
 )
-from heteroflow.gateway.store import GatewayStore, MemoryStore, open_store
-from heteroflow.gateway.upstream import Upstream, UpstreamFailure
-from heteroflow.gateway.usage import Usage, UsageCollector, UsageTracker
 from heteroflow.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,31 @@ class _Watch:
     def __init__(self) -> None:
         self.finished = False  # the final body message is being sent: nothing to cancel
         self.disconnected = False
+
+
+class _Call:
+    """One inference request as it goes through the steps of ``GatewayApp._proxy``."""
+
+    __slots__ = (
+        "backend", "body", "client_raw", "entry", "model", "pending", "pin", "raw", "snap",
+        "targets", "ticket",
+    )
+
+    def __init__(
+        self, snap: RoutingSnapshot, entry: KeyEntry, raw: bytes, body: dict[str, Any],
+        model: str,
+    ) -> None:
+        self.snap = snap
+        self.entry = entry
+        self.client_raw = raw  # what an idempotency key's fingerprint covers (M9)
+        self.raw = raw  # what is sent upstream (re-serialized when the body changes)
+        self.body = body
+        self.model = model
+        self.targets: tuple[RouteTarget, ...] | None = None
+        self.pin: tuple[str, str, str] | None = None
+        self.backend: Backend | None = None
+        self.pending: Pending | None = None
+        self.ticket: Ticket | None = None
 
 
 class _Exchange:
@@ -153,7 +179,8 @@ class GatewayApp:
         self._balancer = Balancer(
             self._health, max_sessions=max_sessions, max_temp_c=max_card_temp_c, loads=loads
         )
-        # M5 active probes and M2 engine metrics; started by the first proxied request
+        # M5 active probes and M2 engine metrics; they follow the snapshot themselves
+        # (never the request path) and start with the app (``start``)
         self._monitor = BackendMonitor(
             self._health,
             loads,
@@ -161,6 +188,8 @@ class GatewayApp:
             probe_interval_s=probe_interval_s,
             probe_timeout_s=probe_timeout_s,
             scrape_interval_s=scrape_interval_s,
+            snapshot=lambda: holder.current,
+            on_snapshot=self._follow,
         )
         self._auto_long_prompt_tokens = auto_long_prompt_tokens
         self._upstream = Upstream(
@@ -168,7 +197,7 @@ class GatewayApp:
             upstream_timeout_s=upstream_timeout_s,
             connect_timeout_s=connect_timeout_s,
         )
-        self._seen_version: int | None = None
+        self._started = False
 
     @classmethod
     def from_settings(
@@ -194,6 +223,18 @@ class GatewayApp:
             connect_retries=settings.gateway_connect_retries,
             store=open_store(settings.redis_url, settings.redis_key_prefix),
             clock=clock,
+        )
+
+    def start(self) -> None:
+        """Start the background work on the running event loop: the backend monitor,
+        which also follows snapshot changes. The process roots call it at start-up."""
+        self._started = True
+        self._monitor.start()
+
+    def _follow(self, snap: RoutingSnapshot) -> None:
+        """A new snapshot: drop pooled connections to backends that left it."""
+        self._upstream.retain(
+            b.base_url for ts in snap.routes.values() for t in ts for b in t.backends
         )
 
     async def aclose(self) -> None:
@@ -272,18 +313,33 @@ class GatewayApp:
         await errors.send_json(send, 200, body)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: _Exchange, path: str) -> None:
+        """auth → route → admit → relay → settle: each step answers the client itself
+        when the request ends there (and says so by returning None / False)."""
+        if not self._started:
+            self.start()  # embedders that never called start(): the first request does
+        call = await self._authenticate_and_parse(scope, receive, send)
+        if call is None or not await self._route(scope, call, send, path):
+            return
+        if not await self._admit(scope, call, send, path):
+            return
+        await self._relay_and_settle(scope, receive, call, send, path)
+
+    async def _authenticate_and_parse(
+        self, scope: Scope, receive: Receive, send: _Exchange
+    ) -> _Call | None:
+        """The key (against the snapshot) and a JSON object body with a model name."""
         snap = self._holder.current
         entry = _authenticate(scope, snap)
         if isinstance(entry, errors.OpenAIError):
             await errors.send_error(send, entry)
-            return
+            return None
         try:
             raw = await _read_body(receive)
         except _BodyTooLarge:
             await errors.send_error(send, errors.payload_too_large(MAX_BODY_BYTES))
-            return
+            return None
         if raw is None:  # the client left before sending its body
-            return
+            return None
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -293,33 +349,40 @@ class GatewayApp:
                     "We could not parse the JSON body of your request. The body must be valid JSON."
                 ),
             )
-            return
+            return None
         if not isinstance(body, dict):
             await errors.send_error(
                 send, errors.invalid_request("The request body must be a JSON object.")
             )
-            return
-        client_raw = raw  # what an idempotency key's fingerprint covers (M9)
+            return None
         model = body.get("model")
         if not isinstance(model, str):
             await errors.send_error(
                 send, errors.invalid_request("You must provide a model parameter.", "model")
             )
-            return
+            return None
+        return _Call(snap, entry, raw, body, model)
+
+    async def _route(self, scope: Scope, call: _Call, send: _Exchange, path: str) -> bool:
+        """model=auto, the key's access to the model, its route, the session pin and the
+        first backend; False when the request was answered here."""
+        snap, entry, body = call.snap, call.entry, call.body
+        model = call.model
         if model == AUTO_MODEL and (entry.tenant_id, model) not in snap.routes:
             # M10: choose among the key's models; the upstream gets the chosen name.
             auto = self._choose_auto(scope, snap, entry, body, path)
             if isinstance(auto, errors.OpenAIError):
                 await errors.send_error(send, auto)
-                return
+                return False
             model = body["model"] = auto.model
-            raw = orjson.dumps(body)
+            call.raw = orjson.dumps(body)
             send.extra_headers.append(auto.header())
         targets = snap.routes.get((entry.tenant_id, model)) if model in entry.models else None
         if targets is None:
             await errors.send_error(send, errors.model_not_found(model))
-            return
-        send.model = model
+            return False
+        send.model = call.model = model
+        call.targets = targets
         # M4: X-Session-Id, else the body's ``user``, pins the session to a backend of
         # this route (scoped by tenant and model, so equal ids elsewhere do not collide).
         sid = _session_id(scope)
@@ -327,42 +390,46 @@ class GatewayApp:
             user = body.get("user")
             if isinstance(user, str) and user:
                 sid = user
-        balancer = self._balancer
-        pin = None if sid is None else (entry.tenant_id, model, sid)
-        backend = balancer.choose(targets, pin)
+        call.pin = None if sid is None else (entry.tenant_id, model, sid)
+        backend = self._balancer.choose(targets, call.pin)
         if backend is None:
             await errors.send_error(send, errors.no_healthy_backend(model))
-            return
-        if snap.version != self._seen_version:
-            self._seen_version = snap.version
-            self._upstream.retain(
-                b.base_url for ts in snap.routes.values() for t in ts for b in t.backends
-            )
-            self._monitor.track(snap)
-            self._monitor.start()
+            return False
+        call.backend = backend
+        return True
 
-        # M9 first (a replay, 409 or 422 costs no rate limit), then M8.
-        pending: Pending | None = None
+    async def _admit(self, scope: Scope, call: _Call, send: _Exchange, path: str) -> bool:
+        """M9 idempotency first (a replay, 409 or 422 costs no rate limit), then M8."""
+        entry = call.entry
         idem_key = _header(scope, IDEMPOTENCY_HEADER)
         if idem_key is not None:
             pending = await self._idempotency.begin(
-                send, entry.endpoint_id, idem_key, path, client_raw
+                send, entry.endpoint_id, idem_key, path, call.client_raw
             )
             if pending is None:
-                return  # answered: the replay, or why the key cannot be used now
+                return False  # answered: the replay, or why the key cannot be used now
+            call.pending = pending
             send.recorder = pending.recorder
-        ticket: Ticket | None = None
         if entry.rpm_limit or entry.tpm_limit or entry.quota_tokens:
-            admitted = await self._limiter.admit(entry, path, body, len(client_raw))
+            admitted = await self._limiter.admit(entry, path, call.body, len(call.client_raw))
             if not isinstance(admitted, Ticket):
                 await errors.send_error(send, *admitted)
-                if pending is not None:
-                    await self._idempotency.end(pending, False)
-                return
-            ticket = admitted
-            send.extra_headers += ticket.headers
-        delivered = False  # the relay delivered the whole answer
+                if call.pending is not None:
+                    await self._idempotency.end(call.pending, False)
+                return False
+            call.ticket = admitted
+            send.extra_headers += admitted.headers
+        return True
 
+    async def _relay_and_settle(
+        self, scope: Scope, receive: Receive, call: _Call, send: _Exchange, path: str
+    ) -> None:
+        """Send (failing over when nothing was sent), relay the answer, and settle usage,
+        limits and the idempotency record once, whatever happened."""
+        body, model, targets, balancer = call.body, call.model, call.targets, self._balancer
+        backend = call.backend
+        assert backend is not None and targets is not None
+        delivered = False  # the relay delivered the whole answer
         # M7: an engine reports a stream's tokens only when asked to; ask, and hide the
         # extra usage event from a client that did not ask (it must see what OpenAI sends).
         dirty = hide_usage = False
@@ -384,7 +451,7 @@ class GatewayApp:
         try:
             tried: list[str] | None = None  # backends whose connection failed (failover)
             while True:
-                resp = await self._send(backend, scope, path, body, model, raw, dirty)
+                resp = await self._send(backend, scope, path, body, model, call.raw, dirty)
                 if not isinstance(resp, UpstreamFailure):
                     break
                 self._eject(backend.base_url)  # unreachable, reset or timed out
@@ -393,14 +460,14 @@ class GatewayApp:
                 else:
                     tried.append(backend.base_url)
                 # Another backend of the route only when nothing was sent (gateway.retry):
-                # admission, idempotency and usage above and below still count it once.
+                # admission, idempotency and usage still count it once.
                 other: Backend | None = None
                 if may_fail_over(
                     nothing_sent=resp.nothing_sent,
                     retries_done=len(tried) - 1,
                     max_retries=self._connect_retries,
                 ):
-                    other = balancer.choose(without(targets, tried), pin, fail_open=False)
+                    other = balancer.choose(without(targets, tried), call.pin, fail_open=False)
                 if other is None:
                     watch.finished = True
                     await errors.send_error(send, resp.error)
@@ -431,14 +498,26 @@ class GatewayApp:
         finally:
             balancer.release(backend)
             watcher.cancel()
-            if answered:  # also when the stream broke or the client left (tokens unknown)
-                self._account(entry, model, usage.usage)
-            if ticket is not None:  # M8: correct the reservation by the real usage
-                u = usage.usage
-                used = None if u is None else u.prompt_tokens + u.completion_tokens
-                self._limiter.settle(ticket, send.status or None, used)
-            if pending is not None:
-                await self._idempotency.end(pending, delivered)
+            await self._settle(call, send, model, usage.usage, answered, delivered)
+
+    async def _settle(
+        self,
+        call: _Call,
+        send: _Exchange,
+        model: str,
+        usage: Usage | None,
+        answered: bool,
+        delivered: bool,
+    ) -> None:
+        """Once per request: usage (also when a stream broke or the client left: tokens
+        unknown), the M8 reservation corrected by the real usage, the M9 record."""
+        if answered:
+            self._account(call.entry, model, usage)
+        if call.ticket is not None:
+            used = None if usage is None else usage.prompt_tokens + usage.completion_tokens
+            self._limiter.settle(call.ticket, send.status or None, used)
+        if call.pending is not None:
+            await self._idempotency.end(call.pending, delivered)
 
     async def _send(
         self,

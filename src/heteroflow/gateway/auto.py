@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from heteroflow.gateway.snapshot import RouteTarget
+from heteroflow.schemas.routing import RouteTarget
 
 AUTO_MODEL = "auto"
 CAPABILITIES_HEADER = b"x-heteroflow-capabilities"

@@ -56,7 +56,7 @@ from typing import NamedTuple
 
 from heteroflow.gateway.engine_metrics import EngineLoad, engine_score
 from heteroflow.gateway.health import PassiveHealth
-from heteroflow.gateway.snapshot import Backend, RouteTarget
+from heteroflow.schemas.routing import Backend, RouteTarget
 
 # Counters of routes that no longer exist are dropped wholesale past this size; resetting
 # a rotation position is harmless, unbounded growth over months of route churn is not.

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from heteroflow.core.clock import Clock
 from heteroflow.gateway import errors
-from heteroflow.gateway.snapshot import KeyEntry
+from heteroflow.schemas.routing import KeyEntry
 
 WINDOW_MS = 60_000.0
 # Float slack: a bucket filled by exactly ``limit`` unit costs must still pass.

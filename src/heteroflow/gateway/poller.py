@@ -17,7 +17,7 @@ import time
 import aiohttp
 import orjson
 
-from heteroflow.gateway.snapshot import RoutingSnapshot, SnapshotHolder
+from heteroflow.schemas.routing import RoutingSnapshot, SnapshotHolder
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from heteroflow.core.clock import interruptible_sleep
 from heteroflow.gateway.balancing import ENGINE_AWARE
 from heteroflow.gateway.engine_metrics import EngineLoad, parse_engine_metrics
 from heteroflow.gateway.health import PassiveHealth
-from heteroflow.gateway.snapshot import RoutingSnapshot
+from heteroflow.schemas.routing import RoutingSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,14 @@ class BackendMonitor:
         probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S,
         scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        snapshot: Callable[[], RoutingSnapshot] | None = None,
+        on_snapshot: Callable[[RoutingSnapshot], None] | None = None,
+        follow_interval_s: float = 0.25,
     ) -> None:
+        self._snapshot = snapshot  # where the routing snapshot is read (the holder)
+        self._on_snapshot = on_snapshot
+        self._follow_interval = follow_interval_s
+        self._version: int | None = None
         self._health = health
         self._loads = loads
         self._in_flight = in_flight
@@ -101,11 +108,29 @@ class BackendMonitor:
         for url in [u for u in self._no_metrics if u not in scrape]:
             del self._no_metrics[url]
 
+    def follow(self) -> None:
+        """Track the current snapshot when its version moved (and tell ``on_snapshot``)."""
+        if self._snapshot is None:
+            return
+        snap = self._snapshot()
+        if snap.version == self._version:
+            return
+        self._version = snap.version
+        self.track(snap)
+        if self._on_snapshot is not None:
+            self._on_snapshot(snap)
+
+    async def _follow_once(self) -> None:
+        self.follow()
+
     def start(self) -> None:
         """Start the loops on the running event loop, once (no-op after ``aclose``)."""
         if self._tasks or self._stop.is_set():
             return
-        loops = ((self.probe_once, self._probe_interval), (self.scrape_once, self._scrape_interval))
+        self.follow()  # the first rounds already see the current backends
+        loops = [(self.probe_once, self._probe_interval), (self.scrape_once, self._scrape_interval)]
+        if self._snapshot is not None:
+            loops.append((self._follow_once, self._follow_interval))
         self._tasks = [asyncio.create_task(self._run(f, s)) for f, s in loops if s > 0]
 
     async def aclose(self) -> None:

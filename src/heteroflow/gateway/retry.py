@@ -37,7 +37,7 @@ from collections.abc import Collection, Sequence
 
 import aiohttp
 
-from heteroflow.gateway.snapshot import RouteTarget
+from heteroflow.schemas.routing import RouteTarget
 
 DEFAULT_CONNECT_RETRIES = 1
 

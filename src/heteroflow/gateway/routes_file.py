@@ -44,7 +44,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from heteroflow.gateway.snapshot import (
+from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
     RouteTarget,

@@ -26,7 +26,7 @@ import orjson
 
 from heteroflow.gateway import errors
 from heteroflow.gateway.retry import NOTHING_SENT
-from heteroflow.gateway.snapshot import Backend
+from heteroflow.schemas.routing import Backend
 
 logger = logging.getLogger(__name__)
 

@@ -23,12 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 import orjson
 
 from heteroflow.core.clock import Clock
+from heteroflow.schemas.usage import UsageRow
 
 logger = logging.getLogger(__name__)
 
@@ -47,30 +48,6 @@ _CLOSE_RETRY_S = 1.0
 class Usage:
     prompt_tokens: int
     completion_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class UsageRow:
-    """Requests and tokens of one (endpoint, tenant, model) since ``recorded_at``."""
-
-    endpoint_id: str
-    tenant_id: str
-    model: str
-    requests: int
-    prompt_tokens: int
-    completion_tokens: int
-    recorded_at: datetime  # when the first request summed in this row was counted
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "endpoint_id": self.endpoint_id,
-            "tenant_id": self.tenant_id,
-            "model": self.model,
-            "requests": self.requests,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "recorded_at": self.recorded_at.isoformat(),
-        }
 
 
 class UsageSink(Protocol):

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from heteroflow.core.states import FileOutcome, FileRequestStatus
 from heteroflow.schemas.common import (
     ID_PATTERN,
     MAX_ID_LENGTH,
@@ -29,7 +30,7 @@ class FileRequestCreate(Strict):
 
 class FileRequestCreated(BaseModel):
     id: str
-    status: str
+    status: FileRequestStatus
 
 
 MAX_LIST_ENTRIES = 10000
@@ -55,7 +56,7 @@ class FileRequestRead(BaseModel):
     task_id: str
     request_type: str
     target_path: str
-    status: Literal["pending", "running", "done", "failed"]
+    status: FileRequestStatus
     error: str
     entries: list[FileEntry] | None = Field(
         default=None, description="list requests, once done: the directory's entries"
@@ -76,7 +77,7 @@ class AgentFileRequest(BaseModel):
 
 
 class FileRequestDone(Strict):
-    status: Literal["done", "failed"]
+    status: FileOutcome
     error: ScrubbedStr = Field(default="", max_length=8192)
     result: ListResult | None = None
     size_bytes: int = Field(default=0, ge=0, le=MAX_INT64)

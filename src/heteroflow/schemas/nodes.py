@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, StringConstraints, model_validator
 
+from heteroflow.core.events import ReportedFault
+from heteroflow.core.states import ReportTarget, TaskStatus
 from heteroflow.schemas.common import (
     LABEL_KEY_PATTERN,
     MAX_INT32,
@@ -49,6 +51,8 @@ class GpuCardWire(BaseModel):
     memory_used_mb: Count = 0
     compute_capability: ShortText | None = None
     mig_capable: bool = Field(default=False, strict=True)
+    # MIG mode on now (NVML); None = not reported: mig_capable stands for it (declared)
+    mig_enabled: bool | None = Field(default=None, strict=True)
     mps_capable: bool = Field(default=False, strict=True)
     temperature_c: int | None = Field(default=None, ge=-273, le=1000, strict=True)
     # indices of the node's cards this card reaches over NVLink (topology scoring, B1)
@@ -131,23 +135,21 @@ class HeartbeatReply(BaseModel):
     tasks: list[TaskAssignment]
 
 
-# Why a task failed, when the agent knows it was a fault rather than a launch error (E2).
-FaultKind = Literal["container_lost", "engine_exited", "unhealthy"]
-
-
 class TaskReport(Strict):
-    status: Literal["running", "failed", "stopped", "completed"]
+    # the state the report moves the task to (values: running | failed | stopped | completed)
+    status: ReportTarget
     message: ScrubbedStr = Field(default="", max_length=8192)
     argv: list[Annotated[ScrubbedStr, Field(max_length=MAX_TEXT_ITEM)]] | None = Field(
         default=None, max_length=4096, description="as launched"
     )
-    fault: FaultKind | None = Field(
+    # why a task failed, when the agent knows it was a fault rather than a launch error (E2)
+    fault: ReportedFault | None = Field(
         default=None, description="the fault behind a 'failed' report; becomes fault.<kind>"
     )
 
     @model_validator(mode="after")
     def _fault_only_on_failure(self) -> TaskReport:
-        if self.fault is not None and self.status != "failed":
+        if self.fault is not None and self.status != TaskStatus.FAILED:
             raise ValueError("fault is only allowed with status 'failed'")
         return self
 

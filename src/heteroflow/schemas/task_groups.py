@@ -23,7 +23,11 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$"
 ModelNameStr = Annotated[
     str, StringConstraints(max_length=256, pattern=MODEL_NAME_PATTERN), AfterValidator(no_nul)
 ]
-IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?$"
+# Docker's reference grammar: registry and repository lower case; a tag may hold capitals
+# (Huawei's MindIE images are tagged like 2.2.RC1-800I-A2-py311).
+IMAGE_PATTERN = (
+    r"^[a-z0-9][a-z0-9._/:-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+)
 
 
 class PortMapping(Strict):
@@ -206,6 +210,13 @@ class ContainerPlanRead(BaseModel):
     shm_size: str | None
     network_mode: str | None
     gpu: dict[str, Any] | None
+    labels: dict[str, str] = Field(default_factory=dict)
+    security: dict[str, Any] = Field(
+        default_factory=dict, description="privileged, capabilities, security options, pids"
+    )
+    config_files: list[str] = Field(
+        default_factory=list, description="engine config files the agent writes (targets)"
+    )
 
 
 class PlannedTask(BaseModel):

@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, Field
 
 from heteroflow.schemas.common import ID_PATTERN, MAX_INT32, SafeStr, Strict, to_utc
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """Requests and tokens of one (endpoint, tenant, model) since ``recorded_at``."""
+
+    endpoint_id: str
+    tenant_id: str
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    recorded_at: datetime  # when the first request summed in this row was counted
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "endpoint_id": self.endpoint_id,
+            "tenant_id": self.tenant_id,
+            "model": self.model,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "recorded_at": self.recorded_at.isoformat(),
+        }
+
 
 MAX_BATCH_RECORDS = 100_000
 # tokens in one row (a gateway flushes every 5 s): far above any real figure, and sums

@@ -2,7 +2,8 @@
 
 The same validation as a create (``plan_group``), then for each task: the placement
 the scheduler would choose now (or why it can't), and the container the agent would
-build — engine argv from the command builders, environment, mounts, GPU arguments.
+build — the one recipe (``core.recipe.container_plan``) the agent launches, with
+placeholder ids, the placement's cards and the node's reported address.
 """
 
 from __future__ import annotations
@@ -10,19 +11,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.containers import (
-    DEFAULT_ENV_ALLOW,
-    ContainerPlan,
-    container_env,
-    gpu_request,
-    model_mount,
-    shared_memory,
-)
-from heteroflow.core.engines.commands import CommandError, LaunchShape, build_command
+from heteroflow.core.containers import DEFAULT_ENV_ALLOW, ContainerPlan
+from heteroflow.core.engines.selection import NoEngineAvailable, select_engine
 from heteroflow.core.placement import NodeView, Placement, Policy, Reservation, book, place
+from heteroflow.core.ports import host_ports, with_host_ports
+from heteroflow.core.recipe import (
+    NodeShape,
+    RecipeResult,
+    TaskShape,
+    container_plan,
+    image_tag_version,
+)
+from heteroflow.db.tables import Node
 from heteroflow.schemas.task_groups import (
     ContainerPlanRead,
     DryRunPlan,
@@ -30,11 +34,14 @@ from heteroflow.schemas.task_groups import (
     TaskGroupCreate,
 )
 from heteroflow.services.auth import Principal
+from heteroflow.services.fleet import engines_of, read_fleet
 from heteroflow.services.planning import GroupPlan, plan_group
-from heteroflow.services.scheduling import node_views
-from heteroflow.services.sharing import tenant_share_keys
 
+# What a create assigns, and what only the agent knows, shown as placeholders.
 PLANNED_ID = "task-<assigned-at-create>"
+PLANNED_GROUP_ID = "tg-<assigned-at-create>"
+PLANNED_CONFIG_DIR = "<agent-work-dir>/config"
+UNPLACED_ADDRESS = "<node-address>"  # no placement: no node to publish on yet
 
 
 def dry_run(
@@ -53,18 +60,18 @@ def dry_run(
     now, by the same filters, sharing rules and scorers as a scheduler round (a pipeline
     group is shown stage by stage; the round places it all-or-nothing)."""
     policy = policy or Policy()
-    keys = tenant_share_keys(s)
-    views = node_views(s, clock, offline_after_s, keys)
-    plan = plan_group(s, who, req, list(views.values()), reservation, env_allow)
-    share_key = keys.get(who.tenant_id, who.tenant_id)
+    fleet = read_fleet(s, clock, offline_after_s)  # the create's read, the round's too
+    views = fleet.views
+    plan = plan_group(s, who, req, fleet, reservation, env_allow)
+    share_key = fleet.share_key(who.tenant_id)
     tasks: list[PlannedTask] = []
     for rank in range(plan.replicas):
         demand = plan.demand(share_key, task_id=f"planned-{rank}", tenant_id=who.tenant_id)
-        decision = place(demand, list(views.values()), reservation, port_pool, policy)
+        decision = place(demand, fleet.nodes, reservation, port_pool, policy)
         if isinstance(decision, Placement):
             node = views[decision.node_id]
             book(node, decision, demand)
-            tasks.append(_planned(plan, rank, decision, node))
+            tasks.append(_planned(plan, rank, decision, node, address=node_address(s, node.id)))
         else:
             tasks.append(_planned(plan, rank, None, None, decision.reason))
     est = plan.estimate
@@ -72,10 +79,10 @@ def dry_run(
         name=req.name,
         model_name=plan.model_name,
         task_type=plan.task_type,
-        parallelism=req.parallelism,
+        parallelism=plan.req.parallelism,  # one-click: as the create writes it
         engine=plan.engine,
         engine_reason=plan.engine_reason,
-        image=req.task.image,
+        image=plan.req.task.image,
         estimated_gpu_memory_mb=plan.estimated_gpu_memory_mb,
         memory_mb=plan.memory_mb,
         estimate_detail=est.detail if est else None,
@@ -84,14 +91,21 @@ def dry_run(
     )
 
 
+def node_address(s: Session, node_id: str) -> str | None:
+    """Where a node's agent publishes task ports: the address its heartbeat reports
+    (the agent's ``address`` setting, which its ``DockerLauncher`` binds ports on)."""
+    return s.scalar(select(Node.address).where(Node.id == node_id))
+
+
 def _planned(
     plan: GroupPlan,
     rank: int,
     placement: Placement | None,
     node: NodeView | None,
     reason: str | None = None,
+    *,
+    address: str | None = None,
 ) -> PlannedTask:
-    host_ports = placement.host_ports if placement else tuple(p["host_port"] for p in plan.ports)
     where = None
     if placement is not None and node is not None:
         where = {
@@ -101,9 +115,9 @@ def _planned(
             "host_ports": list(placement.host_ports),
         }
     try:
-        container = _container(plan, rank, placement, node, host_ports)
+        container = plan_read(planned_recipe(plan, rank, placement, node, address))
         error = None
-    except (CommandError, ValueError) as exc:
+    except (ValueError, NoEngineAvailable) as exc:  # CommandError is a ValueError
         container, error = None, str(exc)
     return PlannedTask(
         rank=rank,
@@ -115,67 +129,56 @@ def _planned(
     )
 
 
-def _container(
+def planned_recipe(
     plan: GroupPlan,
     rank: int,
     placement: Placement | None,
     node: NodeView | None,
-    host_ports: tuple[int, ...],
-) -> ContainerPlanRead:
+    address: str | None,
+) -> RecipeResult:
+    """The container the agent would build for task ``rank`` of ``plan`` on ``node``: the
+    one recipe (``core.recipe``) with placeholder ids and the agent's inputs as far as
+    the server knows them (the image's vLLM version from its tag, for kv offload; the
+    node's engine chain for a task that names no engine, as the round picks it, H1)."""
     spec = plan.req.task
-    gpu_ids = list(placement.gpu_ids) if placement else []
-    vendor = ""
-    if node is not None and gpu_ids:
-        vendor = next((c.vendor for c in node.cards if c.index == gpu_ids[0]), "")
-    gpu = gpu_request(vendor, gpu_ids) if vendor else None
-    mount, engine_path = model_mount(spec.model_path, plan.engine)
-    if spec.command or not plan.engine:
-        entrypoint, args, engine_env = None, tuple(spec.command), {}
-    else:
-        cmd = build_command(
-            LaunchShape(
-                engine=plan.engine,
-                model_path=engine_path,
-                served_model_name=plan.model_name,
-                port=plan.ports[0]["container_port"],
-                parallelism=plan.req.parallelism,
-                gpus=plan.gpus_per_task,
-                tensor_parallel_size=plan.gpus_per_task
-                if plan.req.parallelism == "tensor_parallel"
-                else 1,
-                gpu_memory_utilization=plan.req.gpu_memory_utilization,
-                extra_args=tuple(spec.engine_args),
-                kv_offload_gb=spec.kv_offload_gb,
-            )
-        )
-        entrypoint, args, engine_env = cmd.entrypoint, cmd.args, dict(cmd.env)
-    ipc, shm, network = shared_memory(plan.req.parallelism, plan.gpus_per_task)
-    name = f"{plan.req.name}-{rank}"
-    c = ContainerPlan(
-        name=PLANNED_ID,
+    engine = plan.engine
+    if not engine and not spec.command and node is not None:
+        chain = engines_of(node)
+        engine = select_engine(explicit="", label="", image=spec.image, node=chain).engine
+    chosen = placement.host_ports if placement else host_ports(plan.ports)
+    task = TaskShape(
+        id=PLANNED_ID,
+        group_id=PLANNED_GROUP_ID,
+        name=spec.name or f"{plan.req.name}-{rank}",
         image=spec.image,
-        entrypoint=entrypoint,
-        command=tuple(args),
-        env=container_env(
-            spec.env,
-            task_id=PLANNED_ID,
-            group_id="tg-<assigned-at-create>",
-            task_name=spec.name or name,
-            engine=plan.engine,
-            engine_env=engine_env,
-            gpu=gpu,
-        ),
-        ports={
-            p["container_port"]: ("127.0.0.1", hp)
-            for p, hp in zip(plan.ports, host_ports, strict=True)
-        },
-        mounts=(mount,) if mount else (),
-        ipc_mode=ipc,
-        shm_size=shm,
-        network_mode=network,
-        gpu=gpu,
-        labels={},
+        engine=engine,
+        model_path=spec.model_path,
+        model_name=plan.model_name,
+        command=tuple(spec.command),
+        engine_args=tuple(spec.engine_args),
+        env=tuple(spec.env),
+        ports=with_host_ports(plan.ports, chosen),
+        parallelism=plan.req.parallelism,
+        gpu_required=plan.gpus_per_task,
+        gpu_ids=tuple(placement.gpu_ids) if placement else (),
+        gpu_memory_utilization=plan.req.gpu_memory_utilization,
+        kv_offload_gb=spec.kv_offload_gb,
+        engine_version=image_tag_version(spec.image) if spec.kv_offload_gb else "",
+        generation=1,
     )
+    where = NodeShape(
+        address=address or UNPLACED_ADDRESS,
+        card_vendors={c.index: c.vendor for c in node.cards} if node else {},
+    )
+    return container_plan(task, where, work_dir_config=PLANNED_CONFIG_DIR)
+
+
+def plan_read(result: RecipeResult | ContainerPlan) -> ContainerPlanRead:
+    """A container plan as the dry run shows it (config files by target, not content)."""
+    if isinstance(result, RecipeResult):
+        c, targets = result.plan, [f.target for f in result.config_files]
+    else:
+        c, targets = result, []
     return ContainerPlanRead(
         name=c.name,
         image=c.image,
@@ -191,4 +194,7 @@ def _container(
         shm_size=c.shm_size,
         network_mode=c.network_mode,
         gpu=asdict(c.gpu) | {"env": dict(c.gpu.env)} if c.gpu else None,
+        labels=dict(c.labels),
+        security=asdict(c.security),
+        config_files=targets,
     )

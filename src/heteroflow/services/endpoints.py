@@ -11,7 +11,6 @@ from heteroflow.core.clock import Clock
 from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
 from heteroflow.core.ids import key_display_prefix, new_api_key, new_id
 from heteroflow.db.tables import InferenceEndpoint, ModelRoute, TaskGroup, Tenant
-from heteroflow.gateway.snapshot import hash_key
 from heteroflow.schemas.gateway import (
     EndpointRead,
     EndpointUpdate,
@@ -20,6 +19,7 @@ from heteroflow.schemas.gateway import (
     ModelRouteRead,
     ModelRouteUpdate,
 )
+from heteroflow.schemas.routing import hash_key
 from heteroflow.services.auth import Principal
 from heteroflow.services.views import endpoint_read, route_read
 

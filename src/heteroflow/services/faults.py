@@ -1,10 +1,12 @@
 """Group-level fault events (E2): what went wrong, on the group's one timeline.
 
 A fault is a fact beside the state changes ``transitions`` records: an ``events`` row
-with ``kind = fault.<what>``, the group it concerns, ``task_id`` when it concerns exactly
-one task of that group (otherwise None and the message names the tasks), and a readable
-message with the details (node name, card index, exit code …). The group's timeline is
-``GET /api/v1/task-groups/{id}/events``, oldest first.
+with ``kind = fault.<what>`` (``core.events.EventKind``), the group it concerns,
+``task_id`` when it concerns exactly one task of that group (otherwise None and the
+message names the tasks), ``node_id`` of the node it happened on, and a readable message
+with the details (node name, card index, exit code …). The message is for people: no
+code reads it back. The group's timeline is ``GET /api/v1/task-groups/{id}/events``,
+oldest first.
 
 Who writes which kind:
 
@@ -15,16 +17,15 @@ Who writes which kind:
   holding resources is placed on (``services.nodes.heartbeat``).
 - ``fault.node_lost`` / ``fault.node_back``: ``watch_nodes`` (the ``NodeWatch`` loop).
 
-How ``watch_nodes`` remembers a loss without a schema change: next to the group rows it
-writes one node-level row of the same kind with ``group_id`` NULL, ``task_id`` NULL,
-``from_status``/``to_status`` = the node's ``online``/``offline`` change, and a message
-that starts with ``node <name> `` (node names never contain a space, so the prefix is
-unambiguous). The latest such row of a node is its recorded state: ``fault.node_lost``
-means "lost, not back yet". Reading it is an indexed ``group_id IS NULL`` lookup (task
-transitions always carry a group), and every round compares the recorded state with the
-heartbeat-derived one (level-triggered): running a round twice writes nothing new.
-When a node returns, ``fault.node_back`` goes to exactly the groups that got a
-``fault.node_lost`` for it since its node-level loss row.
+How ``watch_nodes`` remembers a loss: next to the group rows it writes one node-level
+row of the same kind with ``group_id`` NULL, ``task_id`` NULL, ``node_id`` = the node,
+and ``from_status``/``to_status`` = the node's ``online``/``offline`` change. The latest
+such row of a node (by ``node_id`` and ``kind``, never by message) is its recorded
+state: ``fault.node_lost`` means "lost, not back yet". Every round compares the recorded
+state with the heartbeat-derived one (level-triggered): running a round twice writes
+nothing new. When a node returns, ``fault.node_back`` goes to exactly the groups that
+got a ``fault.node_lost`` with its ``node_id`` since its node-level loss row. (Rows
+written before migration 0009 got their ``node_id`` there, parsed once from the text.)
 """
 
 from __future__ import annotations
@@ -36,28 +37,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
+from heteroflow.core.events import FAULT_EVENT, NODE_MARKS, EventKind, FaultKind
 from heteroflow.core.states import AGENT_OWNED, HOLDS_RESOURCES
 from heteroflow.db.tables import Event, Node, Task
 
 log = logging.getLogger(__name__)
 
-CONTAINER_LOST = "fault.container_lost"
-ENGINE_EXITED = "fault.engine_exited"
-UNHEALTHY = "fault.unhealthy"
-GPU_LOST = "fault.gpu_lost"
-NODE_LOST = "fault.node_lost"
-NODE_BACK = "fault.node_back"
-
-# The agent's fault names (TaskReport.fault) -> event kinds.
-REPORTED: dict[str, str] = {
-    "container_lost": CONTAINER_LOST,
-    "engine_exited": ENGINE_EXITED,
-    "unhealthy": UNHEALTHY,
-}
+ONLINE, OFFLINE = "online", "offline"  # a node's from/to on node_lost / node_back rows
 
 
 def record(
@@ -65,8 +55,9 @@ def record(
     clock: Clock,
     *,
     group_id: str | None,
-    kind: str,
+    kind: EventKind,
     message: str,
+    node_id: str | None,
     task_id: str | None = None,
     from_status: str = "",
     to_status: str = "",
@@ -76,7 +67,8 @@ def record(
         Event(
             group_id=group_id,
             task_id=task_id,
-            kind=kind,
+            node_id=node_id,
+            kind=kind.value,
             from_status=from_status,
             to_status=to_status,
             message=message,
@@ -100,14 +92,17 @@ def _only(tasks: list[Task]) -> str | None:
     return tasks[0].id if len(tasks) == 1 else None
 
 
-def task_fault(s: Session, clock: Clock, t: Task, node_name: str, fault: str, detail: str) -> None:
-    """An agent-reported fault of one task (``fault`` is a ``TaskReport.fault`` value)."""
+def task_fault(
+    s: Session, clock: Clock, t: Task, node_name: str, fault: FaultKind, detail: str
+) -> None:
+    """An agent-reported fault of one task (``TaskReport.fault``), on its node."""
     record(
         s,
         clock,
         group_id=t.group_id,
         task_id=t.id,
-        kind=REPORTED[fault],
+        node_id=t.node_id,
+        kind=FAULT_EVENT[fault],
         message=f"task {t.name} ({t.id}) on node {node_name}: {detail}",
     )
 
@@ -140,7 +135,8 @@ def gpu_lost(s: Session, clock: Clock, node: Node, cards: list[dict[str, Any]]) 
                 clock,
                 group_id=group_id,
                 task_id=_only(tasks),
-                kind=GPU_LOST,
+                node_id=node.id,
+                kind=EventKind.GPU_LOST,
                 message=f"{name} vanished from node {node.name}'s inventory; placed on it: "
                 + ", ".join(_label(t) for t in tasks),
             )
@@ -156,19 +152,16 @@ class WatchResult:
     back: list[str] = field(default_factory=list)
 
 
-def _node_of(message: str) -> str:
-    parts = message.split(" ", 2)
-    return parts[1] if len(parts) > 1 and parts[0] == "node" else ""
-
-
 def _latest_marks(s: Session) -> dict[str, Event]:
-    """Node name -> its latest node-level node_lost / node_back row."""
-    rows = s.scalars(
-        select(Event)
-        .where(Event.group_id.is_(None), Event.kind.in_([NODE_LOST, NODE_BACK]))
-        .order_by(Event.id)
+    """Node id -> its latest node-level node_lost / node_back row."""
+    node_level = (Event.group_id.is_(None), Event.kind.in_([k.value for k in NODE_MARKS]))
+    latest = (
+        select(func.max(Event.id))
+        .where(*node_level, Event.node_id.is_not(None))
+        .group_by(Event.node_id)
     )
-    return {_node_of(e.message): e for e in rows}
+    rows = s.scalars(select(Event).where(Event.id.in_(latest)))
+    return {str(e.node_id): e for e in rows}
 
 
 def watch_nodes(s: Session, clock: Clock, offline_after_s: float) -> WatchResult:
@@ -179,8 +172,8 @@ def watch_nodes(s: Session, clock: Clock, offline_after_s: float) -> WatchResult
     result = WatchResult()
     newly_offline: list[Node] = []
     for node in s.scalars(select(Node).order_by(Node.name)):
-        mark = marks.get(node.name)
-        is_lost = mark is not None and mark.kind == NODE_LOST
+        mark = marks.get(node.id)
+        is_lost = mark is not None and mark.kind == EventKind.NODE_LOST
         if node.last_heartbeat_at < cutoff:
             if not is_lost:
                 newly_offline.append(node)
@@ -212,14 +205,17 @@ def _node_lost(s: Session, clock: Clock, node: Node, tasks: list[Task], now: dat
     head = f"node {node.name} lost: no heartbeat for {away:.0f} s"
     groups = _per_group(tasks)
     log.warning("%s; %d task(s) of %d group(s) affected", head, len(tasks), len(groups))
-    common = {"kind": NODE_LOST, "from_status": "online", "to_status": "offline"}
+    lost = EventKind.NODE_LOST
     record(
         s,
         clock,
         group_id=None,
+        node_id=node.id,
+        kind=lost,
+        from_status=ONLINE,
+        to_status=OFFLINE,
         message=f"{head} (node id {node.id}); {len(tasks)} task(s) of "
         f"{len(groups)} group(s) affected",
-        **common,
     )
     for group_id, mine in groups.items():
         record(
@@ -227,8 +223,11 @@ def _node_lost(s: Session, clock: Clock, node: Node, tasks: list[Task], now: dat
             clock,
             group_id=group_id,
             task_id=_only(mine),
+            node_id=node.id,
+            kind=lost,
+            from_status=ONLINE,
+            to_status=OFFLINE,
             message=f"{head}; unreachable: " + ", ".join(_label(t) for t in mine),
-            **common,
         )
 
 
@@ -236,14 +235,25 @@ def _node_back(s: Session, clock: Clock, node: Node, mark: Event) -> None:
     """Tell every group told of this loss (its rows follow the node-level one)."""
     told = s.scalars(
         select(Event)
-        .where(Event.id > mark.id, Event.kind == NODE_LOST, Event.group_id.is_not(None))
+        .where(
+            Event.node_id == node.id,
+            Event.id > mark.id,
+            Event.kind == EventKind.NODE_LOST.value,
+            Event.group_id.is_not(None),
+        )
         .order_by(Event.id)
     )
-    mine = {e.group_id: e for e in told if _node_of(e.message) == node.name}
+    mine = {e.group_id: e for e in told}
     since = mark.created_at.isoformat()
     head = f"node {node.name} back: heartbeating again (reported lost at {since})"
     log.info("%s; %d group(s) told", head, len(mine))
-    common = {"kind": NODE_BACK, "from_status": "offline", "to_status": "online"}
-    record(s, clock, group_id=None, message=f"{head} (node id {node.id})", **common)
+    back = EventKind.NODE_BACK
+    record(
+        s, clock, group_id=None, node_id=node.id, kind=back, from_status=OFFLINE,
+        to_status=ONLINE, message=f"{head} (node id {node.id})",
+    )
     for group_id, lost in mine.items():
-        record(s, clock, group_id=group_id, task_id=lost.task_id, message=head, **common)
+        record(
+            s, clock, group_id=group_id, task_id=lost.task_id, node_id=node.id, kind=back,
+            from_status=OFFLINE, to_status=ONLINE, message=head,
+        )

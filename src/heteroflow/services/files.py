@@ -29,7 +29,7 @@ from heteroflow.core.clock import Clock
 from heteroflow.core.errors import Conflict, NotFound, PayloadTooLarge, ValidationFailed
 from heteroflow.core.ids import new_id
 from heteroflow.core.paths import inside, task_roots, validate_target
-from heteroflow.core.states import AGENT_OWNED, TERMINAL, TaskStatus
+from heteroflow.core.states import AGENT_OWNED, TERMINAL, FileRequestStatus, TaskStatus
 from heteroflow.db.engine import Database
 from heteroflow.db.tables import FileRequest, FileRequestChunk, Node, Task
 from heteroflow.schemas.files import (
@@ -43,7 +43,8 @@ from heteroflow.schemas.files import (
 from heteroflow.services.access import task_on_node, visible_task
 from heteroflow.services.auth import Principal
 
-PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+F = FileRequestStatus
+OPEN = frozenset({F.PENDING, F.RUNNING})  # someone may still finish it
 CLAIM_BATCH = 16
 # A request waits for (scheduled) or is served by (starting, running) the task's agent.
 SERVABLE = frozenset({TaskStatus.SCHEDULED, *AGENT_OWNED})
@@ -75,7 +76,7 @@ def create(s: Session, who: Principal, clock: Clock, req: FileRequestCreate) -> 
         requested_by=who.user_id,
         request_type=req.request_type,
         target_path=req.target_path,
-        status=PENDING,
+        status=F.PENDING.value,
         error="",
         result={},
         size_bytes=0,
@@ -84,20 +85,33 @@ def create(s: Session, who: Principal, clock: Clock, req: FileRequestCreate) -> 
     )
     s.add(fr)
     s.flush()
-    return FileRequestCreated(id=fr.id, status=fr.status)
+    return FileRequestCreated(id=fr.id, status=F.PENDING)
 
 
 def _move(
-    s: Session, clock: Clock, request_id: str, expected: str, to: str, **values: object
+    s: Session,
+    clock: Clock,
+    request_id: str,
+    expected: FileRequestStatus,
+    to: FileRequestStatus,
+    *,
+    error: str | None = None,
+    result: dict[str, object] | None = None,
 ) -> bool:
-    """Compare-and-set of a request's status; False when someone moved it first."""
-    result = s.execute(
+    """Compare-and-set of a request's status; False when someone moved it first.
+    ``error`` / ``result`` are written when given."""
+    extra: dict[str, object] = {}
+    if error is not None:
+        extra["error"] = error
+    if result is not None:
+        extra["result"] = result
+    outcome = s.execute(
         update(FileRequest)
-        .where(FileRequest.id == request_id, FileRequest.status == expected)
-        .values(status=to, updated_at=clock.now(), **values)
+        .where(FileRequest.id == request_id, FileRequest.status == expected.value)
+        .values(status=to.value, updated_at=clock.now(), **extra)
         .execution_options(synchronize_session=False)
     )
-    return result.rowcount == 1  # type: ignore[attr-defined, no-any-return]
+    return outcome.rowcount == 1  # type: ignore[attr-defined, no-any-return]
 
 
 def _visible(s: Session, who: Principal, request_id: str) -> FileRequest:
@@ -109,7 +123,8 @@ def _visible(s: Session, who: Principal, request_id: str) -> FileRequest:
 
 def _expire(s: Session, clock: Clock, fr: FileRequest, timeout_s: float) -> None:
     """Fail a request nobody can finish any more: its task ended, or no progress."""
-    if fr.status not in (PENDING, RUNNING):
+    current = F(fr.status)
+    if current not in OPEN:
         return
     status = s.scalar(select(Task.status).where(Task.id == fr.task_id))
     if status is None or TaskStatus(status) in TERMINAL:
@@ -118,7 +133,7 @@ def _expire(s: Session, clock: Clock, fr: FileRequest, timeout_s: float) -> None
         error = f"no progress for {timeout_s:.0f} s (is the task's node online?)"
     else:
         return
-    if _move(s, clock, fr.id, fr.status, FAILED, error=error):
+    if _move(s, clock, fr.id, current, F.FAILED, error=error):
         _drop_chunks(s, fr.id)
     s.refresh(fr)
 
@@ -138,7 +153,7 @@ def _read(fr: FileRequest) -> FileRequestRead:
         task_id=fr.task_id,
         request_type=fr.request_type,
         target_path=fr.target_path,
-        status=fr.status,
+        status=F(fr.status),
         error=fr.error,
         entries=listing.entries if listing else None,
         truncated=listing.truncated if listing else False,
@@ -164,7 +179,7 @@ def content_of(
     _expire(s, clock, fr, timeout_s)
     if fr.request_type != "download":
         raise Conflict(f"file request {fr.id} is a listing: read its entries instead")
-    if fr.status != DONE:
+    if fr.status != F.DONE:
         detail = f": {fr.error}" if fr.error else "; poll until it is done"
         raise Conflict(f"file request {fr.id} is {fr.status}{detail}")
     return posixpath.basename(fr.target_path.rstrip("/")) or "download", fr.size_bytes
@@ -195,7 +210,7 @@ def claim_pending(s: Session, clock: Clock, node_id: str) -> list[AgentFileReque
         .where(
             Task.node_id == node_id,
             Task.status.in_([st.value for st in AGENT_OWNED]),
-            FileRequest.status == PENDING,
+            FileRequest.status == F.PENDING.value,
         )
         .order_by(FileRequest.created_at)
         .limit(CLAIM_BATCH)
@@ -208,7 +223,7 @@ def claim_pending(s: Session, clock: Clock, node_id: str) -> list[AgentFileReque
             target_path=fr.target_path,
         )
         for fr in list(rows)
-        if _move(s, clock, fr.id, PENDING, RUNNING)
+        if _move(s, clock, fr.id, F.PENDING, F.RUNNING)
     ]
 
 
@@ -217,7 +232,7 @@ def _claimed(s: Session, node_id: str, request_id: str) -> FileRequest:
     if fr is None:
         raise NotFound(f"file request {request_id!r} not found")
     task_on_node(s, node_id, fr.task_id)
-    if fr.status != RUNNING:
+    if fr.status != F.RUNNING:
         raise Conflict(f"file request {fr.id} is {fr.status}, not running")
     return fr
 
@@ -251,30 +266,32 @@ def store_chunk(
     return total
 
 
-def finish(s: Session, clock: Clock, node_id: str, request_id: str, done: FileRequestDone) -> str:
+def finish(
+    s: Session, clock: Clock, node_id: str, request_id: str, done: FileRequestDone
+) -> FileRequestStatus:
     """The agent's outcome; a download is checked against what actually arrived."""
     fr = _claimed(s, node_id, request_id)
-    status: str = done.status
+    status: FileRequestStatus = done.status
     error = done.error
     result: dict[str, object] = {}
-    if status == DONE and fr.request_type == "list":
+    if status == F.DONE and fr.request_type == "list":
         result = (done.result or ListResult()).model_dump()
-    elif status == DONE:
+    elif status == F.DONE:
         count, top = s.execute(
             select(func.count(), func.max(FileRequestChunk.seq)).where(
                 FileRequestChunk.request_id == fr.id
             )
         ).one()
         if fr.size_bytes != done.size_bytes or (count and top != count - 1):
-            status = FAILED
+            status = F.FAILED
             error = (
                 f"upload incomplete: received {fr.size_bytes} bytes in {count} chunk(s), "
                 f"the agent sent {done.size_bytes}"
             )
-    if status == FAILED:
+    if status == F.FAILED:
         error = error or "failed on the node (no reason given)"
-    if not _move(s, clock, fr.id, RUNNING, status, error=error, result=result):
+    if not _move(s, clock, fr.id, F.RUNNING, status, error=error, result=result):
         raise Conflict(f"file request {fr.id} changed concurrently")
-    if status == FAILED:
+    if status == F.FAILED:
         _drop_chunks(s, fr.id)
     return status

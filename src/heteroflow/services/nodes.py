@@ -19,6 +19,7 @@ from heteroflow.core.engines.templates import inference_templates as templates_f
 from heteroflow.core.errors import Conflict, NotFound
 from heteroflow.core.ids import new_id
 from heteroflow.core.placement.model import may_use
+from heteroflow.core.ports import ports_from_dicts
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import Node, Task, TaskGroup
 from heteroflow.schemas.nodes import (
@@ -32,7 +33,7 @@ from heteroflow.schemas.nodes import (
 )
 from heteroflow.services import faults
 from heteroflow.services.access import task_on_node
-from heteroflow.services.transitions import transition
+from heteroflow.services.transitions import TaskUpdate, transition
 
 # What an agent is told about: tasks placed on it that it should be starting or running.
 DESIRED = (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING)
@@ -111,7 +112,7 @@ def claim(s: Session, clock: Clock, node_id: str, task_id: str) -> TaskAssignmen
     t = task_on_node(s, node_id, task_id)
     if not transition(
         s, clock, t.id, TaskStatus.SCHEDULED, TaskStatus.STARTING, "claimed by agent",
-        started_at=clock.now(),
+        update=TaskUpdate(started_at=clock.now()),
     ):
         raise Conflict(f"task {task_id} is {t.status}, not scheduled")
     s.refresh(t)
@@ -165,7 +166,10 @@ def _requeue_preempted(s: Session, clock: Clock, t: Task) -> str:
     message = f"preempted by {t.preempted_by}; queued again"
     if not transition(
         s, clock, t.id, TaskStatus.STOPPING, TaskStatus.PENDING, message,
-        node_id=None, gpu_ids=[], ports=ports, preempted_by="", qos="", started_at=None,
+        update=TaskUpdate(
+            node_id=None, gpu_ids=(), ports=ports_from_dicts(ports), preempted_by="", qos="",
+            started_at=None,
+        ),
     ):
         raise Conflict(f"task {t.id} changed concurrently; report again")
     return TaskStatus.PENDING.value
@@ -216,14 +220,20 @@ def list_nodes(
 
 
 def node_engines(n: Node) -> NodeEngines:
-    vendors = {str(g.get("vendor", "")) for g in n.gpus}
+    return engines_from(n.gpus, n.engines)
+
+
+def engines_from(gpus: list[dict[str, Any]], engines: dict[str, Any]) -> NodeEngines:
+    """What the engine chain reads of a node's heartbeat (its cards and probed engines);
+    the one rule, used by the fleet read model and the template endpoint alike."""
+    vendors = {str(g.get("vendor", "")) for g in gpus}
     vendor = sorted(vendors)[0] if len(vendors) == 1 else ("nvidia" if "nvidia" in vendors else "")
     return NodeEngines(
         vendor=vendor,
         compute_capabilities=tuple(
-            str(g["compute_capability"]) for g in n.gpus if g.get("compute_capability")
+            str(g["compute_capability"]) for g in gpus if g.get("compute_capability")
         ),
-        available={str(k): str(v) for k, v in n.engines.items()},
+        available={str(k): str(v) for k, v in engines.items()},
     )
 
 

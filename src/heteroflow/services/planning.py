@@ -3,7 +3,9 @@
 ``plan_group`` checks every rule that needs no write (priority ceiling, the model path
 against the nodes' volume rules, engine, shape, ports, health check, kv offload,
 endpoint-name clash, the create-time memory precheck) and returns the derived values;
-``create_group`` writes them and ``dry_run`` shows them.
+``create_group`` writes them and ``dry_run`` shows them. Both plan on the one read
+model of the fleet (``services.fleet.read_fleet``, online by ``node_offline_after_s``):
+the nodes' engines, volume rules and cards are read there, never here.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.containers import DEFAULT_ENV_ALLOW, env_problem, needs_container
-from heteroflow.core.engines import CPU_CAPABLE, LLAMACPP_AGENT_FLAGS, owned_flag_in, resolve_engine
+from heteroflow.core.engines import (
+    CPU_CAPABLE,
+    ENGINES,
+    LLAMACPP_AGENT_FLAGS,
+    owned_flag_in,
+    resolve_engine,
+)
 from heteroflow.core.engines.registry import vendors_of
 from heteroflow.core.engines.selection import NodeEngines
 from heteroflow.core.engines.templates import Template, inference_templates
@@ -25,11 +33,12 @@ from heteroflow.core.errors import Conflict, ValidationFailed
 from heteroflow.core.estimate import MemoryEstimate
 from heteroflow.core.paths import model_path_problem, normalize, volume_allows
 from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
-from heteroflow.db.tables import InferenceEndpoint, Node, Tenant
+from heteroflow.core.ports import PortMapping, host_ports
+from heteroflow.db.tables import InferenceEndpoint, Tenant
 from heteroflow.models.estimate import estimate_model_path
 from heteroflow.schemas.task_groups import HealthCheckIn, TaskGroupCreate
 from heteroflow.services.auth import Principal
-from heteroflow.services.nodes import node_engines
+from heteroflow.services.fleet import Fleet, engines_of
 
 DEFAULT_CONTAINER_PORT = 8000
 KV_OFFLOAD_ENGINES = frozenset({"vllm"})
@@ -43,7 +52,7 @@ class GroupPlan:
     task_type: str
     enable_api: bool
     model_name: str
-    ports: list[dict[str, int]]
+    ports: tuple[PortMapping, ...]
     replicas: int
     gpus_per_task: int
     endpoint_name: str
@@ -72,7 +81,7 @@ class GroupPlan:
             gpu_memory_utilization=self.req.gpu_memory_utilization,
             estimated_gpu_memory_mb=self.estimated_gpu_memory_mb,
             memory_mb=self.memory_mb,
-            host_ports=tuple(p["host_port"] for p in self.ports),
+            host_ports=host_ports(self.ports),
             task_type=self.task_type,
             model_path=self.req.task.model_path,
             engine=self.engine,
@@ -150,6 +159,15 @@ def _check_fields(req: TaskGroupCreate, who: Principal, engine: str, task_type: 
             f"gpu_required 0 runs on the CPU, which only {', '.join(sorted(CPU_CAPABLE))} "
             f"can do; engine is {engine or 'unresolved'}",
             field="task.gpu_required",
+        )
+    if engine in ENGINES and not spec.command and req.parallelism not in ENGINES[engine].shapes:
+        # G2: the engine has no shape for it (MindIE, llama.cpp, TensorRT-LLM: no pipeline);
+        # refused here for every task type, not later by the agent's command builder
+        shapes = ", ".join(sorted(ENGINES[engine].shapes))
+        raise ValidationFailed(
+            f"engine {engine} does not support parallelism {req.parallelism!r}; use one of "
+            f"{shapes}",
+            field="parallelism",
         )
     if engine == "llamacpp":
         clash = owned_flag_in(spec.engine_args, LLAMACPP_AGENT_FLAGS)
@@ -230,7 +248,7 @@ def _health(req: TaskGroupCreate, container_ports: list[int]) -> dict[str, Any]:
 MAX_PREFIXES_SHOWN = 20
 
 
-def _check_model_path(s: Session, path: str, nodes: list[NodeView]) -> None:
+def _check_model_path(path: str, nodes: list[NodeView]) -> None:
     """C4 at the door (issue 10): no NUL and no ``..`` segment; an absolute path must be
     allowed by the volume rules one of ``nodes`` (those the caller may use) reports —
     else 400 listing the prefixes the caller may use. Runs before ``_estimate`` reads
@@ -244,14 +262,7 @@ def _check_model_path(s: Session, path: str, nodes: list[NodeView]) -> None:
         raise ValidationFailed(problem, field="task.model_path")
     if not path.startswith("/"):
         return  # a name under /data/models on the node; the agent resolves it there
-    usable = {n.id for n in nodes}
-    rules = [
-        ([str(p) for p in allowed], [str(p) for p in denied])
-        for node_id, allowed, denied in s.execute(
-            select(Node.id, Node.allowed_volume_prefixes, Node.denied_volume_prefixes)
-        )
-        if node_id in usable
-    ]
+    rules = [(list(n.allowed_volume_prefixes), list(n.denied_volume_prefixes)) for n in nodes]
     if any(volume_allows(path, allowed, denied) for allowed, denied in rules):
         return
     if not rules:
@@ -283,10 +294,12 @@ def _estimate(req: TaskGroupCreate) -> MemoryEstimate | None:
 
 
 def one_click(
-    s: Session, req: TaskGroupCreate, online: set[str]
+    req: TaskGroupCreate, nodes: list[NodeView]
 ) -> tuple[TaskGroupCreate, list[dict[str, str]]]:
     """H2: no image given — take the first template of the online nodes' reports.
 
+    ``nodes``: the fleet read model's views the caller may use; online is the view's
+    (``node_offline_after_s``), the same judgement the dry run and the scheduler make.
     Fails before anything is created when no node reports a usable engine; the image is
     always one a node reported, never invented. One-click groups are ``split``.
     """
@@ -295,9 +308,9 @@ def one_click(
             "a one-click service (no task.image) needs task.model_path", field="task.image"
         )
     chains: list[tuple[NodeEngines, list[Template]]] = []
-    for n in s.scalars(select(Node).order_by(Node.name)):
-        if n.id in online:
-            view = node_engines(n)
+    for n in nodes:  # in name order, as read
+        if n.online:
+            view = engines_of(n)
             chain = inference_templates(view)
             if chain:
                 chains.append((view, chain))
@@ -333,18 +346,19 @@ def plan_group(
     s: Session,
     who: Principal,
     req: TaskGroupCreate,
-    nodes: list[NodeView],
+    fleet: Fleet,
     reservation: Reservation,
     env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
 ) -> GroupPlan:
+    """The one validation path of a create and its dry run, on one read of the fleet."""
     _check_priority(s, who, req.priority)
     _check_operator_only(req, who)
     templates: list[dict[str, str]] = []
-    nodes = [n for n in nodes if n.visible_to(who.tenant_id)]  # dedicated nodes (B7)
+    nodes = [n for n in fleet.nodes if n.visible_to(who.tenant_id)]  # dedicated nodes (B7)
     # C4 before anything reads the model (the memory estimate below) or is written
-    _check_model_path(s, req.task.model_path, nodes)
+    _check_model_path(req.task.model_path, nodes)
     if not req.task.image and not req.task.command:
-        req, templates = one_click(s, req, {n.id for n in nodes if n.online})
+        req, templates = one_click(req, nodes)
     spec = req.task
     engine, engine_reason = resolve_engine(
         spec.engine, req.labels.get("heteroflow.engine", ""), spec.image
@@ -352,10 +366,10 @@ def plan_group(
     if templates:
         engine_reason = f"one-click template: {templates[0]['reason']}"
     task_type = infer_task_type(req, engine)
-    ports = [p.model_dump() for p in spec.ports] or [
-        {"container_port": DEFAULT_CONTAINER_PORT, "host_port": 0}
-    ]
-    container_ports = [p["container_port"] for p in ports]
+    ports = tuple(PortMapping(p.container_port, p.host_port) for p in spec.ports) or (
+        PortMapping(DEFAULT_CONTAINER_PORT),
+    )
+    container_ports = [p.container_port for p in ports]
     replicas, gpus = _replica_shape(req, task_type)
     _check_fields(req, who, engine, task_type, gpus, container_ports, env_allow)
     if req.parallelism == "pipeline":

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import InferenceEndpoint, ModelRoute, Node, Task
-from heteroflow.gateway.snapshot import Backend, KeyEntry, RouteTarget, RoutingSnapshot
+from heteroflow.schemas.routing import Backend, KeyEntry, RouteTarget, RoutingSnapshot
 
 
 def build_snapshot(s: Session, version: int) -> RoutingSnapshot:

@@ -20,7 +20,6 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Row, func, select, text, update
@@ -31,12 +30,11 @@ from heteroflow.core.containers import needs_container
 from heteroflow.core.engines.registry import vendors_of
 from heteroflow.core.engines.selection import (
     EngineChoice,
-    NodeEngines,
     NoEngineAvailable,
     select_engine,
 )
+from heteroflow.core.events import EventKind
 from heteroflow.core.placement import (
-    CardView,
     FleetIndex,
     NodeView,
     Placement,
@@ -51,12 +49,13 @@ from heteroflow.core.placement import (
 )
 from heteroflow.core.placement.memo import FailureMemo
 from heteroflow.core.placement.preemption import Preemption
-from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus
+from heteroflow.core.ports import PortMapping, host_ports, ports_from_dicts, with_host_ports
+from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import Event, Node, Task, TaskGroup
-from heteroflow.services.nodes import dedicated_to, node_engines
-from heteroflow.services.sharing import tenant_share_keys
+from heteroflow.services.fleet import engines_of, read_fleet
 from heteroflow.services.transitions import (
     Move,
+    TaskUpdate,
     set_pending_reasons,
     transition,
     transition_many,
@@ -88,71 +87,8 @@ class _Decision:
 def node_views(
     s: Session, clock: Clock, offline_after_s: float, keys: dict[str, str] | None = None
 ) -> dict[str, NodeView]:
-    keys = tenant_share_keys(s) if keys is None else keys
-    cutoff = clock.now() - timedelta(seconds=offline_after_s)
-    views: dict[str, NodeView] = {}
-    cols = (
-        Node.id, Node.name, Node.gpus, Node.cpu_count, Node.memory_total_mb, Node.cpu_percent,
-        Node.memory_percent, Node.models, Node.engines, Node.labels, Node.last_heartbeat_at,
-        Node.booking_version, Node.runtime,
-    )
-    for n in s.execute(select(*cols).order_by(Node.name)):
-        views[n.id] = NodeView(
-            id=n.id,
-            name=n.name,
-            online=n.last_heartbeat_at >= cutoff,
-            cards=[_card(g) for g in n.gpus],
-            cpu_count=n.cpu_count,
-            memory_total_mb=n.memory_total_mb,
-            cpu_percent=n.cpu_percent,
-            memory_percent=n.memory_percent,
-            models=frozenset(
-                str(m.get(k, "")) for m in n.models for k in ("path", "name") if m.get(k)
-            ),
-            engines=frozenset(str(e) for e in n.engines),
-            labels={str(k): str(v) for k, v in n.labels.items()},
-            version=n.booking_version,
-            tenants=dedicated_to(n.labels),
-            runtime=n.runtime,
-        )
-    held = select(
-        Task.id, Task.group_id, Task.tenant_id, Task.node_id, Task.gpu_ids, Task.gpu_required,
-        Task.gpu_memory_utilization, Task.estimated_gpu_memory_mb, Task.memory_mb,
-        Task.task_type, Task.ports, Task.priority, Task.preempted_by,
-    ).where(Task.status.in_([st.value for st in HOLDS_RESOURCES]), Task.node_id.is_not(None))
-    for t in s.execute(held):
-        view = views.get(t.node_id or "")
-        if view is None:
-            continue
-        d = TaskDemand(
-            task_id=t.id, gpu_required=t.gpu_required, gpu_type="",
-            gpu_memory_utilization=t.gpu_memory_utilization,
-            estimated_gpu_memory_mb=t.estimated_gpu_memory_mb, memory_mb=t.memory_mb,
-            host_ports=(), task_type=t.task_type, share_key=keys.get(t.tenant_id, t.tenant_id),
-            priority=t.priority, group_id=t.group_id,
-        )
-        p = Placement(
-            view.id, tuple(int(i) for i in t.gpu_ids), t.estimated_gpu_memory_mb,
-            t.memory_mb if t.gpu_required == 0 else 0,
-            tuple(int(p["host_port"]) for p in t.ports if p.get("host_port")),
-            per_card_pct=d.per_card_pct,
-        )
-        book(view, p, d)
-        view.occupants[-1].preempting = bool(t.preempted_by)
-    return views
-
-
-def _card(g: dict[str, Any]) -> CardView:
-    return CardView(
-        index=int(g["index"]),
-        vendor=str(g.get("vendor", "")),
-        model=str(g.get("model", "")),
-        memory_total_mb=int(g["memory_total_mb"]),
-        memory_used_mb=int(g.get("memory_used_mb", 0)),
-        mig=bool(g.get("mig_capable", False)),
-        mps=bool(g.get("mps_capable", False)),
-        nvlink_peers=frozenset(int(i) for i in g.get("nvlink_peers", ())),
-    )
+    """The views of ``read_fleet`` (the one read model of the fleet), by node id."""
+    return read_fleet(s, clock, offline_after_s, keys).views
 
 
 def _demand(t: Row[Any], keys: dict[str, str]) -> TaskDemand:
@@ -163,7 +99,7 @@ def _demand(t: Row[Any], keys: dict[str, str]) -> TaskDemand:
         gpu_memory_utilization=t.gpu_memory_utilization,
         estimated_gpu_memory_mb=t.estimated_gpu_memory_mb,
         memory_mb=t.memory_mb,
-        host_ports=tuple(int(p.get("host_port", 0)) for p in t.ports),
+        host_ports=host_ports(ports_from_dicts(t.ports)),
         task_type=t.task_type,
         model_path=t.model_path,
         engine=t.engine,
@@ -193,16 +129,16 @@ class _Round:
         self.s, self.clock, self.res, self.pool, self.policy = (
             s, clock, reservation, port_pool, policy,
         )
-        self.keys = tenant_share_keys(s)
-        self.views = node_views(s, clock, offline_after_s, self.keys)
-        self.nodes = list(self.views.values())
+        self.fleet = read_fleet(s, clock, offline_after_s)
+        self.keys = self.fleet.keys
+        self.views = self.fleet.views
+        self.nodes = self.fleet.nodes
         self.index = FleetIndex(
             self.nodes,
             pack=policy.packs,
             load_threshold_pct=policy.load_threshold_pct,
             inference_cap=policy.inference_cap,
         )
-        self.engines: dict[str, NodeEngines] | None = None
         self.engine_cache: dict[str, tuple[list[NodeView], dict[str, EngineChoice], str]] = {}
         self.failed = FailureMemo(policy.load_threshold_pct, policy.inference_cap)
         self.decisions: list[_Decision] = []
@@ -216,15 +152,13 @@ class _Round:
     ) -> tuple[list[NodeView], dict[str, EngineChoice], str]:
         """For tasks that name no engine: the nodes whose chain yields one (H1), and why not."""
         if image not in self.engine_cache:
-            if self.engines is None:
-                self.engines = {n.id: node_engines(n) for n in self.s.scalars(select(Node))}
             ok: list[NodeView] = []
             choices: dict[str, EngineChoice] = {}
             why: list[str] = []
             for n in self.nodes:
                 try:
                     choice = select_engine(
-                        explicit="", label="", image=image, node=self.engines[n.id]
+                        explicit="", label="", image=image, node=engines_of(n)
                     )
                 except NoEngineAvailable as exc:
                     why.append(f"{n.name}: {exc}")
@@ -474,25 +408,22 @@ def _placed_message(d: _Decision) -> str:
     return where + (f", QoS {p.qos}" if p.gpu_ids else "")
 
 
-def _task_values(d: _Decision) -> dict[str, Any]:
+def _task_values(d: _Decision) -> TaskUpdate:
     t, p = d.row, d.placement
-    ports = [
-        {"container_port": int(m["container_port"]), "host_port": hp}
-        for m, hp in zip(t.ports, p.host_ports, strict=True)
-    ]
+    ports = with_host_ports(ports_from_dicts(t.ports), p.host_ports)
     engine, reason = t.engine, t.engine_reason
     if d.choice is not None:
         engine = d.choice.engine
         reason = f"on {d.node.name}: {d.choice.reason}"
-    return {
-        "node_id": p.node_id,
-        "gpu_ids": list(p.gpu_ids),
-        "ports": ports,
-        "memory_mb": p.memory_mb if t.gpu_required == 0 else t.memory_mb,
-        "qos": p.qos,
-        "engine": engine,
-        "engine_reason": reason,
-    }
+    return TaskUpdate(
+        node_id=p.node_id,
+        gpu_ids=tuple(p.gpu_ids),
+        ports=ports,
+        memory_mb=p.memory_mb if t.gpu_required == 0 else t.memory_mb,
+        qos=p.qos,
+        engine=engine,
+        engine_reason=reason,
+    )
 
 
 def _write_preemptions(rnd: _Round) -> None:
@@ -507,12 +438,14 @@ def _write_preemptions(rnd: _Round) -> None:
             if status == TaskStatus.SCHEDULED.value:
                 ok = transition(
                     s, clock, v.task_id, TaskStatus.SCHEDULED, TaskStatus.PENDING, why,
-                    node_id=None, gpu_ids=[], qos="", ports=_pool_ports(s, v.task_id),
+                    update=TaskUpdate(
+                        node_id=None, gpu_ids=(), qos="", ports=_pool_ports(s, v.task_id)
+                    ),
                 )
             elif status in (TaskStatus.STARTING.value, TaskStatus.RUNNING.value):
                 ok = transition(
                     s, clock, v.task_id, TaskStatus(status), TaskStatus.STOPPING, why,
-                    preempted_by=t.id,
+                    update=TaskUpdate(preempted_by=t.id),
                 )
             else:
                 ok = False
@@ -524,7 +457,7 @@ def _write_preemptions(rnd: _Round) -> None:
             rnd.result.preempted += len(moved)
             s.add(
                 Event(
-                    group_id=t.group_id, task_id=t.id, kind="preemption",
+                    group_id=t.group_id, task_id=t.id, kind=EventKind.PREEMPTION.value,
                     message=f"preempting {', '.join(moved)} on {node.name} "
                     f"(priority {t.priority} over lower-priority work)",
                     created_at=clock.now(),
@@ -532,9 +465,9 @@ def _write_preemptions(rnd: _Round) -> None:
             )
 
 
-def _pool_ports(s: Session, task_id: str) -> list[dict[str, int]]:
+def _pool_ports(s: Session, task_id: str) -> tuple[PortMapping, ...]:
     ports = s.scalar(select(Task.ports).where(Task.id == task_id)) or []
-    return [{"container_port": int(p["container_port"]), "host_port": 0} for p in ports]
+    return tuple(m.pooled() for m in ports_from_dicts(ports))
 
 
 def _write_reasons(rnd: _Round) -> None:

@@ -14,9 +14,10 @@ from heteroflow.core.containers import DEFAULT_ENV_ALLOW
 from heteroflow.core.errors import Conflict, NotFound
 from heteroflow.core.ids import key_display_prefix, new_api_key, new_id
 from heteroflow.core.placement import Reservation
+from heteroflow.core.ports import ports_to_dicts
 from heteroflow.core.states import GroupStatus, TaskStatus
 from heteroflow.db.tables import Event, InferenceEndpoint, ModelRoute, Task, TaskGroup
-from heteroflow.gateway.snapshot import hash_key
+from heteroflow.schemas.routing import hash_key
 from heteroflow.schemas.task_groups import (
     TaskGroupCreate,
     TaskGroupCreated,
@@ -25,12 +26,13 @@ from heteroflow.schemas.task_groups import (
 )
 from heteroflow.services.access import visible_task
 from heteroflow.services.auth import Principal
+from heteroflow.services.fleet import read_fleet
 from heteroflow.services.planning import GroupPlan, plan_group
-from heteroflow.services.scheduling import node_views
 from heteroflow.services.transitions import refresh_group_status, transition
 from heteroflow.services.views import group_read, task_read
 
 log = logging.getLogger(__name__)
+
 
 def create_group(
     s: Session,
@@ -39,9 +41,13 @@ def create_group(
     req: TaskGroupCreate,
     reservation: Reservation | None = None,
     env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
+    *,
+    offline_after_s: float,
 ) -> TaskGroupCreated:
-    nodes = list(node_views(s, clock, offline_after_s=0).values())
-    plan = plan_group(s, who, req, nodes, reservation or Reservation(), env_allow)
+    """Plan on the fleet as its dry run sees it (online by ``node_offline_after_s``),
+    then write the group, its tasks, route and endpoint."""
+    fleet = read_fleet(s, clock, offline_after_s)
+    plan = plan_group(s, who, req, fleet, reservation or Reservation(), env_allow)
     return _write(s, who, clock, plan)
 
 
@@ -102,7 +108,7 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
             command=list(spec.command),
             engine_args=list(spec.engine_args),
             env=list(spec.env),
-            ports=[dict(p) for p in plan.ports],
+            ports=ports_to_dicts(plan.ports),
             estimated_gpu_memory_mb=plan.estimated_gpu_memory_mb,
             estimate_detail=plan.estimate.detail if plan.estimate else "",
             memory_mb=plan.memory_mb,

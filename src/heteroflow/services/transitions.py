@@ -6,19 +6,29 @@ changed the row first, nothing is written and False comes back — the caller re
 and decides again (level-triggered), so two servers or a server and an agent can never
 both win the same change. The group's derived status is refreshed in the same unit of
 work. ``transition_many`` is the same door for a batch (the scheduler's commits).
+
+What else a change writes is a ``TaskUpdate``: typed, optional fields, one per column a
+state change may set (placement, preemption, start time); a field left ``UNSET`` is not
+written. Its constructor checks the types at run time too, so a wrong value fails where
+it is made, not inside the UPDATE.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from enum import Enum
+from typing import Any, Final, cast
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import Table, bindparam, insert, select
+from sqlalchemy import update as sql_update
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
+from heteroflow.core.events import EventKind
+from heteroflow.core.ports import PortMapping, ports_to_dicts
 from heteroflow.core.states import TaskStatus, can_transition, group_status
 from heteroflow.db.tables import Event, Task, TaskGroup
 
@@ -31,6 +41,77 @@ class IllegalTransition(Exception):
     pass
 
 
+class _Unset(Enum):
+    UNSET = "unset"
+
+
+UNSET: Final = _Unset.UNSET  # "leave this column as it is"
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_str(v: object) -> bool:
+    return isinstance(v, str)
+
+
+# TaskUpdate's run-time check: field -> (the type in words, the test)
+_CHECKS: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "node_id": ("str | None", lambda v: v is None or isinstance(v, str)),
+    "gpu_ids": ("tuple[int, ...]", lambda v: isinstance(v, tuple) and all(map(_is_int, v))),
+    "ports": (
+        "tuple[PortMapping, ...]",
+        lambda v: isinstance(v, tuple) and all(isinstance(p, PortMapping) for p in v),
+    ),
+    "memory_mb": ("int", _is_int),
+    "qos": ("str", _is_str),
+    "engine": ("str", _is_str),
+    "engine_reason": ("str", _is_str),
+    "preempted_by": ("str", _is_str),
+    "started_at": ("datetime | None", lambda v: v is None or isinstance(v, datetime)),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskUpdate:
+    """The task columns a state change sets besides its status; ``UNSET`` = untouched."""
+
+    node_id: str | _Unset | None = UNSET  # None: off its node (back to the queue)
+    gpu_ids: tuple[int, ...] | _Unset = UNSET
+    ports: tuple[PortMapping, ...] | _Unset = UNSET
+    memory_mb: int | _Unset = UNSET
+    qos: str | _Unset = UNSET
+    engine: str | _Unset = UNSET
+    engine_reason: str | _Unset = UNSET
+    preempted_by: str | _Unset = UNSET
+    started_at: datetime | _Unset | None = UNSET
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            want, ok = _CHECKS[f.name]
+            if value is not UNSET and not ok(value):
+                raise TypeError(f"TaskUpdate.{f.name} must be {want}, not {value!r}")
+
+    def columns(self) -> dict[str, Any]:
+        """The set fields as column values (tuples become the JSON columns' lists)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is UNSET:
+                continue
+            if f.name == "ports":
+                value = ports_to_dicts(value)
+            elif f.name == "gpu_ids":
+                value = list(value)
+            out[f.name] = value
+        return out
+
+
+KEEP: Final = TaskUpdate()  # a change of status only
+
+
 @dataclass(frozen=True, slots=True)
 class Move:
     """One task's change in a batch: its event message and the columns it sets."""
@@ -38,7 +119,7 @@ class Move:
     task_id: str
     group_id: str
     message: str
-    values: dict[str, Any]
+    update: TaskUpdate = KEEP
 
 
 def transition(
@@ -48,15 +129,18 @@ def transition(
     expected: TaskStatus,
     to: TaskStatus,
     message: str = "",
-    **values: Any,
+    *,
+    update: TaskUpdate = KEEP,
 ) -> bool:
+    if not isinstance(update, TaskUpdate):
+        raise TypeError(f"update must be a TaskUpdate, not {type(update).__name__}")
     if not can_transition(expected, to):
         raise IllegalTransition(f"task cannot go from {expected} to {to}")
     now = clock.now()
     result = s.execute(
-        update(Task)
+        sql_update(Task)
         .where(Task.id == task_id, Task.status == expected.value)
-        .values(status=to.value, status_message=message, updated_at=now, **values)
+        .values(status=to.value, status_message=message, updated_at=now, **update.columns())
         .execution_options(synchronize_session=False)
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]
@@ -66,7 +150,7 @@ def transition(
         Event(
             group_id=group_id,
             task_id=task_id,
-            kind="task_status",
+            kind=EventKind.TASK_STATUS,
             from_status=expected.value,
             to_status=to.value,
             message=message,
@@ -91,7 +175,7 @@ def refresh_group_status(s: Session, clock: Clock, group_id: str, message: str =
             Event(
                 group_id=group_id,
                 task_id=None,
-                kind="group_status",
+                kind=EventKind.GROUP_STATUS,
                 from_status=group.status,
                 to_status=new,
                 message=message,
@@ -106,7 +190,7 @@ def refresh_group_status(s: Session, clock: Clock, group_id: str, message: str =
 def set_pending_reason(s: Session, clock: Clock, task_id: str, reason: str) -> None:
     """Record why a task is still queued (no state change, so no event)."""
     s.execute(
-        update(Task)
+        sql_update(Task)
         .where(Task.id == task_id, Task.status == TaskStatus.PENDING.value)
         .values(status_message=reason)
         .execution_options(synchronize_session=False)
@@ -134,9 +218,12 @@ def transition_many(
     if not moves:
         return set()
     now = clock.now()
-    keys = list(moves[0].values)
+    values = [m.update.columns() for m in moves]
+    keys = list(values[0])
+    if any(v.keys() != values[0].keys() for v in values):
+        raise ValueError("transition_many: every move must set the same columns")
     s.execute(
-        update(_TASKS)
+        sql_update(_TASKS)
         .where(_TASKS.c.id == bindparam("b_id"), _TASKS.c.status == expected.value)
         .values(
             status=to.value,
@@ -145,8 +232,8 @@ def transition_many(
             **{k: bindparam(f"b_{k}") for k in keys},
         ),
         [
-            {"b_id": m.task_id, "b_msg": m.message, **{f"b_{k}": m.values[k] for k in keys}}
-            for m in moves
+            {"b_id": m.task_id, "b_msg": m.message, **{f"b_{k}": v[k] for k in keys}}
+            for m, v in zip(moves, values, strict=True)
         ],
     )
     ids = [m.task_id for m in moves]
@@ -157,7 +244,8 @@ def transition_many(
             insert(Event),
             [
                 {
-                    "group_id": m.group_id, "task_id": m.task_id, "kind": "task_status",
+                    "group_id": m.group_id, "task_id": m.task_id,
+                    "kind": EventKind.TASK_STATUS.value,
                     "from_status": expected.value, "to_status": to.value,
                     "message": m.message, "created_at": now,
                 }
@@ -201,7 +289,7 @@ def refresh_group_statuses(
         return
     now = clock.now()
     s.execute(
-        update(_GROUPS)
+        sql_update(_GROUPS)
         .where(_GROUPS.c.id == bindparam("b_id"), _GROUPS.c.status == bindparam("b_old"))
         .values(status=bindparam("b_status"), status_message=message, updated_at=now),
         changes,
@@ -210,7 +298,8 @@ def refresh_group_statuses(
         insert(Event),
         [
             {
-                "group_id": c["b_id"], "task_id": None, "kind": "group_status",
+                "group_id": c["b_id"], "task_id": None,
+                "kind": EventKind.GROUP_STATUS.value,
                 "from_status": c["b_old"], "to_status": c["b_status"], "message": message,
                 "created_at": now,
             }
@@ -224,7 +313,7 @@ def set_pending_reasons(s: Session, reasons: dict[str, str]) -> None:
     if not reasons:
         return
     s.execute(
-        update(_TASKS)
+        sql_update(_TASKS)
         .where(_TASKS.c.id == bindparam("b_id"), _TASKS.c.status == TaskStatus.PENDING.value)
         .values(status_message=bindparam("b_msg")),
         [{"b_id": k, "b_msg": v} for k, v in reasons.items()],

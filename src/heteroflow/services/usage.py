@@ -20,8 +20,7 @@ from sqlalchemy.orm import Session
 from heteroflow.core.errors import NotFound, ValidationFailed
 from heteroflow.db.engine import Database
 from heteroflow.db.tables import InferenceEndpoint, UsageRecord
-from heteroflow.gateway.usage import UsageRow
-from heteroflow.schemas.usage import UsageReport, UsageRowRead, UsageSums
+from heteroflow.schemas.usage import UsageReport, UsageRow, UsageRowRead, UsageSums
 from heteroflow.services.auth import Principal
 
 GROUPS: dict[str, Any] = {

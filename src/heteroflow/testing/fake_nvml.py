@@ -52,6 +52,7 @@ class FakeCard:
     memory_used_mb: int = 0
     compute_capability: tuple[int, int] = (8, 6)
     mig_supported: bool = False
+    mig_enabled: bool = False  # the current mode (a real H200 answers [0, 0]: disabled)
     temperature_c: int = 40
     fail: dict[str, Exception] = field(default_factory=dict)
 
@@ -128,7 +129,8 @@ class FakeNvml:
         card = self._card(handle, "nvmlDeviceGetMigMode")
         if not card.mig_supported:
             raise NVMLError_NotSupported()
-        return [0, 0]
+        mode = 1 if card.mig_enabled else 0
+        return [mode, mode]
 
     def nvmlDeviceGetTemperature(self, handle: object, sensor: int) -> int:
         card = self._card(handle, "nvmlDeviceGetTemperature")

@@ -46,7 +46,8 @@ def create_group(
             env_allow=settings.env_allow(),
         )
     return task_groups.create_group(
-        s, who, ctx.clock, req, settings.reservation(), settings.env_allow()
+        s, who, ctx.clock, req, settings.reservation(), settings.env_allow(),
+        offline_after_s=settings.node_offline_after_s,
     )
 
 

@@ -8,9 +8,8 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import AfterValidator, StringConstraints
 
 from heteroflow.api.deps import DB, Ctx, Who, require_gateway
-from heteroflow.gateway.usage import UsageRow
 from heteroflow.schemas.common import IdStr, UtcTime, no_nul
-from heteroflow.schemas.usage import UsageAccepted, UsageBatch, UsageReport
+from heteroflow.schemas.usage import UsageAccepted, UsageBatch, UsageReport, UsageRow
 from heteroflow.services import usage
 
 router = APIRouter(prefix="/api/v1", tags=["usage"])

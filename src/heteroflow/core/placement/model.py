@@ -105,6 +105,15 @@ class NodeView:
     # tenants this node is dedicated to (label heteroflow.tenants); empty = every tenant
     tenants: frozenset[str] = frozenset()
     runtime: str = "docker"  # docker | process (the agent's runtime)
+    # What the engine chain and the create-time checks read (filled by the one reader,
+    # services/fleet.py): engine name -> image as the probe reports it, the node's card
+    # vendor as the chain sees it ("" = no GPU) and its cards' compute capabilities
+    engine_images: dict[str, str] = field(default_factory=dict)
+    vendor: str = ""
+    compute_capabilities: tuple[str, ...] = ()
+    # C4 volume rules the agent reports (absolute model paths must be inside)
+    allowed_volume_prefixes: tuple[str, ...] = ()
+    denied_volume_prefixes: tuple[str, ...] = ()
 
     def visible_to(self, tenant_id: str) -> bool:
         return may_use(self.tenants, tenant_id)

@@ -20,9 +20,6 @@ from heteroflow.services import nodes as node_service
 from heteroflow.services.scheduling import node_views
 from heteroflow.testing import clusters
 
-# the fixtures speak the agent protocol: heartbeat inventory, engines, labels
-pytestmark = pytest.mark.feature("C1")
-
 ALL = clusters.kinds()
 CARD_FIELDS = set(GpuCardWire.model_fields)
 

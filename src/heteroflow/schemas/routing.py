@@ -1,10 +1,11 @@
 """The routing snapshot: everything the gateway needs to route, as plain immutable data.
 
-The server builds it from the database (``services.routing``) and publishes it; the
-gateway only reads it. In the all-in-one process it is handed over in memory through a
-``SnapshotHolder``; a separate gateway process polls it over HTTP as JSON
-(``GET /api/v1/gateway/snapshot``) and rebuilds the same objects with ``from_wire``.
-The gateway never imports the database layer.
+Part of the server ↔ gateway contract, so it lives in ``schemas`` where both sides may
+import it (the server's layers never import the gateway package). The server builds it
+from the database (``services.routing``) and publishes it; the gateway only reads it.
+In the all-in-one process it is handed over in memory through a ``SnapshotHolder``; a
+separate gateway process polls it over HTTP as JSON (``GET /api/v1/gateway/snapshot``)
+and rebuilds the same objects with ``from_wire``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from aiohttp import web
 from heteroflow.gateway.engine_metrics import EngineLoad
 from heteroflow.gateway.health import PassiveHealth
 from heteroflow.gateway.probes import BackendMonitor
-from heteroflow.gateway.snapshot import Backend, RouteTarget, RoutingSnapshot
+from heteroflow.schemas.routing import Backend, RouteTarget, RoutingSnapshot
 
 VLLM_PAGE = (
     "# TYPE vllm:num_requests_running gauge\n"

@@ -1,0 +1,53 @@
+"""What an ``events`` row can say: its kind, and the agent's fault names behind some.
+
+An event is a fact on a group's timeline (``GET /api/v1/task-groups/{id}/events``) or,
+with ``group_id`` NULL, a node-level mark the node watch keeps (services/faults.py). The
+``kind`` column stays a string in the database and on the wire; code writes and reads it
+only through ``EventKind``. Which node a row concerns is the ``node_id`` column, never
+a name parsed out of the message: the message is for people and may change wording.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from heteroflow.core.states import WireEnum
+
+
+class EventKind(WireEnum):
+    TASK_STATUS = "task_status"  # services/transitions.py: a task's state change
+    GROUP_STATUS = "group_status"  # its group's derived status changed with it
+    PREEMPTION = "preemption"  # the scheduler stops lower-priority work (B4)
+    DRAIN = "drain"  # services/draining.py (M11)
+    UNDRAIN = "undrain"
+    # faults (E2), services/faults.py
+    CONTAINER_LOST = "fault.container_lost"
+    ENGINE_EXITED = "fault.engine_exited"
+    UNHEALTHY = "fault.unhealthy"
+    GPU_LOST = "fault.gpu_lost"
+    NODE_LOST = "fault.node_lost"
+    NODE_BACK = "fault.node_back"
+
+
+# The node watch's marks: the latest of these on a node's node-level rows is its state.
+NODE_MARKS = frozenset({EventKind.NODE_LOST, EventKind.NODE_BACK})
+
+
+class FaultKind(WireEnum):
+    """Why a task failed, when its agent knows it was a fault (``TaskReport.fault``)."""
+
+    CONTAINER_LOST = "container_lost"
+    ENGINE_EXITED = "engine_exited"
+    UNHEALTHY = "unhealthy"
+
+
+# The wire type of ``TaskReport.fault`` (a Literal of the members: strict models take the
+# plain string and hand back the member).
+ReportedFault = Literal[FaultKind.CONTAINER_LOST, FaultKind.ENGINE_EXITED, FaultKind.UNHEALTHY]
+
+# An agent-reported fault -> the event kind written for it.
+FAULT_EVENT: dict[FaultKind, EventKind] = {
+    FaultKind.CONTAINER_LOST: EventKind.CONTAINER_LOST,
+    FaultKind.ENGINE_EXITED: EventKind.ENGINE_EXITED,
+    FaultKind.UNHEALTHY: EventKind.UNHEALTHY,
+}

@@ -1,0 +1,53 @@
+"""A task's port mappings as a value: one type instead of string-keyed dicts.
+
+A mapping says which container port a task listens on and which host port stands for
+it (``host_port`` 0 = not chosen yet: the scheduler takes one from the pool). The JSON
+column ``tasks.ports`` and the agent protocol keep the plain form
+``{"container_port": int, "host_port": int}``; code converts at those edges
+(``from_dict`` / ``to_dict``) and works with ``PortMapping`` in between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PortMapping", "host_ports", "ports_from_dicts", "ports_to_dicts", "with_host_ports"]
+
+
+@dataclass(frozen=True, slots=True)
+class PortMapping:
+    container_port: int
+    host_port: int = 0  # 0 = from the pool, when the task is placed
+
+    def to_dict(self) -> dict[str, int]:
+        return {"container_port": self.container_port, "host_port": self.host_port}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PortMapping:
+        return cls(int(d["container_port"]), int(d.get("host_port") or 0))
+
+    def pooled(self) -> PortMapping:
+        """The same container port with its host port given back to the pool."""
+        return PortMapping(self.container_port, 0)
+
+
+def ports_from_dicts(items: Iterable[Mapping[str, Any]]) -> tuple[PortMapping, ...]:
+    return tuple(PortMapping.from_dict(d) for d in items)
+
+
+def ports_to_dicts(ports: Iterable[PortMapping]) -> list[dict[str, int]]:
+    return [p.to_dict() for p in ports]
+
+
+def host_ports(ports: Iterable[PortMapping], *, chosen_only: bool = False) -> tuple[int, ...]:
+    """The host ports in order (0 where the pool will choose; ``chosen_only`` skips those)."""
+    return tuple(p.host_port for p in ports if p.host_port or not chosen_only)
+
+
+def with_host_ports(ports: Sequence[PortMapping], chosen: Sequence[int]) -> tuple[PortMapping, ...]:
+    """The mappings with the host ports a placement chose, one per mapping, in order."""
+    return tuple(
+        PortMapping(p.container_port, hp) for p, hp in zip(ports, chosen, strict=True)
+    )

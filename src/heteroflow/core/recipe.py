@@ -1,0 +1,184 @@
+"""One container recipe: the ``ContainerPlan`` of a task on a node, built in one place.
+
+``container_plan(task, node, work_dir_config=...)`` is pure: what the task says
+(``TaskShape``) and what the node gives (``NodeShape``: the address its ports are
+published on, the vendor of each card) in, the plan and the engine's config files out.
+The agent launches the plan and writes the files (``agent.container_launch``); the dry
+run shows the same plan with placeholder ids and the placement's node
+(``services.dry_run``), so the two cannot disagree. What needs the node's files — the
+model allow-list check (C4), the engine version probe — stays with the agent; their
+results come in as inputs (``TaskShape.engine_version``).
+
+Errors are ``ValueError`` (``CommandError`` for a shape the command builder refuses, a
+plain ``ValueError`` for a card vendor with no known GPU arguments).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from heteroflow.core.containers import (
+    HARDENED,
+    ContainerPlan,
+    Mount,
+    container_env,
+    gpu_request,
+    model_mount,
+    shared_memory,
+)
+from heteroflow.core.engines.commands import CommandError, LaunchShape, build_command
+from heteroflow.core.engines.kv_offload import parse_version
+from heteroflow.core.engines.registry import DEFAULT_CONTAINER_PORT
+from heteroflow.core.ports import PortMapping
+
+__all__ = [
+    "ConfigFile",
+    "NodeShape",
+    "RecipeResult",
+    "TaskShape",
+    "container_plan",
+    "image_tag_version",
+    "task_labels",
+]
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """What the task says, as the agent's assignment (or the dry run's plan) gives it."""
+
+    id: str
+    group_id: str
+    name: str
+    image: str
+    engine: str
+    model_path: str = ""
+    model_name: str = ""
+    command: tuple[str, ...] = ()
+    engine_args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    ports: tuple[PortMapping, ...] = ()
+    parallelism: str = "single"
+    gpu_required: int = 0
+    gpu_ids: tuple[int, ...] = ()
+    gpu_memory_utilization: int = 90
+    kv_offload_gb: int = 0
+    engine_version: str = ""  # the image's engine version, where the task needs it (C12)
+    generation: int = 1
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """What the node gives: where published ports listen, and each card's vendor."""
+
+    address: str
+    card_vendors: Mapping[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """A file the engine reads (MindIE's config.json): written by the agent at ``source``
+    on the host, mounted read-only at ``target`` in the container."""
+
+    source: str
+    target: str
+    content: str
+
+
+@dataclass(frozen=True)
+class RecipeResult:
+    plan: ContainerPlan
+    config_files: tuple[ConfigFile, ...] = ()
+
+
+def task_labels(task: TaskShape) -> dict[str, str]:
+    """The labels that tie a container to its task (adoption and zombie cleanup read them)."""
+    return {
+        "heteroflow.task": task.id,
+        "heteroflow.group": task.group_id,
+        "heteroflow.generation": str(task.generation),
+        "heteroflow.engine": task.engine,
+    }
+
+
+def image_tag_version(image: str) -> str:
+    """The version an image's tag names (``vllm/vllm-openai:v0.11.2`` -> ``0.11.2``), or ""
+    when the tag is not a version (``latest``, none). The server's best guess for a dry
+    run; the agent reads the image itself (label or probe) before it launches."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return ""
+    tag = last.rsplit(":", 1)[1]
+    try:
+        parse_version(tag)
+    except CommandError:
+        return ""
+    return tag.removeprefix("v")
+
+
+def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) -> RecipeResult:
+    """The container of ``task`` on ``node``; ``work_dir_config`` is the host folder under
+    which the agent writes engine config files (``<work_dir>/config``)."""
+    vendor = next((node.card_vendors[i] for i in task.gpu_ids if i in node.card_vendors), "")
+    gpu = gpu_request(vendor, task.gpu_ids) if vendor else None
+    mount, engine_path = model_mount(task.model_path, task.engine)
+    mounts: list[Mount] = [mount] if mount else []
+    files: list[ConfigFile] = []
+    entrypoint: tuple[str, ...] | None
+    if task.command:
+        entrypoint, args, engine_env = None, task.command, {}
+    elif not task.engine:
+        raise CommandError(
+            "no engine resolved yet: the node's engine chain picks one when the task is "
+            "placed (H1)"
+        )
+    else:
+        cmd = build_command(
+            LaunchShape(
+                engine=task.engine,
+                model_path=engine_path,
+                served_model_name=task.model_name,
+                port=task.ports[0].container_port if task.ports else DEFAULT_CONTAINER_PORT,
+                parallelism=task.parallelism,
+                gpus=task.gpu_required,
+                tensor_parallel_size=task.gpu_required
+                if task.parallelism == "tensor_parallel"
+                else 1,
+                gpu_memory_utilization=task.gpu_memory_utilization,
+                extra_args=task.engine_args,
+                kv_offload_gb=task.kv_offload_gb,
+                engine_version=task.engine_version,
+            )
+        )
+        entrypoint, args, engine_env = cmd.entrypoint, cmd.args, dict(cmd.env)
+        for target, content in cmd.config_files.items():
+            source = posixpath.join(work_dir_config, task.id, target.lstrip("/"))
+            files.append(ConfigFile(source, target, content))
+            mounts.append(Mount(source, target))
+    ipc, shm, network = shared_memory(task.parallelism, task.gpu_required)
+    plan = ContainerPlan(
+        name=task.id,
+        image=task.image,
+        entrypoint=entrypoint,
+        command=tuple(args),
+        env=container_env(
+            task.env,
+            task_id=task.id,
+            group_id=task.group_id,
+            task_name=task.name,
+            engine=task.engine,
+            engine_env=engine_env,
+            gpu=gpu,
+        ),
+        ports={p.container_port: (node.address, p.host_port) for p in task.ports},
+        mounts=tuple(mounts),
+        ipc_mode=ipc,
+        shm_size=shm,
+        network_mode=network,
+        gpu=gpu,
+        labels=task_labels(task),
+        security=HARDENED,
+    )
+    return RecipeResult(plan, tuple(files))
