@@ -162,12 +162,12 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
 def _requeue_preempted(s: Session, clock: Clock, t: Task) -> str:
     """B4: a preempted task, now stopped, goes back to the queue (its host ports come
     from the pool again; the task it made room for is placed first by priority)."""
-    ports = [{"container_port": int(p["container_port"]), "host_port": 0} for p in t.ports]
+    ports = tuple(p.pooled() for p in ports_from_dicts(t.ports))
     message = f"preempted by {t.preempted_by}; queued again"
     if not transition(
         s, clock, t.id, TaskStatus.STOPPING, TaskStatus.PENDING, message,
         update=TaskUpdate(
-            node_id=None, gpu_ids=(), ports=ports_from_dicts(ports), preempted_by="", qos="",
+            node_id=None, gpu_ids=(), ports=ports, preempted_by="", qos="",
             started_at=None,
         ),
     ):

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from heteroflow.core.ports import host_ports, ports_from_dicts
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import InferenceEndpoint, ModelRoute, Node, Task
 from heteroflow.schemas.routing import Backend, KeyEntry, RouteTarget, RoutingSnapshot
@@ -30,7 +31,7 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
     for t in s.scalars(
         select(Task).where(Task.status == TaskStatus.RUNNING.value).order_by(Task.rank)
     ):
-        host_port = next((p["host_port"] for p in t.ports if p.get("host_port")), 0)
+        host_port = next(iter(host_ports(ports_from_dicts(t.ports), chosen_only=True)), 0)
         if not host_port or t.node_id not in addresses:
             continue  # a task without a port mapping is not a backend (A3)
         cards = temperatures[t.node_id]
