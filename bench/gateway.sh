@@ -13,6 +13,11 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 HARNESS="${HARNESS:-$ROOT/../shared/bench/gateway}"
+if [[ ! -f "$HARNESS/run.sh" ]]; then
+  echo "bench/gateway.sh needs the shared gateway harness (run.sh, bench.py, fake_engine.py)" >&2
+  echo "at $HARNESS: set HARNESS=/path/to/shared/bench/gateway" >&2
+  exit 2
+fi
 PY="${PY:-$ROOT/.venv/bin/python}"
 RUNS="${RUNS:-1}"
 SOAK_S="${SOAK_S:-0}"

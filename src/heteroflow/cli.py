@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from heteroflow.private_files import PRIVATE_UMASK
+from heteroflow.serving import PortBusy
 from heteroflow.settings import AgentSettings, ServerSettings, default_data_dir
 
 if TYPE_CHECKING:
@@ -551,7 +552,11 @@ def main(argv: list[str] | None = None) -> int:
     _logging(args.verbose)
     # everything a HeteroFlow process writes (database, logs, tokens) is owner-only
     os.umask(PRIVATE_UMASK)
-    return int(args.fn(args))
+    try:
+        return int(args.fn(args))
+    except PortBusy as exc:  # one clear line, not a traceback (issue 12)
+        print(f"heteroflow {args.cmd}: {exc.strerror}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import signal
 import socket
 from collections.abc import Iterator
@@ -44,6 +45,17 @@ def http_server(app: Any, *, lifespan: Literal["on", "off"] = "on") -> _Uvicorn:
     )
 
 
+class PortBusy(OSError):
+    """The port a process was asked to serve on is taken: one line for the operator."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(
+            errno.EADDRINUSE,
+            f"{host}:{port} is already in use (another HeteroFlow, or another program): "
+            "stop it, or choose another port with --port",
+        )
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket we own (port 0 works), handed to uvicorn.
 
@@ -55,7 +67,13 @@ def bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortBusy(host, port) from exc
+        raise
     sock.listen(2048)
     sock.setblocking(False)
     return sock

@@ -84,6 +84,8 @@ def test_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
         base = re.search(r"gateway on (http://127\.0\.0\.1:\d+)", text)
         assert key and base, text
         assert "curl " in text and "from openai import OpenAI" in text
+        # a small answer: without max_tokens a base model on 2 cores talks for minutes
+        assert '"max_tokens": 32' in text and "max_tokens=32" in text
         assert re.search(r"admin password \(shown once\): \S+", text)
 
         client = openai.OpenAI(
@@ -108,3 +110,26 @@ def test_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
     # the admin password and the key went to the terminal only, never into a log file
     for log in tmp_path.rglob("*.log"):
         assert key.group(1) not in log.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("command", ["up", "server"])
+def test_a_busy_port_is_one_clear_line_and_exit_code_2(tmp_path: Path, command: str) -> None:
+    """Issue 12: a second `up` (or server) on a taken port printed a raw OSError
+    traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        args = ["--port", str(port)]
+        if command == "up":
+            args += ["--demo", "tiny", "--data-dir", str(tmp_path)]
+        proc = subprocess.run(
+            [sys.executable, "-m", "heteroflow.cli", command, *args],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "HETEROFLOW_DATA_DIR": str(tmp_path / "server")},
+        )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"127.0.0.1:{port} is already in use" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -151,7 +151,8 @@ def _instructions(base: str, model_name: str, key: str) -> str:
 
           curl {base}/v1/chat/completions \\
             -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
-            -d '{{"model": "{model_name}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
+            -d '{{"model": "{model_name}", "max_tokens": 32,
+                 "messages": [{{"role": "user", "content": "Hello"}}]}}'
 
           {sys.executable} -c 'from openai import OpenAI
         c = OpenAI(base_url="{base}/v1", api_key="{key}")

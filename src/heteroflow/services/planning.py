@@ -68,7 +68,8 @@ class GroupPlan:
     def world_size(self) -> int:
         if self.req.parallelism in ("split", "pipeline"):
             return self.req.world_size
-        return self.replicas * self.gpus_per_task
+        # ranks, not cards: a CPU service (0 GPUs) is one rank, as it was asked
+        return self.replicas * max(1, self.gpus_per_task)
 
     def demand(
         self, share_key: str = "", task_id: str = "", tenant_id: str = ""
