@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
@@ -26,7 +25,6 @@ from heteroflow.core.recipe import (
     container_plan,
     image_tag_version,
 )
-from heteroflow.db.tables import Node
 from heteroflow.schemas.task_groups import (
     ContainerPlanRead,
     DryRunPlan,
@@ -71,7 +69,7 @@ def dry_run(
         if isinstance(decision, Placement):
             node = views[decision.node_id]
             book(node, decision, demand)
-            tasks.append(_planned(plan, rank, decision, node, address=node_address(s, node.id)))
+            tasks.append(_planned(plan, rank, decision, node, address=node.address))
         else:
             tasks.append(_planned(plan, rank, None, None, decision.reason))
     est = plan.estimate
@@ -89,12 +87,6 @@ def dry_run(
         tasks=tasks,
         warnings=plan.warnings,
     )
-
-
-def node_address(s: Session, node_id: str) -> str | None:
-    """Where a node's agent publishes task ports: the address its heartbeat reports
-    (the agent's ``address`` setting, which its ``DockerLauncher`` binds ports on)."""
-    return s.scalar(select(Node.address).where(Node.id == node_id))
 
 
 def _planned(

@@ -65,7 +65,7 @@ def read_fleet(
     cols = (
         Node.id, Node.name, Node.gpus, Node.cpu_count, Node.memory_total_mb, Node.cpu_percent,
         Node.memory_percent, Node.models, Node.engines, Node.labels, Node.last_heartbeat_at,
-        Node.booking_version, Node.runtime, Node.allowed_volume_prefixes,
+        Node.booking_version, Node.runtime, Node.address, Node.allowed_volume_prefixes,
         Node.denied_volume_prefixes,
     )
     for n in s.execute(select(*cols).order_by(Node.name)):
@@ -87,6 +87,7 @@ def read_fleet(
             version=n.booking_version,
             tenants=dedicated_to(n.labels),
             runtime=n.runtime,
+            address=n.address,
             engine_images=dict(chain.available),
             vendor=chain.vendor,
             compute_capabilities=chain.compute_capabilities,
