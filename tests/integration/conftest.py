@@ -53,6 +53,7 @@ class Api:
         memory_mb: int = 16384,
         allowed: list[str] | None = None,
         runtime: str = "docker",
+        ports_in_use: list[int] | None = None,
     ) -> str:
         r = self.client.post(
             "/api/v1/agent/heartbeat",
@@ -72,6 +73,7 @@ class Api:
                     "memory_total_mb": memory_mb,
                     "memory_available_mb": memory_mb,
                 },
+                "host_ports_in_use": ports_in_use or [],
             },
             headers={"Authorization": f"Bearer {NODE_TOKEN}"},
         )

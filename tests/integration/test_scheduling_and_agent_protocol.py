@@ -55,7 +55,7 @@ def test_scheduler_places_on_cards_with_free_memory_and_allocates_ports(api: Api
     assert api.app.scheduler.run_round().placed == 1
     t = api.client.get(f"/api/v1/tasks/{g['tasks'][0]['id']}", headers=admin).json()
     assert t["status"] == "scheduled" and t["node_id"] == node_id and t["gpu_ids"] == [0]
-    assert t["ports"] == [{"container_port": 8000, "host_port": 21000}]
+    assert t["ports"] == [{"container_port": 8000, "host_port": 21000, "from_pool": True}]
     # 90% of the card is committed; another 90% does not fit in the remaining 10%
     g2 = api.client.post("/api/v1/task-groups", json=gpu_service("gsvc2"), headers=admin).json()
     assert api.app.scheduler.run_round().placed == 0

@@ -345,8 +345,13 @@ def test_port_mapping_keeps_the_wire_form() -> None:
         {"container_port": 9090, "host_port": 0},
     ]
     assert host_ports(ports) == (21000, 0) and host_ports(ports, chosen_only=True) == (21000,)
-    assert with_host_ports(ports, (1, 2)) == (PortMapping(8000, 1), PortMapping(9090, 2))
-    assert ports[0].pooled() == PortMapping(8000, 0)
+    # a fixed port stays; the pool's choice fills the other and is marked as the pool's
+    placed = with_host_ports(ports, (21000, 2))
+    assert placed == (PortMapping(8000, 21000), PortMapping(9090, 2, from_pool=True))
+    assert ports_to_dicts(placed)[1] == {"container_port": 9090, "host_port": 2, "from_pool": True}
+    assert ports_from_dicts(ports_to_dicts(placed)) == placed
+    # given back: only the pool's port returns to the pool (P2); a fixed one stays
+    assert [p.released() for p in placed] == [PortMapping(8000, 21000), PortMapping(9090, 0)]
     with pytest.raises(ValueError):
         with_host_ports(ports, (1,))
 

@@ -8,6 +8,7 @@ import pytest
 
 from heteroflow.core.placement import (
     CardView,
+    FleetIndex,
     NodeView,
     Placement,
     Policy,
@@ -82,3 +83,33 @@ def test_model_locality_then_engine_preference_then_binpack() -> None:
     assert place(d, [plain, engine, local], RES, POOL).node_id == "c-local"  # type: ignore[union-attr]
     assert place(d, [plain, engine], RES, POOL).node_id == "b-engine"  # type: ignore[union-attr]
     assert place(d, [plain, node("d")], RES, POOL).node_id == "a-plain"  # type: ignore[union-attr]
+
+
+def cpu_node(name: str, **kw: Any) -> NodeView:
+    return NodeView(id=name, name=name, online=True, cards=[], cpu_count=2,
+                    memory_total_mb=24576, **kw)
+
+
+@pytest.mark.feature("B1")
+def test_other_programs_load_never_strands_a_cpu_engine() -> None:
+    """Issue 12: the load threshold gates GPU work; a CPU engine on a busy one-machine
+    install is admitted by the memory really free there, and told why when there is none."""
+    cpu = demand(gpu_required=0, memory_mb=1024)
+    busy = cpu_node("laptop", cpu_percent=99.0, memory_percent=95.0, memory_available_mb=2048)
+    for nodes in ([busy], FleetIndex([busy], load_threshold_pct=90).order(cpu)):
+        got = place(cpu, nodes, RES, POOL, Policy(load_threshold_pct=90))
+        assert isinstance(got, Placement) and got.node_id == "laptop", got
+    # what other programs hold is not free: 2 GB free, 1 GB booked by a placed engine
+    # that has not loaded yet -> a second 1.5 GB engine does not fit
+    book(busy, Placement("laptop", (), 0, 1024, (20000,)), cpu)
+    assert busy.memory_unloaded_mb == 1024
+    big = demand(gpu_required=0, memory_mb=1536)
+    short = place(big, [busy], RES, POOL, Policy(load_threshold_pct=90))
+    assert isinstance(short, Unplaced) and "not 1536 MB of free memory" in short.reason
+    # a loaded engine's memory is already out of the reported free memory: not twice
+    loaded = cpu_node("box", memory_available_mb=2048)
+    book(loaded, Placement("box", (), 0, 1024, (20000,)), cpu, loaded=True)
+    assert isinstance(place(big, [loaded], RES, POOL), Placement)
+    # GPU work still skips a node over the threshold
+    gpu = place(demand(), [node("hot", cpu_percent=95.0)], RES, POOL, Policy())
+    assert isinstance(gpu, Unplaced) and "CPU or memory use above 90%" in gpu.reason

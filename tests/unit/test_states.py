@@ -23,7 +23,7 @@ from heteroflow.services.transitions import IllegalTransition, transition
 EXPECTED_LEGAL: dict[str, set[str]] = {
     "pending": {"scheduled", "stopped"},
     "scheduled": {"starting", "pending", "stopped", "failed"},
-    "starting": {"running", "failed", "stopping", "stopped", "completed"},
+    "starting": {"running", "failed", "stopping", "stopped", "completed", "pending"},
     "running": {"failed", "stopping", "stopped", "completed"},
     "stopping": {"stopped", "failed", "pending"},  # pending: a preempted task requeued (B4)
     "stopped": set(),

@@ -64,13 +64,18 @@ class ServerClient:
         message: str = "",
         argv: list[str] | None = None,
         fault: str | None = None,
+        busy_ports: tuple[int, ...] = (),
     ) -> str:
-        """Report a task's outcome; ``fault`` names why a ``failed`` one failed (E2)."""
+        """Report a task's outcome; ``fault`` names why a ``failed`` one failed (E2);
+        ``pending`` with ``busy_ports`` gives it back to be placed with other ports (P2);
+        ``starting`` notes a launch retry on the task."""
         body: dict[str, Any] = {"status": status, "message": message[:8000]}
         if argv is not None:
             body["argv"] = argv
         if fault is not None:
             body["fault"] = fault
+        if busy_ports:
+            body["busy_ports"] = list(busy_ports)
         data = await self._post(f"/api/v1/agent/tasks/{task_id}/report", body)
         return str(data["status"])
 

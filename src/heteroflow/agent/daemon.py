@@ -24,6 +24,7 @@ from heteroflow.agent.client import ServerClient, ServerError
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.file_requests import serve_file_requests
 from heteroflow.agent.health_probe import probe
+from heteroflow.agent.host_ports import listening_ports
 from heteroflow.agent.inventory import (
     NodeInventory,
     NvmlDiscovery,
@@ -36,6 +37,7 @@ from heteroflow.agent.model_scan import ModelScanner, default_cache_dir, scan_di
 from heteroflow.agent.runtime.protocol import LaunchFailed, PortInUse
 from heteroflow.core.clock import Clock, interruptible_sleep
 from heteroflow.core.health import HealthCheckConfig, HealthTracker, HealthVerdict
+from heteroflow.core.ports import host_ports, ports_from_dicts
 from heteroflow.core.retry import Backoff
 from heteroflow.schemas.nodes import (
     GpuCardWire,
@@ -56,6 +58,17 @@ class Retry:
     due: float
     attempt: int
     first_try: float
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A report waiting to reach the server (kept until it does, one per task)."""
+
+    status: str
+    message: str
+    argv: list[str] | None = None
+    fault: str | None = None
+    busy_ports: tuple[int, ...] = ()
 
 
 @dataclass
@@ -98,9 +111,12 @@ class Agent:
         self.models: list[dict[str, Any]] = []
         self.shipper = LogShipper(self.client, launcher.log_source)
         self.beats = 0
-        # task id -> (status, message, argv as launched or None, fault or None)
-        self.outbox: dict[str, tuple[str, str, list[str] | None, str | None]] = {}
+        self.outbox: dict[str, Outgoing] = {}  # task id -> its report not yet delivered
+        # host port -> when this agent stopped the task that held it: a port found taken
+        # soon after may still be leaving (P2's back-off), anything else is a stranger's
+        self.released: dict[int, float] = {}
         self._http: aiohttp.ClientSession | None = None
+        self.host_ports: list[int] = []  # listening on this host at the last look
 
     # -- heartbeat and convergence -------------------------------------------------
     def _heartbeat_body(self, inv: NodeInventory) -> Heartbeat:
@@ -122,10 +138,12 @@ class Agent:
             # C4: the server refuses at create a model path this node would refuse
             allowed_volume_prefixes=list(self.config.allowed_volume_prefixes),
             denied_volume_prefixes=list(self.config.denied_volume_prefixes),
+            host_ports_in_use=self.host_ports,
         )
 
     async def tick(self) -> None:
         inv = await asyncio.to_thread(collect_inventory, list(self.config.gpus), self.nvml)
+        self.host_ports = await asyncio.to_thread(listening_ports)
         self.launcher.observe(inv)
         if self.beats % MODEL_SCAN_EVERY == 0:  # full at start, by mtime every 12 beats
             scan = self.scanner.full if self.beats == 0 else self.scanner.incremental
@@ -155,7 +173,9 @@ class Agent:
             else:  # starting/running on the server but gone here
                 what = "container" if self.runtime.name == "docker" else "engine process"
                 await self._report(
-                    t.id, "failed", f"{what} lost while the agent was away",
+                    t.id,
+                    "failed",
+                    f"{what} lost while the agent was away",
                     fault="container_lost",
                 )
         for task_id in list(self.local):
@@ -205,17 +225,8 @@ class Agent:
                 argv = self.launcher.launch(t)
             else:
                 argv = await asyncio.to_thread(self.launcher.launch, t)
-        except PortInUse as exc:  # C11: the previous engine may still be leaving the port
-            now = self.clock.monotonic()
-            delay = self.backoff.next_delay(attempt, now - first_try)
-            if delay is None:
-                elapsed = now - first_try
-                await self._report(
-                    t.id, "failed", f"launch failed: {exc} (still after {elapsed:.0f} s)"
-                )
-            else:
-                log.warning("%s: %s; retry %d in %.0f s", t.id, exc, attempt, delay)
-                self.retry[t.id] = Retry(t, now + delay, attempt + 1, first_try)
+        except PortInUse as exc:
+            await self._port_taken(t, exc, attempt, first_try)
             return
         except (LaunchFailed, ValueError) as exc:
             await self._report(t.id, "failed", f"launch failed: {exc}")
@@ -223,11 +234,41 @@ class Agent:
         tracker = HealthTracker(health, started_at=self.clock.monotonic())
         self.local[t.id] = Local(task=t, tracker=tracker, health=health, port=port, argv=argv)
 
+    async def _port_taken(
+        self, t: TaskAssignment, exc: PortInUse, attempt: int, first_try: float
+    ) -> None:
+        """P2. A port the pool chose, held by something this agent did not just stop,
+        goes back to the server at once: it places the task again with another port and
+        skips this one here. A fixed port, or one an engine this agent stopped may still
+        be leaving (C11), is retried with back-off; every retry is noted on the task."""
+        now = self.clock.monotonic()
+        for port, at in list(self.released.items()):
+            if now - at > self.backoff.total_s:
+                del self.released[port]
+        pool = {p.host_port for p in ports_from_dicts(t.ports) if p.from_pool}
+        strangers = tuple(p for p in exc.ports if p in pool and p not in self.released)
+        if strangers:
+            log.info("%s: %s; the server places it again", t.id, exc)
+            await self._report(t.id, "pending", str(exc), busy_ports=strangers)
+            return
+        delay = self.backoff.next_delay(attempt, now - first_try)
+        if delay is None:
+            elapsed = now - first_try
+            why = f"launch failed: {exc} (still after {elapsed:.0f} s)"
+            await self._report(t.id, "failed", why)
+            return
+        why = f"{exc}; launch retry {attempt} in {delay:.0f} s"
+        log.info("%s: %s", t.id, why)
+        self.retry[t.id] = Retry(t, now + delay, attempt + 1, first_try)
+        await self._report(t.id, "starting", why)
+
     async def _stop(
         self, task_id: str, status: str, message: str, fault: str | None = None
     ) -> None:
         # Out of `local` first: the watcher must not take the exit we cause for a crash.
-        self.local.pop(task_id, None)
+        loc = self.local.pop(task_id, None)
+        if loc is not None:
+            self._release_ports(loc.task)
         self.stopping.add(task_id)
         try:
             try:  # its last output first; a shipping error must never block the stop
@@ -241,6 +282,11 @@ class Agent:
             self.stopping.discard(task_id)
         await self._report(task_id, status, message, fault=fault)
 
+    def _release_ports(self, t: TaskAssignment) -> None:
+        now = self.clock.monotonic()
+        for port in host_ports(ports_from_dicts(t.ports), chosen_only=True):
+            self.released[port] = now
+
     async def _report(
         self,
         task_id: str,
@@ -248,14 +294,20 @@ class Agent:
         message: str,
         argv: list[str] | None = None,
         fault: str | None = None,
+        busy_ports: tuple[int, ...] = (),
     ) -> None:
-        self.outbox[task_id] = (status, message, argv, fault)
+        if status == "starting" and task_id in self.outbox:
+            return  # a note never hides an outcome still waiting to be delivered
+        self.outbox[task_id] = Outgoing(status, message, argv, fault, busy_ports)
         await self._flush_outbox()
 
     async def _flush_outbox(self) -> None:
-        for task_id, (status, message, argv, fault) in list(self.outbox.items()):
+        for task_id, out in list(self.outbox.items()):
+            status = out.status
             try:
-                await self.client.report(task_id, status, message, argv, fault)
+                await self.client.report(
+                    task_id, status, out.message, out.argv, out.fault, out.busy_ports
+                )
             except ServerError as exc:
                 if exc.status in (404, 409):  # the server moved on; nothing to deliver
                     log.info("report %s for %s dropped: %s", status, task_id, exc)
@@ -281,9 +333,12 @@ class Agent:
                 self.shipper.forget(task_id)
                 self.runtime.forget(task_id)
                 self.local.pop(task_id, None)
+                self._release_ports(loc.task)
                 if code == -1 and self.runtime.name == "docker":
                     await self._report(
-                        task_id, "failed", "container removed behind the agent's back",
+                        task_id,
+                        "failed",
+                        "container removed behind the agent's back",
                         fault="container_lost",
                     )
                 elif code == 0 and loc.task.task_type != "inference":
@@ -307,9 +362,7 @@ class Agent:
             verdict = loc.tracker.record(ok, self.clock.monotonic(), detail)
             if verdict == HealthVerdict.HEALTHY_FIRST and not loc.reported_running:
                 loc.reported_running = True
-                await self._report(
-                    task_id, "running", "health check passed", list(loc.argv)
-                )
+                await self._report(task_id, "running", "health check passed", list(loc.argv))
             elif verdict == HealthVerdict.IGNORED_IN_START_PERIOD:
                 log.debug("task %s: health check failed in start period: %s", task_id, detail)
             elif verdict == HealthVerdict.FAILING:
@@ -379,15 +432,12 @@ class Agent:
         keep = self.runtime.name == "docker" and not self.settings.stop_engines_on_exit
         ids = [] if keep else list(self.local)
         await asyncio.gather(
-            *(
-                asyncio.to_thread(self.runtime.stop, i, self.settings.stop_timeout_s)
-                for i in ids
-            )
+            *(asyncio.to_thread(self.runtime.stop, i, self.settings.stop_timeout_s) for i in ids)
         )
         for i in ids:
             self.runtime.forget(i)
             self.local.pop(i, None)
-            self.outbox[i] = ("failed", "agent shut down; engine stopped", None, None)
+            self.outbox[i] = Outgoing("failed", "agent shut down; engine stopped")
         try:
             await asyncio.wait_for(self._flush_outbox(), timeout=3)
         except Exception:

@@ -20,6 +20,9 @@ class EventKind(WireEnum):
     PREEMPTION = "preemption"  # the scheduler stops lower-priority work (B4)
     DRAIN = "drain"  # services/draining.py (M11)
     UNDRAIN = "undrain"
+    # a launch that met a taken host port (P2): retried on the same port, or placed again
+    LAUNCH_RETRY = "task.launch_retry"
+    PORT_CONFLICT = "task.port_conflict"
     # faults (E2), services/faults.py
     CONTAINER_LOST = "fault.container_lost"
     ENGINE_EXITED = "fault.engine_exited"

@@ -1,10 +1,13 @@
 """A task's port mappings as a value: one type instead of string-keyed dicts.
 
 A mapping says which container port a task listens on and which host port stands for
-it (``host_port`` 0 = not chosen yet: the scheduler takes one from the pool). The JSON
-column ``tasks.ports`` and the agent protocol keep the plain form
-``{"container_port": int, "host_port": int}``; code converts at those edges
-(``from_dict`` / ``to_dict``) and works with ``PortMapping`` in between.
+it (``host_port`` 0 = not chosen yet: the scheduler takes one from the pool). A port the
+pool chose remembers it (``from_pool``): it may be given back and chosen again (a
+preempted task queued again, a port found taken at launch, P2), while a fixed host port
+an operator asked for stays what was asked. The JSON column ``tasks.ports`` and the agent
+protocol keep the plain form ``{"container_port": int, "host_port": int}`` (plus
+``"from_pool": true`` for a pool port); code converts at those edges (``from_dict`` /
+``to_dict``) and works with ``PortMapping`` in between.
 """
 
 from __future__ import annotations
@@ -20,24 +23,32 @@ __all__ = ["PortMapping", "host_ports", "ports_from_dicts", "ports_to_dicts", "w
 class PortMapping:
     container_port: int
     host_port: int = 0  # 0 = from the pool, when the task is placed
+    from_pool: bool = False  # the pool chose host_port (else it was asked for)
 
-    def to_dict(self) -> dict[str, int]:
-        return {"container_port": self.container_port, "host_port": self.host_port}
+    def to_dict(self) -> dict[str, int | bool]:
+        d: dict[str, int | bool] = {
+            "container_port": self.container_port,
+            "host_port": self.host_port,
+        }
+        if self.from_pool:
+            d["from_pool"] = True
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PortMapping:
-        return cls(int(d["container_port"]), int(d.get("host_port") or 0))
+        return cls(int(d["container_port"]), int(d.get("host_port") or 0), bool(d.get("from_pool")))
 
-    def pooled(self) -> PortMapping:
-        """The same container port with its host port given back to the pool."""
-        return PortMapping(self.container_port, 0)
+    def released(self) -> PortMapping:
+        """A pool port given back to the pool (0: chosen again at the next placement);
+        a fixed host port stays as it was asked for."""
+        return PortMapping(self.container_port, 0) if self.from_pool else self
 
 
 def ports_from_dicts(items: Iterable[Mapping[str, Any]]) -> tuple[PortMapping, ...]:
     return tuple(PortMapping.from_dict(d) for d in items)
 
 
-def ports_to_dicts(ports: Iterable[PortMapping]) -> list[dict[str, int]]:
+def ports_to_dicts(ports: Iterable[PortMapping]) -> list[dict[str, int | bool]]:
     return [p.to_dict() for p in ports]
 
 
@@ -47,7 +58,9 @@ def host_ports(ports: Iterable[PortMapping], *, chosen_only: bool = False) -> tu
 
 
 def with_host_ports(ports: Sequence[PortMapping], chosen: Sequence[int]) -> tuple[PortMapping, ...]:
-    """The mappings with the host ports a placement chose, one per mapping, in order."""
+    """The mappings with the host ports a placement chose, one per mapping, in order
+    (a mapping that had none takes the pool's, and remembers it came from the pool)."""
     return tuple(
-        PortMapping(p.container_port, hp) for p, hp in zip(ports, chosen, strict=True)
+        p if p.host_port else PortMapping(p.container_port, hp, from_pool=True)
+        for p, hp in zip(ports, chosen, strict=True)
     )

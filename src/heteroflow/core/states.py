@@ -59,7 +59,8 @@ T = TaskStatus
 TASK_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     T.PENDING: frozenset({T.SCHEDULED, T.STOPPED}),
     T.SCHEDULED: frozenset({T.STARTING, T.PENDING, T.STOPPED, T.FAILED}),
-    T.STARTING: frozenset({T.RUNNING, T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED}),
+    # back to the queue: a pool port found taken on the node at launch (P2)
+    T.STARTING: frozenset({T.RUNNING, T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED, T.PENDING}),
     T.RUNNING: frozenset({T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED}),
     # back to the queue: a preempted task once its agent stopped it (B4)
     T.STOPPING: frozenset({T.STOPPED, T.FAILED, T.PENDING}),
@@ -75,7 +76,9 @@ AGENT_OWNED = frozenset({T.STARTING, T.RUNNING})
 TERMINAL = frozenset({T.STOPPED, T.FAILED, T.COMPLETED})
 
 # What an agent may report a task as (``TaskReport.status``): the report's target state.
-ReportTarget = Literal[T.RUNNING, T.FAILED, T.STOPPED, T.COMPLETED]
+# ``starting`` is a note on a task still starting (a launch retried, and why); ``pending``
+# gives a task back to the scheduler because host ports the pool chose are taken (P2).
+ReportTarget = Literal[T.RUNNING, T.FAILED, T.STOPPED, T.COMPLETED, T.STARTING, T.PENDING]
 
 
 class FileRequestStatus(WireEnum):

@@ -126,6 +126,9 @@ class Node(Base):
     # the agent's volume rules (C4), reported so create can refuse a path no node allows
     allowed_volume_prefixes: Mapped[list[Any]] = mapped_column(default=list)
     denied_volume_prefixes: Mapped[list[Any]] = mapped_column(default=list)
+    # TCP ports something listens on at the node's host (last heartbeat), plus any a
+    # launch found taken since: the port pool skips them on this node (P2)
+    host_ports_in_use: Mapped[list[Any]] = mapped_column(default=list)
     gpus: Mapped[list[Any]] = mapped_column(default=list)
     cpu_count: Mapped[int] = mapped_column(Integer, default=0)
     memory_total_mb: Mapped[int] = mapped_column(Integer, default=0)

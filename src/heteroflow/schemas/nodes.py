@@ -31,6 +31,8 @@ VolumePrefix = Annotated[
     str, StringConstraints(min_length=1, max_length=4096, pattern=r"^/"), AfterValidator(no_nul)
 ]
 MAX_VOLUME_PREFIXES = 64
+HostPort = Annotated[int, Field(ge=1, le=65535, strict=True)]
+MAX_REPORTED_PORTS = 8192  # listening ports a heartbeat carries (agent: the lowest first)
 ImageRef = Annotated[str, StringConstraints(max_length=512), AfterValidator(no_nul)]
 # Node labels: the label keys of task groups; values may be longer (heteroflow.tenants
 # lists tenant ids).
@@ -102,6 +104,9 @@ class Heartbeat(Strict):
     denied_volume_prefixes: list[VolumePrefix] = Field(
         default_factory=list, max_length=MAX_VOLUME_PREFIXES
     )
+    # TCP ports something listens on at the node's host, whatever holds them: the port
+    # pool skips them there (P2), so a port is handed out only when it is really free
+    host_ports_in_use: list[HostPort] = Field(default_factory=list, max_length=MAX_REPORTED_PORTS)
 
 
 class TaskAssignment(BaseModel):
@@ -119,7 +124,7 @@ class TaskAssignment(BaseModel):
     command: list[str]
     engine_args: list[str]
     env: list[str]
-    ports: list[dict[str, int]]
+    ports: list[dict[str, int | bool]]
     gpu_ids: list[int]
     gpu_required: int
     memory_mb: int
@@ -146,11 +151,16 @@ class TaskReport(Strict):
     fault: ReportedFault | None = Field(
         default=None, description="the fault behind a 'failed' report; becomes fault.<kind>"
     )
+    # with status 'pending': the host ports found taken at launch (the pool's choices);
+    # the task is placed again with other ports and the node's view of them is updated
+    busy_ports: list[HostPort] = Field(default_factory=list, max_length=16)
 
     @model_validator(mode="after")
     def _fault_only_on_failure(self) -> TaskReport:
         if self.fault is not None and self.status != TaskStatus.FAILED:
             raise ValueError("fault is only allowed with status 'failed'")
+        if (self.status == TaskStatus.PENDING) != bool(self.busy_ports):
+            raise ValueError("busy_ports goes with status 'pending', and only with it")
         return self
 
 
@@ -172,6 +182,8 @@ class NodeRead(BaseModel):
     # where model files may live on the node (absolute model paths must be inside)
     allowed_volume_prefixes: list[str] = Field(default_factory=list)
     denied_volume_prefixes: list[str] = Field(default_factory=list)
+    # TCP ports in use on the node's host at its last heartbeat (the pool skips them)
+    host_ports_in_use: list[int] = Field(default_factory=list)
     registered_at: datetime
     last_heartbeat_at: datetime
 

@@ -134,7 +134,7 @@ class TaskRead(BaseModel):
     image: str
     engine: str
     engine_reason: str
-    ports: list[dict[str, int]]
+    ports: list[dict[str, int | bool]]
     estimated_gpu_memory_mb: int
     estimate_detail: str
     memory_mb: int

@@ -22,7 +22,7 @@ from heteroflow.core.clock import Clock
 from heteroflow.core.engines.selection import NodeEngines
 from heteroflow.core.placement import CardView, NodeView, Placement, TaskDemand, book
 from heteroflow.core.ports import host_ports, ports_from_dicts
-from heteroflow.core.states import HOLDS_RESOURCES
+from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus
 from heteroflow.db.tables import Node, Task
 from heteroflow.services.nodes import dedicated_to, engines_from
 from heteroflow.services.sharing import tenant_share_keys
@@ -66,7 +66,7 @@ def read_fleet(
         Node.id, Node.name, Node.gpus, Node.cpu_count, Node.memory_total_mb, Node.cpu_percent,
         Node.memory_percent, Node.models, Node.engines, Node.labels, Node.last_heartbeat_at,
         Node.booking_version, Node.runtime, Node.address, Node.allowed_volume_prefixes,
-        Node.denied_volume_prefixes,
+        Node.denied_volume_prefixes, Node.memory_available_mb, Node.host_ports_in_use,
     )
     for n in s.execute(select(*cols).order_by(Node.name)):
         chain = engines_from(n.gpus, n.engines)
@@ -77,6 +77,9 @@ def read_fleet(
             cards=[_card(g) for g in n.gpus],
             cpu_count=n.cpu_count,
             memory_total_mb=n.memory_total_mb,
+            memory_available_mb=n.memory_available_mb,
+            # what listens there now, whatever holds it; bookings are added below
+            ports_in_use={int(p) for p in n.host_ports_in_use},
             cpu_percent=n.cpu_percent,
             memory_percent=n.memory_percent,
             models=frozenset(
@@ -98,12 +101,16 @@ def read_fleet(
     return Fleet(views, keys, offline_after_s)
 
 
+# Holders whose engine has loaded: the node's reported free memory shows their use.
+LOADED = frozenset({TaskStatus.RUNNING.value, TaskStatus.STOPPING.value})
+
+
 def _book_holders(s: Session, views: dict[str, NodeView], keys: dict[str, str]) -> None:
     """Book the tasks that hold resources into their nodes' views."""
     held = select(
         Task.id, Task.group_id, Task.tenant_id, Task.node_id, Task.gpu_ids, Task.gpu_required,
         Task.gpu_memory_utilization, Task.estimated_gpu_memory_mb, Task.memory_mb,
-        Task.task_type, Task.ports, Task.priority, Task.preempted_by,
+        Task.task_type, Task.ports, Task.priority, Task.preempted_by, Task.status,
     ).where(Task.status.in_([st.value for st in HOLDS_RESOURCES]), Task.node_id.is_not(None))
     for t in s.execute(held):
         view = views.get(t.node_id or "")
@@ -122,7 +129,7 @@ def _book_holders(s: Session, views: dict[str, NodeView], keys: dict[str, str]) 
             host_ports(ports_from_dicts(t.ports), chosen_only=True),
             per_card_pct=d.per_card_pct,
         )
-        book(view, p, d)
+        book(view, p, d, loaded=t.status in LOADED)
         view.occupants[-1].preempting = bool(t.preempted_by)
 
 

@@ -10,18 +10,19 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.engines.selection import NodeEngines
 from heteroflow.core.engines.templates import inference_templates as templates_for
 from heteroflow.core.errors import Conflict, NotFound
+from heteroflow.core.events import EventKind
 from heteroflow.core.ids import new_id
 from heteroflow.core.placement.model import may_use
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.core.states import TaskStatus
-from heteroflow.db.tables import Node, Task, TaskGroup
+from heteroflow.db.tables import Event, Node, Task, TaskGroup
 from heteroflow.schemas.nodes import (
     GpuCardWire,
     Heartbeat,
@@ -33,7 +34,7 @@ from heteroflow.schemas.nodes import (
 )
 from heteroflow.services import faults
 from heteroflow.services.access import task_on_node
-from heteroflow.services.transitions import TaskUpdate, transition
+from heteroflow.services.transitions import KEEP, TaskUpdate, note, transition
 
 # What an agent is told about: tasks placed on it that it should be starting or running.
 DESIRED = (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING)
@@ -62,6 +63,7 @@ def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
     # C4 volume rules: create refuses an absolute model_path no node the caller may use allows
     node.allowed_volume_prefixes = list(hb.allowed_volume_prefixes)
     node.denied_volume_prefixes = list(hb.denied_volume_prefixes)
+    node.host_ports_in_use = sorted(set(hb.host_ports_in_use))  # the pool skips them (P2)
     node.last_heartbeat_at = now
     s.flush()
     rows = s.execute(
@@ -111,7 +113,12 @@ def claim(s: Session, clock: Clock, node_id: str, task_id: str) -> TaskAssignmen
     """scheduled -> starting, by CAS: exactly one agent wins a task."""
     t = task_on_node(s, node_id, task_id)
     if not transition(
-        s, clock, t.id, TaskStatus.SCHEDULED, TaskStatus.STARTING, "claimed by agent",
+        s,
+        clock,
+        t.id,
+        TaskStatus.SCHEDULED,
+        TaskStatus.STARTING,
+        "claimed by agent",
         update=TaskUpdate(started_at=clock.now()),
     ):
         raise Conflict(f"task {task_id} is {t.status}, not scheduled")
@@ -138,6 +145,13 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
     t = task_on_node(s, node_id, task_id)
     to = TaskStatus(rep.status)
     current = TaskStatus(t.status)
+    if to == TaskStatus.STARTING:  # a note: the launch is being retried, and why
+        if current != TaskStatus.STARTING:
+            raise Conflict(f"task {task_id} is {current}; cannot note a launch retry")
+        note(s, clock, t.id, current, EventKind.LAUNCH_RETRY, rep.message, node_id)
+        return current.value
+    if to == TaskStatus.PENDING:
+        return _ports_taken(s, clock, node_id, t, rep.busy_ports, rep.message)
     if current == TaskStatus.STOPPING and to == TaskStatus.FAILED:
         to = TaskStatus.STOPPED  # it was asked to stop; an exit on the way is still a stop
     if rep.argv is not None:
@@ -159,15 +173,82 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
     return to.value
 
 
+# How many times one task may find its pool ports taken at launch before it fails.
+MAX_PORT_CONFLICTS = 5
+
+
+def _ports_taken(s: Session, clock: Clock, node_id: str, t: Task, busy: list[int], why: str) -> str:
+    """P2: host ports the pool chose were found taken on the node at launch (by another
+    program). The node's view of its ports gets them at once, and the task goes back to
+    the queue with those ports given back, so the next round places it again with free
+    ones — not the same port retried for minutes. A task that keeps meeting taken ports
+    fails, saying so."""
+    current = TaskStatus(t.status)
+    if current != TaskStatus.STARTING:
+        raise Conflict(f"task {t.id} is {current}; only a starting task gives back ports")
+    ports = ports_from_dicts(t.ports)
+    if not any(p.from_pool and p.host_port in busy for p in ports):
+        raise Conflict(f"task {t.id}: ports {busy} are not ones the pool chose for it")
+    node = s.get(Node, node_id)
+    name = node.name if node is not None else node_id
+    if node is not None:  # until its next heartbeat says what really listens there
+        node.host_ports_in_use = sorted({*node.host_ports_in_use, *busy})
+    seen = (
+        s.scalar(
+            select(func.count())
+            .select_from(Event)
+            .where(Event.task_id == t.id, Event.kind == EventKind.PORT_CONFLICT.value)
+        )
+        or 0
+    )
+    listed = ", ".join(str(p) for p in busy)
+    what = f"host port {listed} taken on node {name} at launch ({why or 'in use'})"
+    if seen + 1 >= MAX_PORT_CONFLICTS:
+        message = f"{what}; ports were taken at {seen + 1} launches in a row, giving up"
+        to, update = TaskStatus.FAILED, KEEP
+    else:
+        message = f"{what}; placing it again with another port (launch {seen + 2})"
+        to = TaskStatus.PENDING
+        update = TaskUpdate(
+            node_id=None,
+            gpu_ids=(),
+            qos="",
+            started_at=None,
+            ports=tuple(p.released() if p.host_port in busy else p for p in ports),
+        )
+        s.add(
+            Event(
+                group_id=t.group_id,
+                task_id=t.id,
+                kind=EventKind.PORT_CONFLICT.value,
+                message=message,
+                created_at=clock.now(),
+                node_id=node_id,
+            )
+        )
+    if not transition(s, clock, t.id, current, to, message, update=update):
+        raise Conflict(f"task {t.id} changed concurrently; report again")
+    return to.value
+
+
 def _requeue_preempted(s: Session, clock: Clock, t: Task) -> str:
-    """B4: a preempted task, now stopped, goes back to the queue (its host ports come
-    from the pool again; the task it made room for is placed first by priority)."""
-    ports = tuple(p.pooled() for p in ports_from_dicts(t.ports))
+    """B4: a preempted task, now stopped, goes back to the queue (its pool host ports
+    are chosen again; the task it made room for is placed first by priority)."""
+    ports = tuple(p.released() for p in ports_from_dicts(t.ports))
     message = f"preempted by {t.preempted_by}; queued again"
     if not transition(
-        s, clock, t.id, TaskStatus.STOPPING, TaskStatus.PENDING, message,
+        s,
+        clock,
+        t.id,
+        TaskStatus.STOPPING,
+        TaskStatus.PENDING,
+        message,
         update=TaskUpdate(
-            node_id=None, gpu_ids=(), ports=ports, preempted_by="", qos="",
+            node_id=None,
+            gpu_ids=(),
+            ports=ports,
+            preempted_by="",
+            qos="",
             started_at=None,
         ),
     ):
@@ -191,7 +272,8 @@ def list_nodes(
     """Every node, or with ``tenant_id`` the ones that tenant may use (members)."""
     cutoff = clock.now() - timedelta(seconds=offline_after_s)
     rows = [
-        n for n in s.scalars(select(Node).order_by(Node.name))
+        n
+        for n in s.scalars(select(Node).order_by(Node.name))
         if tenant_id is None or may_use(dedicated_to(n.labels), tenant_id)
     ]
     return [
@@ -212,6 +294,7 @@ def list_nodes(
             models=list(n.models),
             allowed_volume_prefixes=[str(p) for p in n.allowed_volume_prefixes],
             denied_volume_prefixes=[str(p) for p in n.denied_volume_prefixes],
+            host_ports_in_use=[int(p) for p in n.host_ports_in_use],
             registered_at=n.registered_at,
             last_heartbeat_at=n.last_heartbeat_at,
         )

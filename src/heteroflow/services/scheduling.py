@@ -467,7 +467,7 @@ def _write_preemptions(rnd: _Round) -> None:
 
 def _pool_ports(s: Session, task_id: str) -> tuple[PortMapping, ...]:
     ports = s.scalar(select(Task.ports).where(Task.id == task_id)) or []
-    return tuple(m.pooled() for m in ports_from_dicts(ports))
+    return tuple(m.released() for m in ports_from_dicts(ports))
 
 
 def _write_reasons(rnd: _Round) -> None:

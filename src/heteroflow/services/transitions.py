@@ -162,6 +162,36 @@ def transition(
     return True
 
 
+def note(
+    s: Session,
+    clock: Clock,
+    task_id: str,
+    expected: TaskStatus,
+    kind: EventKind,
+    message: str,
+    node_id: str | None = None,
+) -> bool:
+    """A fact about a task that does not change its state (a launch retried, and why):
+    its status message and an event of ``kind``, only while it is still ``expected``."""
+    now = clock.now()
+    result = s.execute(
+        sql_update(Task)
+        .where(Task.id == task_id, Task.status == expected.value)
+        .values(status_message=message, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    group_id = s.scalar(select(Task.group_id).where(Task.id == task_id))
+    s.add(
+        Event(
+            group_id=group_id, task_id=task_id, kind=kind, message=message,
+            created_at=now, node_id=node_id,
+        )
+    )
+    return True
+
+
 def refresh_group_status(s: Session, clock: Clock, group_id: str, message: str = "") -> None:
     group = s.get(TaskGroup, group_id, populate_existing=True)
     if group is None:

@@ -185,7 +185,9 @@ class DockerRuntime:
         text = str(exc.explanation or exc)
         if any(marker in text.lower() for marker in _PORT_IN_USE):
             ports = ", ".join(f"{ip}:{port}" for ip, port in plan.ports.values())
-            return PortInUse(f"host port already in use ({ports}): {text}")
+            asked = tuple(int(port) for _ip, port in plan.ports.values())
+            named = tuple(p for p in asked if re.search(rf":{p}\b", text))
+            return PortInUse(f"host port already in use ({ports}): {text}", named or asked)
         return LaunchFailed(f"container {plan.name} failed to start: {text}")
 
     # -- state -------------------------------------------------------------------------

@@ -57,7 +57,7 @@ class ProcessRuntime:
             raise LaunchFailed(f"task {spec.task_id} is already running")
         for port in spec.host_ports:
             if not port_free(port):
-                raise PortInUse(f"host port {port} is already in use")
+                raise PortInUse(f"host port {port} is already in use", (port,))
         log_path = spec.log_path or self.work_dir / "logs" / f"{spec.task_id}.log"
         private_dir(log_path.parent)
         env = dict(spec.env)  # the whole environment: never the agent's own (secrets)

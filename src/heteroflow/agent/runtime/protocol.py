@@ -21,7 +21,12 @@ class LaunchSpec:
 
 
 class PortInUse(Exception):
-    """A host port the task needs is already bound (retried with back-off by callers)."""
+    """Host ports the task needs are already bound (``ports``: the ones found taken, or
+    every port the launch asked for when the runtime cannot tell which)."""
+
+    def __init__(self, message: str, ports: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ports = ports
 
 
 class LaunchFailed(Exception):

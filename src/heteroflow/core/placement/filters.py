@@ -66,14 +66,19 @@ def card_admits(card: CardView, t: TaskDemand, res: Reservation) -> tuple[str, b
 
 def node_gate(node: NodeView, t: TaskDemand, thr: float, cap: int) -> str:
     """The node-level checks that need no card: online, dedication, runtime, load
-    threshold, container cap."""
+    threshold, container cap.
+
+    The load threshold (other programs' CPU or memory use) gates GPU work only: a CPU
+    engine is admitted by the memory really free on the node (``cpu_room``), and CPU
+    contention slows it rather than breaks it — on a one-machine install the user's
+    only node is never stranded behind their browser (issue 12)."""
     if not node.online:
         return OFFLINE
     if node.tenants and t.tenant_id and t.tenant_id not in node.tenants:
         return RESERVED  # dedicated to other tenants (same rule as NodeView.visible_to)
     if t.needs_container and node.runtime == "process":
         return PROCESS_RUNTIME  # the trusted mode runs the platform's own launcher only
-    if node.cpu_percent > thr or node.memory_percent > thr:
+    if t.gpu_required and (node.cpu_percent > thr or node.memory_percent > thr):
         return OVERLOADED
     if t.inference and node.inference_tasks >= cap:
         return CONTAINER_CAP
@@ -95,9 +100,13 @@ def typed_cards(node: NodeView, t: TaskDemand) -> tuple[list[CardView], str]:
 
 
 def cpu_room(node: NodeView, t: TaskDemand) -> tuple[int, int]:
-    """(memory the CPU task books, free memory left for CPU tasks before it)."""
+    """(memory the CPU task books, free memory left for CPU tasks before it): what the
+    platform has not booked of its share, and no more than the node reports really free
+    (other programs' use counts; 0 = not reported, e.g. a declared inventory)."""
     need = t.memory_mb or DEFAULT_CPU_TASK_MEMORY_MB
     free = int(node.memory_total_mb * CPU_TASK_MEMORY_SHARE) - node.memory_committed_mb
+    if node.memory_available_mb > 0:
+        free = min(free, node.memory_available_mb - node.memory_unloaded_mb)
     return need, free
 
 

@@ -45,12 +45,13 @@ class FleetIndex:
         self.nodes = nodes
         self.pack = pack
         self.cap = inference_cap
-        self._gated = {
+        self._offline = {n.id for n in nodes if not n.online}
+        # the load threshold gates GPU work only (filters.node_gate): busy nodes are never
+        # filed in the card buckets, which only GPU tasks read
+        self._gated = self._offline | {
             n.id
             for n in nodes
-            if not n.online
-            or n.cpu_percent > load_threshold_pct
-            or n.memory_percent > load_threshold_pct
+            if n.cpu_percent > load_threshold_pct or n.memory_percent > load_threshold_pct
         }
         self.by_id = {n.id: n for n in nodes}
         self._models: dict[str, list[NodeView]] = {}
@@ -134,7 +135,8 @@ class FleetIndex:
         yield from self._likely(t, seen)
         yield None
         bulk: dict[str, int] = {}
-        gated, capped = self._gated, self._capped if t.inference else set()
+        gated = self._gated if t.gpu_required else self._offline
+        capped = self._capped if t.inference else set()
         for n in self.nodes:
             if n.id in seen:
                 continue
@@ -165,7 +167,8 @@ class FleetIndex:
         return ""
 
     def _likely(self, t: TaskDemand, seen: set[str]) -> Iterator[NodeView]:
-        gated, capped = self._gated, self._capped if t.inference else set()
+        gated = self._gated if t.gpu_required else self._offline
+        capped = self._capped if t.inference else set()
 
         tenant = t.tenant_id
 

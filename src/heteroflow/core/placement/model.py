@@ -93,6 +93,11 @@ class NodeView:
     cpu_count: int
     memory_total_mb: int
     memory_committed_mb: int = 0
+    # memory the node reports really free now (0 = not reported), and what CPU tasks
+    # booked that it cannot show yet (placed, engine not loaded): filters.cpu_room
+    memory_available_mb: int = 0
+    memory_unloaded_mb: int = 0
+    # host ports taken: the node's bookings, plus what its agent reports listening (P2)
     ports_in_use: set[int] = field(default_factory=set)
     cpu_percent: float = 0.0
     memory_percent: float = 0.0
@@ -200,9 +205,15 @@ class Unplaced:
     counts: tuple[tuple[str, int], ...] = ()  # reason key -> nodes, for re-explaining
 
 
-def book(node: NodeView, p: Placement, t: TaskDemand, sign: int = 1) -> None:
-    """Add (sign=1) or take back (sign=-1) a placement in the in-memory views."""
+def book(
+    node: NodeView, p: Placement, t: TaskDemand, sign: int = 1, *, loaded: bool = False
+) -> None:
+    """Add (sign=1) or take back (sign=-1) a placement in the in-memory views.
+    ``loaded``: the task's engine runs already, so the node's reported free memory
+    shows its use (a new placement is not loaded)."""
     node.inference_tasks += sign * int(t.inference)
+    if not loaded:
+        node.memory_unloaded_mb += sign * p.memory_mb
     for c in node.cards:
         if c.index in p.gpu_ids:
             c.committed_mb += sign * p.per_card_mb
