@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from heteroflow.cmd.errors import CliError
 from heteroflow.private_files import PRIVATE_UMASK
 from heteroflow.serving import PortBusy
 from heteroflow.settings import AgentSettings, ServerSettings, default_data_dir
@@ -251,8 +252,11 @@ def _rotate_jwt_secret(_: argparse.Namespace) -> int:
     try:
         rotate_jwt_secret(db)
     except SQLAlchemyError as exc:  # the message would carry the statement's parameters
-        print(f"could not write the database ({type(exc).__name__}); is its schema up to "
-              "date (heteroflow migrate)?", file=sys.stderr)
+        print(
+            f"could not write the database ({type(exc).__name__}); is its schema up to "
+            "date (heteroflow migrate)?",
+            file=sys.stderr,
+        )
         return 1
     finally:
         db.dispose()
@@ -297,8 +301,11 @@ def _reset_password(a: argparse.Namespace) -> int:
         print(exc.message, file=sys.stderr)
         return 2
     except SQLAlchemyError as exc:  # the message would carry the statement's parameters
-        print(f"could not write the database ({type(exc).__name__}); is its schema up to "
-              "date (heteroflow migrate)?", file=sys.stderr)
+        print(
+            f"could not write the database ({type(exc).__name__}); is its schema up to "
+            "date (heteroflow migrate)?",
+            file=sys.stderr,
+        )
         return 1
     finally:
         db.dispose()
@@ -312,6 +319,12 @@ def _login(a: argparse.Namespace) -> int:
     password = a.password or os.environ.get("HETEROFLOW_PASSWORD") or getpass.getpass()
     remote.login(a.server, a.username, password)
     return 0
+
+
+def _status(a: argparse.Namespace) -> int:
+    from heteroflow.cmd import status
+
+    return status.run(a.json)
 
 
 def _services(a: argparse.Namespace) -> int:
@@ -330,35 +343,51 @@ def _services(a: argparse.Namespace) -> int:
             body["model_name"] = a.model_name
         if a.priority is not None:
             body["priority"] = a.priority
-        remote.create_service(body, wait=not a.no_wait)
+        remote.create_service(body, wait=a.wait, timeout_s=a.timeout, as_json=a.json)
     elif a.action == "list":
-        remote.list_services()
+        remote.list_services(as_json=a.json)
     elif a.action == "show":
-        remote.show_service(a.id)
+        remote.show_service(a.id, as_json=a.json)
     elif a.action == "delete":
-        remote.delete_service(a.id)
+        remote.delete_service(a.id, wait=a.wait, timeout_s=a.timeout)
     return 0
 
 
-def _simple(a: argparse.Namespace) -> int:
+def _tasks(a: argparse.Namespace) -> int:
     from heteroflow.cmd import remote
 
-    path = {"users": "/api/v1/users", "nodes": "/api/v1/nodes"}
-    if getattr(a, "action", "list") == "create":
+    if a.action == "show":
+        remote.show_task(a.id, as_json=a.json)
+    elif a.action == "stop":
+        remote.stop_task(a.id, wait=a.wait, timeout_s=a.timeout)
+    return 0
+
+
+def _nodes(a: argparse.Namespace) -> int:
+    from heteroflow.cmd import remote, tables
+
+    remote.get_list("/api/v1/nodes", tables.nodes_table, a.json, "nodes")
+    return 0
+
+
+def _users(a: argparse.Namespace) -> int:
+    from heteroflow.cmd import remote, tables
+
+    if a.action == "create":
         body = {"username": a.username, "password": a.password, "role": a.role}
         if a.tenant_id:
             body["tenant_id"] = a.tenant_id
-        remote.post(path["users"], body)
+        remote.post("/api/v1/users", body, tables.user_block, a.json)
     else:
-        remote.get(path[a.cmd])
+        remote.get_list("/api/v1/users", tables.users_table, a.json, "users")
     return 0
 
 
 def _tenants(a: argparse.Namespace) -> int:
-    from heteroflow.cmd import remote
+    from heteroflow.cmd import remote, tables
 
     if a.action == "list":
-        remote.get("/api/v1/tenants")
+        remote.get_list("/api/v1/tenants", tables.tenants_table, a.json, "tenants")
         return 0
     body: dict[str, object] = {"name": a.name} if a.action == "create" else {}
     if a.priority_ceiling is not None:
@@ -366,28 +395,29 @@ def _tenants(a: argparse.Namespace) -> int:
     if a.sharing_group is not None:
         body["sharing_group_id"] = None if a.sharing_group == "none" else a.sharing_group
     if a.action == "create":
-        remote.post("/api/v1/tenants", body)
+        remote.post("/api/v1/tenants", body, tables.tenant_block, a.json)
     else:
-        remote.patch(f"/api/v1/tenants/{a.id}", body)
+        remote.patch(f"/api/v1/tenants/{a.id}", body, tables.tenant_block, a.json)
     return 0
 
 
 def _sharing_groups(a: argparse.Namespace) -> int:
-    from heteroflow.cmd import remote
+    from heteroflow.cmd import remote, tables
 
     base = "/api/v1/sharing-groups"
+    block = tables.sharing_group_block
     if a.action == "list":
-        remote.get(base)
+        remote.get_list(base, tables.sharing_groups_table, a.json, "sharing groups")
     elif a.action == "show":
-        remote.get(f"{base}/{a.id}")
+        remote.get(f"{base}/{a.id}", block, a.json)
     elif a.action == "create":
-        remote.post(base, {"name": a.name})
+        remote.post(base, {"name": a.name}, block, a.json)
     elif a.action == "delete":
-        remote.delete(f"{base}/{a.id}")
+        remote.delete(f"{base}/{a.id}", block, a.json)
     elif a.action == "add-tenant":
-        remote.post(f"{base}/{a.id}/tenants", {"tenant_id": a.tenant_id})
+        remote.post(f"{base}/{a.id}/tenants", {"tenant_id": a.tenant_id}, block, a.json)
     elif a.action == "remove-tenant":
-        remote.delete(f"{base}/{a.id}/tenants/{a.tenant_id}")
+        remote.delete(f"{base}/{a.id}/tenants/{a.tenant_id}", block, a.json)
     return 0
 
 
@@ -398,10 +428,193 @@ def _logs(a: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = """\
+HeteroFlow runs LLM inference services on your GPU and CPU machines and serves them
+behind one OpenAI-compatible endpoint. Start everything on one machine with `up`, or run
+`server`, `agent` and `gateway` on many; manage it with the other commands after `login`."""
+
+EPILOG = """\
+examples:
+  heteroflow up                                    everything on this machine, demo model
+  heteroflow login --server http://gpu-host:3333   sign in (asks for the password)
+  heteroflow status                                is anything wrong? (exit 1 if so)
+
+`heteroflow COMMAND --help` describes a command. Management commands exit 0 when done,
+1 when the server refused or a wait ended badly, 2 when the server cannot be reached or
+you are not logged in."""
+
+SERVICES_EPILOG = """\
+example:
+  heteroflow services create --name chat --model-path qwen2.5-0.5b.gguf --gpus 0"""
+
+
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--json", action="store_true", help="print the API's JSON answer unchanged (for scripts)"
+    )
+
+
+def _wait_flags(p: argparse.ArgumentParser, what: str, *, default: bool) -> None:
+    p.add_argument(
+        "--wait",
+        action=argparse.BooleanOptionalAction,
+        default=default,
+        help=f"follow it until {what}, one line per change (default: "
+        f"{'wait' if default else 'do not wait'}); exit 1 if it ends badly",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600,
+        metavar="SECONDS",
+        help="give up waiting after this long, exit 1 (default: 600)",
+    )
+
+
+def _management_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that talk to a server's management API (after `heteroflow login`)."""
+    lg = sub.add_parser("login", help="sign in to a server's management API")
+    lg.add_argument("--server", default="http://127.0.0.1:3333", help="the server's URL")
+    lg.add_argument("--username", default="admin", help="default: admin")
+    lg.add_argument("--password", default=None, help="default: $HETEROFLOW_PASSWORD or prompt")
+    lg.set_defaults(fn=_login)
+
+    st = sub.add_parser(
+        "status",
+        help="the platform on one screen: server, nodes, services, and what is wrong",
+        description="Server, server instances, gateway, nodes and services, then what is "
+        "wrong (failed services, pending tasks and why, offline nodes). Exit 0: nothing is "
+        "wrong; 1: something is; 2: the server cannot be reached or you are not logged in.",
+    )
+    _json_flag(st)
+    st.set_defaults(fn=_status)
+
+    sv = sub.add_parser(
+        "services",
+        help="create / list / show / delete services",
+        epilog=SERVICES_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    svs = sv.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = svs.add_parser("create", help="create a service and (by default) wait until it runs")
+    c.add_argument("--name", required=True, help="the service's name (letters, digits, -)")
+    c.add_argument(
+        "--image",
+        default="",
+        help="engine image; default: the server picks one from the engines nodes report",
+    )
+    c.add_argument(
+        "--model-path",
+        default="",
+        help="absolute path on the node, or a name under the node's models directory",
+    )
+    c.add_argument("--model-name", default=None, help="the model name clients ask for")
+    c.add_argument("--gpus", type=int, default=1, help="GPUs per replica; 0 = CPU (default 1)")
+    c.add_argument("--engine", default="", help="engine (e.g. llamacpp, vllm); default: chosen")
+    c.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        help="one extra engine argument (repeat it; write --engine-arg=-c for dashes)",
+    )
+    c.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="0-1000, higher first (members: up to their tenant's priority ceiling)",
+    )
+    _wait_flags(c, "it runs", default=True)
+    c.add_argument(
+        "--json",
+        action="store_true",
+        help="print the API's answer unchanged; progress, if waiting, goes to stderr",
+    )
+    ls = svs.add_parser("list", help="every service you may see, as a table")
+    _json_flag(ls)
+    sh = svs.add_parser("show", help="one service: its fields, tasks and why they wait")
+    sh.add_argument("id", help="the service id (tg-...)")
+    _json_flag(sh)
+    de = svs.add_parser("delete", help="delete a service: its tasks stop")
+    de.add_argument("id", help="the service id (tg-...)")
+    _wait_flags(de, "every task has stopped", default=False)
+    sv.set_defaults(fn=_services)
+
+    tk = sub.add_parser("tasks", help="one task of a service: show / stop")
+    tks = tk.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ts = tks.add_parser("show", help="one task's fields")
+    ts.add_argument("id", help="the task id (task-...)")
+    _json_flag(ts)
+    tp = tks.add_parser("stop", help="stop one task")
+    tp.add_argument("id", help="the task id (task-...)")
+    _wait_flags(tp, "it has stopped", default=False)
+    tk.set_defaults(fn=_tasks)
+
+    tn = sub.add_parser("tenants", help="tenants (operators create them)")
+    tns = tn.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _json_flag(tns.add_parser("list", help="the tenants you may see"))
+    tc = tns.add_parser("create", help="operators: a new tenant")
+    tc.add_argument("name", help="the tenant's name")
+    tu = tns.add_parser("update", help="operators: priority ceiling, sharing group")
+    tu.add_argument("id", help="the tenant id")
+    for t in (tc, tu):
+        t.add_argument("--priority-ceiling", type=int, default=None, help="0-1000 (default 100)")
+        t.add_argument(
+            "--sharing-group", default=None, metavar="ID", help="a sharing group id; none: no group"
+        )
+        _json_flag(t)
+    tn.set_defaults(fn=_tenants)
+
+    sg = sub.add_parser("sharing-groups", help="tenants that may share GPU cards (operators only)")
+    sgs = sg.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _json_flag(sgs.add_parser("list", help="every sharing group and its tenants"))
+    sgc = sgs.add_parser("create", help="a new, empty sharing group")
+    sgc.add_argument("name", help="the group's name")
+    _json_flag(sgc)
+    sgv = sgs.add_parser("show", help="one sharing group and its tenants")
+    sgv.add_argument("id", help="the sharing group id")
+    _json_flag(sgv)
+    sgd = sgs.add_parser("delete", help="delete a sharing group (it must have no tenants)")
+    sgd.add_argument("id", help="the sharing group id")
+    _json_flag(sgd)
+    for action, text in (("add-tenant", "put a tenant in"), ("remove-tenant", "take one out")):
+        m = sgs.add_parser(action, help=f"{text} the group")
+        m.add_argument("id", help="the sharing group id")
+        m.add_argument("tenant_id", help="the tenant id")
+        _json_flag(m)
+    sg.set_defaults(fn=_sharing_groups)
+
+    us = sub.add_parser("users", help="users (operators create them)")
+    uss = us.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _json_flag(uss.add_parser("list", help="the users you may see"))
+    uc = uss.add_parser("create", help="operators: a new user")
+    uc.add_argument("username", help="the user's login name")
+    uc.add_argument("--password", required=True, help="at least 8 characters")
+    uc.add_argument(
+        "--role", choices=["operator", "member"], default="member", help="default: member"
+    )
+    uc.add_argument("--tenant-id", default=None, help="default: your own tenant")
+    _json_flag(uc)
+    us.set_defaults(fn=_users)
+
+    nd = sub.add_parser("nodes", help="list nodes: status, GPUs, load")
+    _json_flag(nd)
+    nd.set_defaults(fn=_nodes)
+
+    lo = sub.add_parser("logs", help="print a task's output (-f: follow it live)")
+    lo.add_argument("task_id", help="the task id (task-...)")
+    lo.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
+    lo.set_defaults(fn=_logs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="heteroflow", description=__doc__)
-    p.add_argument("-v", "--verbose", action="store_true")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(
+        prog="heteroflow",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="all in one: server, scheduler, agent, gateway, demo model")
     up.add_argument("--data-dir", default=str(default_data_dir()))
@@ -420,8 +633,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(fn=_up)
 
     srv = sub.add_parser("server", help="API + controllers + gateway (HETEROFLOW_* env)")
-    srv.add_argument("--host", default=None)
-    srv.add_argument("--port", type=int, default=None)
+    srv.add_argument(
+        "--host", default=None, help="listen address (default: $HETEROFLOW_HOST or 127.0.0.1)"
+    )
+    srv.add_argument(
+        "--port", type=int, default=None, help="listen port (default: $HETEROFLOW_PORT or 3333)"
+    )
     srv.set_defaults(fn=_server)
 
     ag = sub.add_parser("agent", help="node agent (HETEROFLOW_AGENT_* env)")
@@ -437,15 +654,19 @@ def build_parser() -> argparse.ArgumentParser:
         "gateway", help="a separate gateway: a server's routes, or standalone from a file"
     )
     gw.add_argument("--server", default=None, help="poll this server's routing snapshot")
-    gw.add_argument("--token", default=None)
+    gw.add_argument(
+        "--token",
+        default=None,
+        help="the server's gateway token (default: $HETEROFLOW_GATEWAY_TOKEN)",
+    )
     gw.add_argument(
         "--routes", default=None, help="standalone: routing file (JSON, or .toml); no server"
     )
     gw.add_argument(
         "--usage-log", default=None, help="standalone: append usage as JSON lines (else dropped)"
     )
-    gw.add_argument("--host", default="127.0.0.1")
-    gw.add_argument("--port", type=int, default=3333)
+    gw.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
+    gw.add_argument("--port", type=int, default=3333, help="listen port (default: 3333)")
     gw.set_defaults(fn=_gateway)
 
     hk = sub.add_parser("hash-key", help="print an API key's sha256 for a routing file")
@@ -465,7 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reset-password",
         help="set a user's password in the servers' database; their old tokens stop working",
     )
-    rp.add_argument("username")
+    rp.add_argument("username", help="whose password")
     rp.add_argument(
         "--password-stdin",
         action="store_true",
@@ -474,76 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.set_defaults(fn=_reset_password)
 
-    lg = sub.add_parser("login", help="sign in to a server's management API")
-    lg.add_argument("--server", default="http://127.0.0.1:3333")
-    lg.add_argument("--username", default="admin")
-    lg.add_argument("--password", default=None, help="default: $HETEROFLOW_PASSWORD or prompt")
-    lg.set_defaults(fn=_login)
-
-    sv = sub.add_parser("services", help="create / list / show / delete services")
-    svs = sv.add_subparsers(dest="action", required=True)
-    c = svs.add_parser("create")
-    c.add_argument("--name", required=True)
-    c.add_argument("--image", required=True)
-    c.add_argument("--model-path", default="")
-    c.add_argument("--model-name", default=None)
-    c.add_argument("--gpus", type=int, default=1)
-    c.add_argument("--engine", default="")
-    c.add_argument("--engine-arg", action="append", default=[])
-    c.add_argument(
-        "--priority", type=int, default=None, help="0-1000, higher first (members: up to "
-        "their tenant's priority ceiling)"
-    )
-    c.add_argument("--no-wait", action="store_true")
-    svs.add_parser("list")
-    for action in ("show", "delete"):
-        svs.add_parser(action).add_argument("id")
-    sv.set_defaults(fn=_services)
-
-    tn = sub.add_parser("tenants", help="tenants (operators create them)")
-    tns = tn.add_subparsers(dest="action", required=True)
-    tns.add_parser("list")
-    tc = tns.add_parser("create")
-    tc.add_argument("name")
-    tu = tns.add_parser("update", help="operators: priority ceiling, sharing group")
-    tu.add_argument("id")
-    for t in (tc, tu):
-        t.add_argument("--priority-ceiling", type=int, default=None, help="0-1000 (default 100)")
-        t.add_argument(
-            "--sharing-group", default=None, metavar="ID", help="a sharing group id; none: no group"
-        )
-    tn.set_defaults(fn=_tenants)
-
-    sg = sub.add_parser(
-        "sharing-groups", help="tenants that may share GPU cards (operators only)"
-    )
-    sgs = sg.add_subparsers(dest="action", required=True)
-    sgs.add_parser("list")
-    sgs.add_parser("create").add_argument("name")
-    for action in ("show", "delete"):
-        sgs.add_parser(action).add_argument("id")
-    for action in ("add-tenant", "remove-tenant"):
-        m = sgs.add_parser(action)
-        m.add_argument("id", help="the sharing group id")
-        m.add_argument("tenant_id")
-    sg.set_defaults(fn=_sharing_groups)
-
-    us = sub.add_parser("users", help="users (operators create them)")
-    uss = us.add_subparsers(dest="action", required=True)
-    uss.add_parser("list")
-    uc = uss.add_parser("create")
-    uc.add_argument("username")
-    uc.add_argument("--password", required=True)
-    uc.add_argument("--role", choices=["operator", "member"], default="member")
-    uc.add_argument("--tenant-id", default=None)
-    us.set_defaults(fn=_simple)
-
-    sub.add_parser("nodes", help="list nodes").set_defaults(fn=_simple)
-
-    lo = sub.add_parser("logs", help="print a task's output (-f: follow it live)")
-    lo.add_argument("task_id")
-    lo.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
-    lo.set_defaults(fn=_logs)
+    _management_parsers(sub)
     return p
 
 
@@ -557,6 +709,9 @@ def main(argv: list[str] | None = None) -> int:
     except PortBusy as exc:  # one clear line, not a traceback (issue 12)
         print(f"heteroflow {args.cmd}: {exc.strerror}", file=sys.stderr)
         return 2
+    except CliError as exc:  # a management command failed: one line on stderr, its code
+        print(f"heteroflow {args.cmd}: {exc.message}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -56,16 +56,23 @@ def test_cli_login_create_with_progress_list_show_delete(stack: Stack) -> None:
     lines = out.splitlines()
     assert lines[0].startswith("created tg-")
     assert any(line.startswith("API key (shown once): sk-") for line in lines)
-    progress = [line.split()[0] for line in lines if line.startswith("  ")]
+    # progress: "  [12s] starting — why", one line per change
+    progress = [line.split()[1] for line in lines if line.startswith("  [")]
     assert progress[-1] == "running", out
     assert progress[0] in ("pending", "scheduling")
+    assert lines[-1].endswith("is running")
     group_id = lines[0].split()[1]
 
-    listed = cli(stack, "services", "list").stdout
-    assert group_id in listed and "from-cli" in listed
+    listed = cli(stack, "services", "list").stdout.splitlines()
+    row = next(line.split() for line in listed if line.startswith(group_id))
+    assert row[1:2] == ["from-cli"] and "running" in row
     shown = cli(stack, "services", "show", group_id).stdout
     assert "running" in shown and "8000->" in shown
-    assert "e2e-node" in cli(stack, "nodes").stdout
+    nodes = cli(stack, "nodes").stdout.splitlines()
+    assert any(line.split()[:2] == ["e2e-node", "online"] for line in nodes)
+    status = cli(stack, "status", check=False)
+    assert "nodes:    1 online, 0 offline" in status.stdout, status.stdout + status.stderr
+    assert status.returncode == 0 and "nothing is wrong" in status.stdout
 
     bad = cli(stack, "services", "create", "--name", "bad name", "--image", "x", check=False)
     assert bad.returncode != 0 and "name" in bad.stderr

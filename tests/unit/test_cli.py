@@ -97,7 +97,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Recorder]]
 def test_commands_send_the_right_request(
     server: Callable[..., Recorder], argv: list[str], method: str, path: str, body: Any
 ) -> None:
-    rec = server((200, {"ok": True}))
+    rec = server((200, [] if argv[-1] == "list" else {"ok": True}))
     assert cli.main(argv) == 0
     assert rec.requests == [(method, path, body)]
 
@@ -110,13 +110,19 @@ def test_delete_without_a_body_says_what_was_deleted(
     assert capsys.readouterr().out.strip() == "deleted /api/v1/sharing-groups/sg-1"
 
 
-def test_api_errors_exit_with_the_message_and_field(server: Callable[..., Recorder]) -> None:
-    err = {"code": "conflict", "message": "sharing group 'lab' still has tenants: a (tn-1)",
-           "field": "tenants"}
+def test_api_errors_exit_1_with_the_message_and_field_on_stderr(
+    server: Callable[..., Recorder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = {
+        "code": "conflict",
+        "message": "sharing group 'lab' still has tenants: a (tn-1)",
+        "field": "tenants",
+    }
     server((409, {"error": err}))
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["sharing-groups", "delete", "sg-1"])
-    assert str(exc.value) == f"error 409: {err['message']} (field: tenants)"
+    assert cli.main(["sharing-groups", "delete", "sg-1"]) == 1
+    out, stderr = capsys.readouterr()
+    assert out == ""
+    assert stderr == f"heteroflow sharing-groups: error 409: {err['message']} (field: tenants)\n"
 
 
 def group(status: str, *tasks: dict[str, Any]) -> dict[str, Any]:
@@ -148,13 +154,26 @@ def test_show_prints_a_pending_tasks_whole_reason(
 ) -> None:
     reason = "InsufficientResources: 0/3 nodes fit\n2 node(s): offline\n1 node(s): cross-tenant"
     server((200, group("pending", task("pending", reason))))
-    cli.main(["services", "show", "tg-1"])
+    assert cli.main(["services", "show", "tg-1"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1] == "  task-1  rank=0  pending  node=-  ports=8000->0"
-    assert out[2:] == [
-        "    why pending: InsufficientResources: 0/3 nodes fit",
-        "      2 node(s): offline",
-        "      1 node(s): cross-tenant",
+    assert "status:   pending" in out
+    assert "reason:   InsufficientResources: 0/3 nodes fit" in out
+    tasks_at = out.index("tasks:")
+    assert out[tasks_at + 1].split() == [
+        "TASK",
+        "RANK",
+        "STATUS",
+        "NODE",
+        "GPUS",
+        "PORTS",
+        "MESSAGE",
+    ]
+    assert out[tasks_at + 2].split()[:6] == ["task-1", "0", "pending", "-", "-", "8000->0"]
+    assert out[tasks_at + 3 :] == [
+        "why task-1 is pending:",
+        "  InsufficientResources: 0/3 nodes fit",
+        "  2 node(s): offline",
+        "  1 node(s): cross-tenant",
     ]
 
 
@@ -162,10 +181,11 @@ def test_other_states_print_the_first_line_of_their_message(
     server: Callable[..., Recorder], capsys: pytest.CaptureFixture[str]
 ) -> None:
     server((200, [group("failed", task("failed", "engine exited 1\nlast line\nmore", "n-1"))]))
-    cli.main(["services", "list"])
+    assert cli.main(["services", "list"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == "    engine exited 1"
-    assert not any("why pending" in line for line in out)
+    assert out[0].split() == ["ID", "NAME", "MODEL", "STATUS", "REPLICAS", "ENDPOINT", "REASON"]
+    assert out[1].split() == ["tg-1", "svc", "m", "failed", "0/1", "ep-1", "engine", "exited", "1"]
+    assert len(out) == 2
 
 
 @pytest.mark.feature("B2")
@@ -183,11 +203,15 @@ def test_create_waits_and_prints_each_new_pending_reason(
         (200, group("pending", task("pending", "InsufficientResources: 0/1 nodes fit"))),
         (200, group("running", task("running", "", "n-1"))),
     )
-    cli.main(["services", "create", "--name", "svc", "--image", "img", "--priority", "7"])
+    assert (
+        cli.main(["services", "create", "--name", "svc", "--image", "img", "--priority", "7"]) == 0
+    )
     assert rec.requests[0][2]["priority"] == 7
-    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    out = capsys.readouterr().out.splitlines()
+    progress = [line for line in out if line.startswith("  ")]
     assert progress == [
-        "  pending — waiting for the scheduler",
-        "  pending — InsufficientResources: 0/1 nodes fit",
-        "  running",
+        "  [0s] pending — waiting for the scheduler",
+        "  [0s] pending — InsufficientResources: 0/1 nodes fit",
+        "  [0s] running",
     ]
+    assert out[-1] == "service tg-1 is running"

@@ -1,4 +1,10 @@
-"""CLI commands that talk to a server's management API (login, services, tenants...)."""
+"""CLI commands that talk to a server's management API (login, services, tenants...).
+
+Every failure is a ``CliError``: one line for stderr and an exit code (see
+``cmd/errors.py``): 1 when the server said no or a wait ended badly, 2 when the server
+cannot be reached or the CLI is not logged in. What the commands print is rendered by
+``cmd/tables.py``; ``--json`` prints the API's answer unchanged instead.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +12,26 @@ import json
 import os
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import httpx
 
+from heteroflow.cmd import tables
+from heteroflow.cmd.errors import EXIT_INTERRUPTED, EXIT_PROBLEM, EXIT_UNREACHABLE, CliError
 from heteroflow.settings import default_data_dir
 
+__all__ = ["CliError"]
+
 CLI_FILE = "cli.json"
+DEFAULT_SERVER = "http://127.0.0.1:3333"
+POLL_S = 0.5
+NOT_LOGGED_IN = "not logged in: run `heteroflow login --server URL` first"
 
-
-class CliError(SystemExit):
-    pass
+Render = Callable[[Any], str]
 
 
 def _state_path() -> Path:
@@ -31,131 +45,343 @@ def save_login(server: str, token: str) -> None:
     path.chmod(0o600)
 
 
-def _client(server: str | None = None) -> httpx.Client:
+def _state() -> dict[str, str]:
     path = _state_path()
-    state: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
-    base = server or state.get("server") or "http://127.0.0.1:3333"
+    if not path.exists():
+        return {}
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CliError(
+            f"cannot read {path} ({type(exc).__name__}): run `heteroflow login` again",
+            EXIT_UNREACHABLE,
+        ) from None
+    return {str(k): str(v) for k, v in state.items()} if isinstance(state, dict) else {}
+
+
+def _client(server: str | None = None) -> httpx.Client:
+    state = _state()
+    base = server or state.get("server") or DEFAULT_SERVER
     token = state.get("token", "")
     if not token:
-        raise CliError("not logged in: run `heteroflow login` first")
-    return httpx.Client(
-        base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30
-    )
+        raise CliError(NOT_LOGGED_IN, EXIT_UNREACHABLE)
+    return httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
 
-def _check(r: httpx.Response) -> Any:
+def _unreachable(url: str, exc: httpx.TransportError) -> CliError:
+    why = str(exc) or type(exc).__name__
+    return CliError(f"cannot reach the server at {url.rstrip('/')}: {why}", EXIT_UNREACHABLE)
+
+
+@contextmanager
+def session() -> Iterator[httpx.Client]:
+    """The logged-in client; a connection failure anywhere inside is one line, exit 2."""
+    client = _client()
+    try:
+        with client:
+            yield client
+    except httpx.TransportError as exc:
+        raise _unreachable(str(client.base_url), exc) from None
+
+
+def check(r: httpx.Response, *, relogin: bool = True) -> Any:
+    """The answer's JSON, or a CliError with the API's message (a 401 on a logged-in
+    call means the session ended: exit 2 and say to log in again)."""
     if r.status_code >= 400:
         try:
             err = r.json()["error"]
             where = f" (field: {err['field']})" if err.get("field") else ""
-            raise CliError(f"error {r.status_code}: {err['message']}{where}")
-        except (ValueError, KeyError):
-            raise CliError(f"error {r.status_code}: {r.text[:300]}") from None
-    return r.json() if r.content else None
+            message = f"error {r.status_code}: {err['message']}{where}"
+        except (ValueError, KeyError, TypeError):
+            message = f"error {r.status_code}: {r.text[:300]}"
+        if r.status_code == 401 and relogin:
+            raise CliError(f"{message}: run `heteroflow login` again", EXIT_UNREACHABLE)
+        raise CliError(message)
+    if not r.content:
+        return None
+    try:
+        return r.json()
+    except ValueError:
+        raise CliError(
+            f"{r.request.url} answered with something that is not JSON: "
+            "is that a HeteroFlow server?"
+        ) from None
 
 
 def login(server: str, username: str, password: str) -> None:
-    r = httpx.post(
-        f"{server.rstrip('/')}/api/v1/auth/login",
-        json={"username": username, "password": password},
-        timeout=30,
-    )
-    save_login(server.rstrip("/"), _check(r)["access_token"])
+    server = server.rstrip("/")
+    try:
+        r = httpx.post(
+            f"{server}/api/v1/auth/login",
+            json={"username": username, "password": password},
+            timeout=30,
+        )
+    except httpx.TransportError as exc:
+        raise _unreachable(server, exc) from None
+    save_login(server, check(r, relogin=False)["access_token"])
     print(f"logged in to {server} as {username}")
 
 
-def _task_note(t: dict[str, Any]) -> str:
-    """A pending task's whole reason (why it is not placed); else the message's first line."""
-    message = str(t["status_message"]).strip()
-    if not message:
-        return ""
-    if t["status"] == "pending":
-        return "why pending: " + "\n      ".join(message.splitlines())
-    return message.splitlines()[0]
+def _print_json(answer: Any, out: TextIO | None = None) -> None:
+    print(json.dumps(answer, indent=2), file=out or sys.stdout)
 
 
-def _print_group(g: dict[str, Any]) -> None:
-    print(f"{g['id']}  {g['name']}  model={g['model_name']}  status={g['status']}")
-    if g.get("status_message"):
-        print(f"  {g['status_message']}")
-    for t in g.get("tasks", []):
-        where = t["node_id"] or "-"
-        ports = ",".join(f"{p['container_port']}->{p['host_port']}" for p in t["ports"])
-        print(f"  {t['id']}  rank={t['rank']}  {t['status']}  node={where}  ports={ports}")
-        note = _task_note(t)
-        if note:
-            print(f"    {note}")
+def show(answer: Any, render: Render, as_json: bool) -> None:
+    """The API's answer: as JSON (unchanged), or rendered for people (an answer of a
+    shape the renderer does not know is printed field by field)."""
+    if as_json:
+        _print_json(answer)
+    else:
+        print(render(answer) if isinstance(answer, dict) else tables.generic_block(answer))
 
 
-def create_service(body: dict[str, Any], wait: bool, timeout_s: float = 600) -> None:
-    with _client() as c:
-        g = _check(c.post("/api/v1/task-groups", json=body))
-        print(f"created {g['id']} (endpoint {g['endpoint']})")
-        if g.get("api_key"):
-            print(f"API key (shown once): {g['api_key']}")
+def show_list(answer: Any, render: Render, as_json: bool, what: str) -> None:
+    if as_json:
+        _print_json(answer)
+    elif not isinstance(answer, list):
+        raise CliError(f"expected a list of {what} from the server, got: {str(answer)[:200]}")
+    elif not answer:
+        print(f"no {what}")
+    else:
+        print(render(answer))
+
+
+# ---- plain calls -------------------------------------------------------------------
+
+
+def get(path: str, render: Render = tables.generic_block, as_json: bool = False) -> Any:
+    with session() as c:
+        answer = check(c.get(path))
+    show(answer, render, as_json)
+    return answer
+
+
+def get_list(path: str, render: Render, as_json: bool, what: str) -> Any:
+    with session() as c:
+        answer = check(c.get(path))
+    show_list(answer, render, as_json, what)
+    return answer
+
+
+def post(
+    path: str, body: dict[str, Any], render: Render = tables.generic_block, as_json: bool = False
+) -> Any:
+    with session() as c:
+        answer = check(c.post(path, json=body))
+    show(answer, render, as_json)
+    return answer
+
+
+def patch(
+    path: str, body: dict[str, Any], render: Render = tables.generic_block, as_json: bool = False
+) -> Any:
+    with session() as c:
+        answer = check(c.patch(path, json=body))
+    show(answer, render, as_json)
+    return answer
+
+
+def delete(path: str, render: Render = tables.generic_block, as_json: bool = False) -> None:
+    """DELETE; prints the answer when there is one, else what was deleted."""
+    with session() as c:
+        answer = check(c.delete(path))
+    if answer is None:
+        print(f"deleted {path}")
+    else:
+        show(answer, render, as_json)
+
+
+# ---- waiting -----------------------------------------------------------------------
+
+# what a wait's ``outcome`` says: keep polling (None), done, or ended badly
+DONE = "done"
+ENDED = frozenset({"stopped", "failed", "completed"})  # a task's terminal states
+
+
+def wait_for(
+    poll: Callable[[], Mapping[str, Any]],
+    *,
+    line: Callable[[Mapping[str, Any]], str],
+    outcome: Callable[[Mapping[str, Any]], str | None],
+    timeout_s: float,
+    what: str,
+    out: TextIO | None = None,
+) -> Mapping[str, Any]:
+    """Poll until ``outcome`` decides; print ``  [12s] line`` whenever the line changes.
+
+    ``outcome`` returns None (keep waiting), ``DONE``, or the message of a wait that
+    ended badly (exit 1). Past ``timeout_s``: exit 1, saying where it stood."""
+    stream = out or sys.stdout
+    start, last = time.monotonic(), ""
+    try:
+        while True:
+            current = poll()
+            text = line(current)
+            if text != last:  # a pending reason that changes is news too
+                print(f"  [{time.monotonic() - start:.0f}s] {text}", file=stream, flush=True)
+                last = text
+            verdict = outcome(current)
+            if verdict == DONE:
+                return current
+            if verdict is not None:
+                raise CliError(verdict, EXIT_PROBLEM)
+            if time.monotonic() - start >= timeout_s:
+                raise CliError(
+                    f"timed out after {timeout_s:g} s waiting for {what} (now: {text})",
+                    EXIT_PROBLEM,
+                )
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        raise CliError(
+            f"interrupted while waiting for {what} (it goes on without the CLI)",
+            EXIT_INTERRUPTED,
+        ) from None
+
+
+def group_line(g: Mapping[str, Any]) -> str:
+    """``starting — loading model``; with several replicas, how many run."""
+    text = str(g.get("status", "?"))
+    if len(g.get("tasks") or []) > 1 or int(g.get("current_replicas") or 1) > 1:
+        text += f" ({tables.replicas(g)} running)"
+    reason = tables.group_reason(g)
+    return text + (f" — {reason}" if reason else "")
+
+
+def _group_outcome(g: Mapping[str, Any]) -> str | None:
+    status = g.get("status")
+    if status in ("running", "completed"):
+        return DONE
+    if status in ("failed", "stopped"):
+        reason = tables.group_reason(g)
+        return f"service {g.get('id')} ended {status}" + (f": {reason}" if reason else "")
+    return None
+
+
+# ---- services ----------------------------------------------------------------------
+
+
+def create_service(
+    body: dict[str, Any], wait: bool, timeout_s: float = 600, as_json: bool = False
+) -> None:
+    """Create; with ``wait``, follow it until it runs (exit 1: it failed or stopped, or
+    ``timeout_s`` passed). With ``as_json`` the answer goes to stdout, progress to stderr."""
+    progress = sys.stderr if as_json else sys.stdout
+    with session() as c:
+        g = check(c.post("/api/v1/task-groups", json=body))
+        if as_json:
+            _print_json(g)
+        else:
+            print(f"created {g['id']} (endpoint {g.get('endpoint') or tables.EMPTY})")
+            if g.get("api_key"):
+                print(f"API key (shown once): {g['api_key']}")
         for w in g.get("warnings", []):
             print(f"warning: {w}", file=sys.stderr)
         if not wait:
             return
-        last, deadline = ("", ""), time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            g = _check(c.get(f"/api/v1/task-groups/{g['id']}"))
-            reason = next((t["status_message"] for t in g["tasks"] if t["status_message"]), "")
-            reason = reason.splitlines()[0] if reason else ""
-            if (g["status"], reason) != last:  # a pending reason that changes is news too
-                print(f"  {g['status']}" + (f" — {reason}" if reason else ""))
-                last = (g["status"], reason)
-            if g["status"] in ("running", "failed", "stopped"):
-                return
-            time.sleep(0.5)
-        raise CliError("timed out waiting for the service to run")
+        group_id = g["id"]
+        final = wait_for(
+            lambda: check(c.get(f"/api/v1/task-groups/{group_id}")),
+            line=group_line,
+            outcome=_group_outcome,
+            timeout_s=timeout_s,
+            what=f"service {group_id} to run; see `heteroflow services show {group_id}`",
+            out=progress,
+        )
+        print(f"service {group_id} is {final.get('status')}", file=progress)
 
 
-def list_services() -> None:
-    with _client() as c:
-        for g in _check(c.get("/api/v1/task-groups")):
-            _print_group(g)
+def list_services(as_json: bool = False) -> None:
+    get_list("/api/v1/task-groups", tables.services_table, as_json, "services")
 
 
-def show_service(group_id: str) -> None:
-    with _client() as c:
-        _print_group(_check(c.get(f"/api/v1/task-groups/{group_id}")))
+def show_service(group_id: str, as_json: bool = False) -> None:
+    get(f"/api/v1/task-groups/{group_id}", tables.service_block, as_json)
 
 
-def delete_service(group_id: str) -> None:
-    with _client() as c:
-        _check(c.delete(f"/api/v1/task-groups/{group_id}"))
-    print(f"deleted {group_id}")
+def _tasks_line(tasks: list[Mapping[str, Any]]) -> str:
+    ended = sum(1 for t in tasks if t.get("status") in ENDED)
+    counts = Counter(str(t.get("status")) for t in tasks)
+    states = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    return f"{ended}/{len(tasks)} tasks ended ({states})"
 
 
-def get(path: str) -> None:
-    with _client() as c:
-        print(json.dumps(_check(c.get(path)), indent=2))
+def delete_service(group_id: str, wait: bool = False, timeout_s: float = 600) -> None:
+    """Delete; with ``wait``, follow its tasks until every one has stopped."""
+    with session() as c:
+        task_ids = []
+        if wait:
+            g = check(c.get(f"/api/v1/task-groups/{group_id}"))
+            task_ids = [str(t["id"]) for t in g.get("tasks", [])]
+        check(c.delete(f"/api/v1/task-groups/{group_id}"))
+        print(f"deleted {group_id}")
+        if not wait or not task_ids:
+            return
+
+        def poll() -> Mapping[str, Any]:
+            return {"tasks": [check(c.get(f"/api/v1/tasks/{t}")) for t in task_ids]}
+
+        def ended(state: Mapping[str, Any]) -> str | None:
+            return DONE if all(t.get("status") in ENDED for t in state["tasks"]) else None
+
+        wait_for(
+            poll,
+            line=lambda state: _tasks_line(state["tasks"]),
+            outcome=ended,
+            timeout_s=timeout_s,
+            what=f"the tasks of {group_id} to stop",
+        )
+        print(f"every task of {group_id} has stopped")
 
 
-def post(path: str, body: dict[str, Any]) -> None:
-    with _client() as c:
-        print(json.dumps(_check(c.post(path, json=body)), indent=2))
+# ---- tasks -------------------------------------------------------------------------
 
 
-def patch(path: str, body: dict[str, Any]) -> None:
-    with _client() as c:
-        print(json.dumps(_check(c.patch(path, json=body)), indent=2))
+def show_task(task_id: str, as_json: bool = False) -> None:
+    get(f"/api/v1/tasks/{task_id}", tables.task_block, as_json)
 
 
-def delete(path: str) -> None:
-    """DELETE; prints the answer when there is one, else what was deleted."""
-    with _client() as c:
-        answer = _check(c.delete(path))
-    print(json.dumps(answer, indent=2) if answer is not None else f"deleted {path}")
+def _task_line(t: Mapping[str, Any]) -> str:
+    message = tables.first_line(t.get("status_message"))
+    return str(t.get("status", "?")) + (f" — {message}" if message else "")
+
+
+def _stop_outcome(t: Mapping[str, Any]) -> str | None:
+    status = t.get("status")
+    if status in ("stopped", "completed"):
+        return DONE
+    if status == "failed":
+        message = tables.first_line(t.get("status_message"))
+        return f"task {t.get('id')} ended failed" + (f": {message}" if message else "")
+    return None
+
+
+def stop_task(task_id: str, wait: bool = False, timeout_s: float = 600) -> None:
+    """Ask a task to stop; with ``wait``, follow it until it has stopped (exit 1 when it
+    ends failed instead)."""
+    with session() as c:
+        t = check(c.post(f"/api/v1/tasks/{task_id}/stop"))
+        print(f"stopping {task_id} (now {t.get('status')})")
+        if not wait:
+            return
+        wait_for(
+            lambda: check(c.get(f"/api/v1/tasks/{task_id}")),
+            line=_task_line,
+            outcome=_stop_outcome,
+            timeout_s=timeout_s,
+            what=f"task {task_id} to stop",
+        )
+        print(f"task {task_id} has stopped")
+
+
+# ---- logs --------------------------------------------------------------------------
 
 
 def logs(task_id: str, follow: bool = False) -> None:
     """Print a task's output; with ``follow``, keep printing it live until the task ends."""
     after = 0
-    with _client() as c:
+    with session() as c:
         while True:
-            page = _check(
+            page = check(
                 c.get(f"/api/v1/tasks/{task_id}/logs", params={"after": after, "limit": 1000})
             )
             for chunk in page["chunks"]:
@@ -167,12 +393,13 @@ def logs(task_id: str, follow: bool = False) -> None:
         if not follow:
             return
         params: dict[str, str | int] = {"after": after, "follow": "true"}
-        with c.stream(
-            "GET", f"/api/v1/tasks/{task_id}/logs", params=params, timeout=None
-        ) as r:
+        with c.stream("GET", f"/api/v1/tasks/{task_id}/logs", params=params, timeout=None) as r:
             if r.status_code >= 400:
                 r.read()
-                _check(r)
-            for text in r.iter_text():
-                sys.stdout.write(text)
-                sys.stdout.flush()
+                check(r)
+            try:
+                for text in r.iter_text():
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+            except KeyboardInterrupt:  # the usual way to stop following: no traceback
+                raise CliError("stopped following", EXIT_INTERRUPTED) from None
