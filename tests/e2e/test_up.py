@@ -44,72 +44,177 @@ def assert_owner_only(root: Path) -> None:
     assert checked >= 3, list(root.rglob("*"))  # at least the database, its WAL, a log
 
 
-@pytest.mark.feature("P1", "M1")
-def test_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "heteroflow.cli",
-            "up",
-            "--demo",
-            "tiny",
-            "--port",
-            "0",
-            "--data-dir",
-            str(tmp_path),
-            "--threads",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        # secrets in the server's environment must never reach an engine (issue 10)
-        env={**os.environ, "HETEROFLOW_JWT_SECRET": SECRET, "HETEROFLOW_NODE_TOKEN": SECRET},
-    )
-    assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    out = b""
-    deadline = time.monotonic() + 60
-    try:
-        while b"Press Ctrl-C" not in out and time.monotonic() < deadline:
-            if sel.select(timeout=0.5):
-                chunk = os.read(proc.stdout.fileno(), 65536)
+class Up:
+    """A real ``heteroflow up`` subprocess, its output read as it comes."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "heteroflow.cli",
+                "up",
+                "--demo",
+                "tiny",
+                "--port",
+                "0",
+                "--data-dir",
+                str(data_dir),
+                "--threads",
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+        assert self.proc.stdout is not None
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.proc.stdout, selectors.EVENT_READ)
+        self.out = b""
+        self.ready_after_s = 0.0
+
+    @property
+    def text(self) -> str:
+        return self.out.decode(errors="replace")
+
+    def _read(self, timeout_s: float, marker: str | None) -> None:
+        """Read until ``marker`` is seen (None: until end of output) or time is up."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if marker is not None and marker.encode() in self.out:
+                return
+            if self.sel.select(timeout=0.5):
+                chunk = os.read(self.proc.stdout.fileno(), 65536)
                 if not chunk:
-                    break
-                out += chunk
-        text = out.decode()
-        assert "Press Ctrl-C" in text, text
-        key = re.search(r"API key \(shown once\): (sk-[0-9a-f-]{36})", text)
+                    return
+                self.out += chunk
+
+    def read_until(self, marker: str, timeout_s: float = 60) -> str:
+        self._read(timeout_s, marker)
+        assert marker in self.text, self.text
+        return self.text
+
+    def ready(self) -> tuple[str, str]:
+        """(gateway base URL, the demo's API key) once ``up`` says how to call it."""
+        text = self.read_until("Press Ctrl-C")
+        self.ready_after_s = time.monotonic() - self.started
+        key = re.search(r"  API key: (sk-[0-9a-f-]{36})", text)
         base = re.search(r"gateway on (http://127\.0\.0\.1:\d+)", text)
         assert key and base, text
+        return base.group(1), key.group(1)
+
+    def stop(self) -> int:
+        """Ctrl-C, then the exit code; the output up to the end is in ``text``."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            code = self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # never leave a stuck `up` behind; the test fails below
+            self.proc.wait(10)
+            raise
+        self._read(5, None)
+        return code
+
+
+def chat(base: str, key: str) -> str:
+    client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=3, timeout=30)
+    reply = client.chat.completions.create(
+        model="heteroflow-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    content = reply.choices[0].message.content
+    assert content
+    return content
+
+
+def heteroflow(cli_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it after ``up``: no login of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "heteroflow.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HETEROFLOW_CLI_DIR": str(cli_dir)},
+    )
+
+
+@pytest.mark.feature("P1", "M1")
+def test_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
+    up = Up(
+        tmp_path,
+        # secrets in the server's environment must never reach an engine (issue 10);
+        # the CLI's state goes to the data directory, never to the tester's home
+        env={
+            "HETEROFLOW_JWT_SECRET": SECRET,
+            "HETEROFLOW_NODE_TOKEN": SECRET,
+            "HETEROFLOW_CLI_DIR": str(tmp_path),
+        },
+    )
+    try:
+        base, key = up.ready()
+        text = up.text
         assert "curl " in text and "from openai import OpenAI" in text
         # a small answer: without max_tokens a base model on 2 cores talks for minutes
         assert '"max_tokens": 32' in text and "max_tokens=32" in text
         assert re.search(r"admin password \(shown once\): \S+", text)
+        # issue 12: how to log in, where the password is, where the API is described
+        assert "admin user: admin; password: printed above" in text
+        assert f"login --server {base}" in text and f"{base}/api/v1/docs" in text
+        assert re.search(r"\[\d+s\] demo: running", text), text  # progress, with time
 
-        client = openai.OpenAI(
-            base_url=base.group(1) + "/v1", api_key=key.group(1), max_retries=3, timeout=30
-        )
-        reply = client.chat.completions.create(
-            model="heteroflow-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-        )
-        assert reply.choices[0].message.content
+        chat(base, key)
         engines = engines_under(tmp_path)
         assert engines, "the demo engine should be running"
         for pid in engines:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
             assert SECRET.encode() not in environ
             assert b"HETEROFLOW_JWT_SECRET" not in environ
+        # the CLI works right after `up`, without a login of its own
+        listed = heteroflow(tmp_path, "services", "list")
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        group = re.search(r"deploying heteroflow-tiny from \S+ as (tg-[0-9a-f]+)", text)
+        assert group and group.group(1) in listed.stdout and "demo" in listed.stdout
         assert_owner_only(tmp_path)
     finally:
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(30)
+        code = up.stop()
     assert code == 0
     assert engines_under(tmp_path) == []
     # the admin password and the key went to the terminal only, never into a log file
     for log in tmp_path.rglob("*.log"):
-        assert key.group(1) not in log.read_text(errors="replace")
+        assert key not in log.read_text(errors="replace")
+
+
+def test_a_second_up_keeps_the_demo_key_of_the_first(tmp_path: Path) -> None:
+    """Issue 12: yesterday's script must work today. The key lives in an owner-only file
+    and the restarted demo answers to it; Ctrl-C says what it is doing."""
+    env = {"HETEROFLOW_CLI_DIR": str(tmp_path / "cli")}
+    first = Up(tmp_path, env)
+    try:
+        base, key = first.ready()
+        chat(base, key)
+    finally:
+        code = first.stop()
+    assert code == 0, first.text
+    assert "stopping…" in first.text and first.text.rstrip().endswith("stopped"), first.text
+    key_file = tmp_path / "demo-api-key"
+    assert key_file.read_text().strip() == key
+    assert key_file.stat().st_mode & 0o777 == 0o600
+
+    second = Up(tmp_path, env)
+    try:
+        base2, key2 = second.ready()
+        assert key2 == key and "admin password" not in second.text
+        assert "the one from the first start" in second.text
+        assert f"demo API key: {key}" in second.text
+        chat(base2, key)  # the first run's key
+        # the CLI followed the server to its new port (same database, same login)
+        listed = heteroflow(tmp_path / "cli", "services", "list")
+        assert listed.returncode == 0 and "demo" in listed.stdout, listed.stderr
+    finally:
+        code = second.stop()
+    assert code == 0, second.text
+    print(f"up to ready: cold {first.ready_after_s:.1f} s, warm {second.ready_after_s:.1f} s")
 
 
 @pytest.mark.parametrize("command", ["up", "server"])
@@ -127,7 +232,9 @@ def test_a_busy_port_is_one_clear_line_and_exit_code_2(tmp_path: Path, command: 
             args += ["--demo", "tiny", "--data-dir", str(tmp_path)]
         proc = subprocess.run(
             [sys.executable, "-m", "heteroflow.cli", command, *args],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
             env={**os.environ, "HETEROFLOW_DATA_DIR": str(tmp_path / "server")},
         )
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -3,17 +3,27 @@
 Everything runs in one process on the embedded SQLite default; engines are child
 processes of the in-process agent (process runtime). Ctrl-C stops the engines first,
 then the server: no orphan engine survives.
+
+A new user is never left without a way in: every slow step says what it does, the
+demo keeps its API key from one ``up`` to the next (``DATA_DIR/demo-api-key``), the
+CLI is logged in as ``admin`` (unless it is logged in to another server), and how to
+log in, where the admin password is and where the API docs are is printed every time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
+import json
 import logging
 import os
+import shutil
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import select
@@ -21,18 +31,29 @@ from sqlalchemy import select
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.factory import RuntimeUnavailable, make_launcher
-from heteroflow.db.tables import InferenceEndpoint, Node, TaskGroup, User
+from heteroflow.cmd import remote
+from heteroflow.core.errors import Unauthorized
+from heteroflow.core.ids import new_api_key
+from heteroflow.db.tables import InferenceEndpoint, Node, Task, TaskGroup, User
 from heteroflow.models.demo import GEMMA_CHAT_TEMPLATE, DemoModelUnavailable, ensure_demo_model
+from heteroflow.private_files import private_file
 from heteroflow.schemas.task_groups import TaskGroupCreate
 from heteroflow.server import ServerApp
 from heteroflow.services import endpoints, task_groups
-from heteroflow.services.auth import Principal
+from heteroflow.services.auth import Principal, authenticate
 from heteroflow.serving import bind, install_stop_signals
-from heteroflow.settings import AgentSettings, ServerSettings
+from heteroflow.settings import AgentSettings, ServerSettings, default_data_dir
 
 log = logging.getLogger(__name__)
 DEMO_NAME = "demo"
 DEMO_IMAGE = "ghcr.io/ggml-org/llama.cpp:server"
+DEMO_KEY_FILE = "demo-api-key"
+# The CLI token `up` writes: long-lived (a demo machine is left running for days), yet
+# revoked like any other by `rotate-jwt-secret` or a reset of the admin's password.
+CLI_TOKEN_TTL_S = 30 * 24 * 3600.0
+LIVE = frozenset({"pending", "scheduled", "starting", "running"})
+AGENT_OWNED = frozenset({"starting", "running"})
+DONE = frozenset({"running", "failed", "stopped", "missing"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,18 +68,71 @@ class UpOptions:
     runtime: str = "process"
 
 
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+class Elapsed:
+    """Seconds since ``up`` started, as the ``[14s]`` prefix of a progress line."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __str__(self) -> str:
+        return f"[{time.monotonic() - self.t0:.0f}s]"
+
+
 def _pick_model(opts: UpOptions) -> tuple[Path, str] | None:
     if opts.demo == "none":
         return None
     kinds = ["gemma", "tiny"] if opts.demo == "auto" else [opts.demo]
     for kind in kinds:
         try:
-            return ensure_demo_model(opts.models_dir, kind), kind
+            return ensure_demo_model(opts.models_dir, kind, progress=say), kind
         except DemoModelUnavailable as exc:
             if opts.demo != "auto":
                 raise SystemExit(str(exc)) from exc
             print(f"note: {exc}; serving the generated tiny model instead", file=sys.stderr)
     return None
+
+
+# ---- the demo's key: one file, owner-only, reused by every `up` ----
+
+
+def demo_key(data_dir: Path) -> str:
+    """The demo's API key from ``DATA_DIR/demo-api-key`` (0600); made there when missing.
+
+    A key the owner wrote into the file is used as it is, if it is a valid key
+    (``endpoints.CHOSEN_KEY``); anything else is replaced by a new key.
+    """
+    path = data_dir / DEMO_KEY_FILE
+    try:
+        key = path.read_text().strip()
+    except FileNotFoundError:
+        key = ""
+    if key and endpoints.CHOSEN_KEY.fullmatch(key):
+        private_file(path)  # owner-only, even if someone loosened it
+        return key
+    if key:
+        print(f"note: {path} holds no valid API key; writing a new one", file=sys.stderr)
+    return _write_demo_key(path, new_api_key())
+
+
+def _write_demo_key(path: Path, key: str) -> str:
+    private_file(path)  # created 0600 before the secret goes in
+    path.write_text(key + "\n")
+    return key
+
+
+# ---- the demo service: kept when unchanged, else created with the kept key ----
+
+
+@dataclass(frozen=True, slots=True)
+class Demo:
+    group_id: str
+    model_name: str
+    kept: bool  # the service of an earlier `up`, kept as it was
+    agent_owned: bool  # kept with tasks an agent claimed: the new agent adopts or fails them
 
 
 def _admin(app: ServerApp) -> Principal:
@@ -68,86 +142,231 @@ def _admin(app: ServerApp) -> Principal:
         return Principal(u.id, u.username, u.tenant_id, u.role)
 
 
-def _deploy_demo(app: ServerApp, model: Path, kind: str) -> tuple[str, str, str]:
-    """(group id, model name, api key): reuse a running demo (rotating its key), else create."""
-    who = _admin(app)
+def _demo_request(model: Path, kind: str) -> TaskGroupCreate:
     model_name = "gemma-3-270m" if kind == "gemma" else "heteroflow-tiny"
     template = ["--chat-template", GEMMA_CHAT_TEMPLATE] if kind == "gemma" else []
+    return TaskGroupCreate.model_validate(
+        {
+            "name": DEMO_NAME,
+            "model_name": model_name,
+            "enable_api": True,
+            "health_check": {"start_period_seconds": 120, "interval_seconds": 2},
+            "task": {
+                "image": DEMO_IMAGE,
+                "engine": "llamacpp",
+                "gpu_required": 0,
+                "model_path": str(model),
+                "memory_mb": 1024,
+                "engine_args": ["-np", "2", "-c", "4096", "--embeddings", *template],
+            },
+        }
+    )
+
+
+def _deploy_demo(app: ServerApp, req: TaskGroupCreate, key: str, *, keep: bool) -> Demo:
+    """The demo group with ``key`` as its endpoint's key.
+
+    An earlier ``up``'s demo in the admin's tenant is kept when it serves the same model
+    with the same engine arguments and none of its tasks ended (``keep``); otherwise it
+    is deleted and a new group is created, whose key is then set to ``key``.
+    """
+    who = _admin(app)
     with app.db.session() as s:
-        old = s.scalar(
-            select(TaskGroup).where(TaskGroup.name == DEMO_NAME, TaskGroup.deleted_at.is_(None))
-        )
-        if old is not None:
+        olds = s.scalars(
+            select(TaskGroup)
+            .where(
+                TaskGroup.name == DEMO_NAME,
+                TaskGroup.tenant_id == who.tenant_id,
+                TaskGroup.deleted_at.is_(None),
+            )
+            .order_by(TaskGroup.created_at.desc())
+        ).all()
+        for old in olds:
+            tasks = list(s.scalars(select(Task).where(Task.group_id == old.id)))
+            same = (
+                old.model_name == req.model_name
+                and bool(tasks)
+                and all(
+                    t.model_path == req.task.model_path
+                    and list(t.engine_args) == list(req.task.engine_args)
+                    and t.status in LIVE
+                    for t in tasks
+                )
+            )
+            if keep and same and old.endpoint_id is not None:
+                endpoints.set_endpoint_key(s, who, app.clock, old.endpoint_id, key)
+                owned = any(t.status in AGENT_OWNED for t in tasks)
+                return Demo(old.id, old.model_name, kept=True, agent_owned=owned)
             task_groups.delete_group(s, who, app.clock, old.id)
     with app.db.session() as s:
         # a deleted demo's endpoint is gone; free the name of any stale one
-        stale = s.scalar(select(InferenceEndpoint).where(InferenceEndpoint.name == DEMO_NAME))
+        stale = s.scalar(
+            select(InferenceEndpoint).where(
+                InferenceEndpoint.name == DEMO_NAME, InferenceEndpoint.tenant_id == who.tenant_id
+            )
+        )
         if stale is not None:
             endpoints.delete_endpoint(s, who, stale.id)
+            s.flush()
         created = task_groups.create_group(
-            s,
-            who,
-            app.clock,
-            TaskGroupCreate.model_validate(
-                {
-                    "name": DEMO_NAME,
-                    "model_name": model_name,
-                    "enable_api": True,
-                    "health_check": {"start_period_seconds": 120, "interval_seconds": 2},
-                    "task": {
-                        "image": DEMO_IMAGE,
-                        "engine": "llamacpp",
-                        "gpu_required": 0,
-                        "model_path": str(model),
-                        "memory_mb": 1024,
-                        "engine_args": ["-np", "2", "-c", "4096", "--embeddings", *template],
-                    },
-                }
-            ),
-            offline_after_s=app.settings.node_offline_after_s,
+            s, who, app.clock, req, offline_after_s=app.settings.node_offline_after_s
         )
-    assert created.api_key is not None
-    return created.id, model_name, created.api_key
+        assert created.endpoint is not None
+        # a Conflict (the key is another endpoint's: a hand-edited file or database)
+        # rolls the whole create back; the caller says so
+        endpoints.set_endpoint_key(s, who, app.clock, created.endpoint, key)
+    return Demo(created.id, created.model_name, kept=False, agent_owned=False)
 
 
-async def _wait_registered(
-    app: ServerApp, node_name: str, stop: asyncio.Event, timeout_s: float = 60.0
+async def _wait_heartbeat(
+    app: ServerApp, node_name: str, stop: asyncio.Event, since: datetime, timeout_s: float = 60.0
 ) -> bool:
-    """The local agent's first heartbeat: until it reports its volume rules, no node
-    allows the demo's absolute model path and the create would be refused."""
-    started = app.clock.now()
+    """Until the server has seen the local agent's heartbeat at or after ``since``.
+
+    The first one after start tells the server the agent's volume rules: until then no
+    node allows the demo's absolute model path and the create would be refused. The one
+    after that means the agent has acted on the first reply (adopted or failed the tasks
+    it was given).
+    """
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not stop.is_set() and asyncio.get_running_loop().time() < deadline:
-        with app.db.session() as s:
-            seen = s.scalar(select(Node.last_heartbeat_at).where(Node.name == node_name))
-        if seen is not None and seen >= started:
+        seen = await asyncio.to_thread(_last_heartbeat, app, node_name)
+        if seen is not None and seen >= since:
             return True
         await asyncio.sleep(0.2)
-    if not stop.is_set():
-        print(f"the local agent did not register within {timeout_s:.0f} s; no demo deployed")
     return False
 
 
-async def _wait_running(app: ServerApp, group_id: str, stop: asyncio.Event) -> str:
-    last = ""
+def _last_heartbeat(app: ServerApp, node_name: str) -> datetime | None:
+    with app.db.session() as s:
+        return s.scalar(select(Node.last_heartbeat_at).where(Node.name == node_name))
+
+
+def _demo_state(app: ServerApp, group_id: str) -> tuple[str, str]:
+    """(group status, the first line of the first task status message)."""
+    with app.db.session() as s:
+        g = s.get(TaskGroup, group_id)
+        if g is None:
+            return "missing", ""
+        messages = s.scalars(
+            select(Task.status_message).where(Task.group_id == group_id).order_by(Task.rank)
+        )
+        reason = next((m.strip().splitlines()[0] for m in messages if m and m.strip()), "")
+        return g.status, reason
+
+
+async def _wait_done(
+    app: ServerApp, group_id: str, stop: asyncio.Event, elapsed: Elapsed
+) -> tuple[str, str]:
+    """Print each change of the demo's status (and its task's reason) until it runs or
+    ends; returns (status, reason)."""
+    last = ("", "")
     while not stop.is_set():
-        with app.db.session() as s:
-            g = s.get(TaskGroup, group_id)
-            status = g.status if g else "missing"
-        if status != last:
-            print(f"  demo service: {status}", flush=True)
-            last = status
-        if status in ("running", "failed", "stopped", "missing"):
-            return status
+        status, reason = await asyncio.to_thread(_demo_state, app, group_id)
+        if (status, reason) != last:
+            say(f"  {elapsed} demo: {status}" + (f" — {reason}" if reason else ""))
+            last = (status, reason)
+        if status in DONE:
+            break
         await asyncio.sleep(0.3)
     return last
 
 
-def _instructions(base: str, model_name: str, key: str) -> str:
+# ---- the CLI: logged in already, and how to log in ----
+
+
+def cli_command() -> str:
+    """How this user runs the CLI: ``heteroflow`` when that is on PATH, else its path."""
+    here = Path(sys.executable).parent / "heteroflow"
+    found = shutil.which("heteroflow")
+    if found and (not here.exists() or Path(found).resolve() == here.resolve()):
+        return "heteroflow"
+    if here.exists():
+        try:
+            return f"./{here.relative_to(Path.cwd())}"
+        except ValueError:
+            return str(here)
+    return f"{sys.executable} -m heteroflow.cli"
+
+
+def cli_state_path() -> Path:
+    """Where ``heteroflow login`` keeps its state (as ``remote.save_login`` does)."""
+    return Path(os.environ.get("HETEROFLOW_CLI_DIR", str(default_data_dir()))) / remote.CLI_FILE
+
+
+def _read_state(path: Path) -> dict[str, str]:
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(state, dict):
+        return {}
+    return {k: v for k, v in state.items() if isinstance(v, str)}
+
+
+def login_cli(app: ServerApp, base: str, cli: str) -> str:
+    """Log the CLI in to this server as admin; returns the line that says what was done.
+
+    The CLI's state file is written when it is missing, when its login is to this
+    server (a login this server's token check accepts, perhaps at the address of an
+    earlier ``up`` on another port) or when it holds a dead login to this address. A
+    live login is kept as it is (whoever it is for); a login to another server is left
+    alone and a hint is returned instead.
+    """
+    path = cli_state_path()
+    state = _read_state(path)
+    server, token = state.get("server", "").rstrip("/"), state.get("token", "")
+    with app.db.session() as s:
+        who: Principal | None = None
+        if token:
+            try:
+                who = authenticate(s, app.ctx.tokens, token)
+            except Unauthorized:
+                who = None
+        if who is None and server and server != base:
+            return (
+                f"CLI: {path} is logged in to another server ({server}); for this one: "
+                f"{cli} login --server {base}"
+            )
+        if who is None:
+            admin = s.scalar(select(User).where(User.username == "admin"))
+            assert admin is not None
+            token = app.ctx.tokens.issue(admin, ttl_s=CLI_TOKEN_TTL_S)
+            who = Principal(admin.id, admin.username, admin.tenant_id, admin.role)
+    if server != base or state.get("token") != token:
+        remote.save_login(base, token)
+    return f"CLI: logged in as {who.username} ({path}); try: {cli} services list"
+
+
+def management_hints(
+    base: str, data_dir: Path, cli: str, cli_line: str, password_shown: bool
+) -> str:
+    env = (
+        ""
+        if data_dir == default_data_dir() and "HETEROFLOW_DATA_DIR" not in os.environ
+        else (f"HETEROFLOW_DATA_DIR={data_dir} ")
+    )
+    reset = f"{env}{cli} reset-password admin"
+    password = (
+        "printed above, shown this once (change it: " + reset + ")"
+        if password_shown
+        else f"the one from the first start; set a new one with: {reset}"
+    )
+    return "\n".join(
+        (
+            f"Management API on {base}/api/v1 (docs: {base}/api/v1/docs)",
+            f"  admin user: admin; password: {password}",
+            f"  {cli_line}",
+            f"  log in from elsewhere: {cli} login --server {base} --username admin",
+        )
+    )
+
+
+def _instructions(base: str, model_name: str, key: str, key_file: Path) -> str:
     return textwrap.dedent(
         f"""
         HeteroFlow is up: API and OpenAI-compatible gateway on {base}
-          API key (shown once): {key}
+          API key: {key}  (the demo's, kept in {key_file})
 
           curl {base}/v1/chat/completions \\
             -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
@@ -158,19 +377,89 @@ def _instructions(base: str, model_name: str, key: str) -> str:
         c = OpenAI(base_url="{base}/v1", api_key="{key}")
         print(c.chat.completions.create(model="{model_name}", max_tokens=32,
               messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)'
-
-        Press Ctrl-C to stop (engines are stopped with it).
         """
     )
 
 
+# ---- the whole ----
+
+
+@dataclass
+class _Run:
+    opts: UpOptions
+    app: ServerApp
+    base: str
+    node_name: str
+    stop: asyncio.Event
+    elapsed: Elapsed
+    started_at: datetime  # when the server started serving
+
+    async def demo(self, model: Path, kind: str) -> None:
+        """Deploy (or keep) the demo, report its progress, and say how to call it."""
+        opts, app = self.opts, self.app
+        key_file = opts.data_dir / DEMO_KEY_FILE
+        key = await asyncio.to_thread(demo_key, opts.data_dir)
+        say(f"demo API key: {key}  (kept in {key_file}; the same at every start)")
+        if not await _wait_heartbeat(app, self.node_name, self.stop, self.started_at):
+            if not self.stop.is_set():
+                say("the local agent did not register within 60 s; no demo deployed")
+            return
+        req = _demo_request(model, kind)
+        d = await asyncio.to_thread(_deploy_demo, app, req, key, keep=True)
+        if d.kept:
+            say(f"keeping the demo service {d.group_id} ({d.model_name}) from the last run")
+            if d.agent_owned:  # the agent's first reply: adopt the engine, or report it lost
+                await _wait_heartbeat(app, self.node_name, self.stop, app.clock.now())
+        else:
+            say(f"deploying {d.model_name} from {model} as {d.group_id} …")
+        status, reason = await _wait_done(app, d.group_id, self.stop, self.elapsed)
+        if status == "failed" and d.kept and not self.stop.is_set():
+            say(f"  {self.elapsed} the last run's engine is gone; starting the demo again")
+            d = await asyncio.to_thread(_deploy_demo, app, req, key, keep=False)
+            say(f"deploying {d.model_name} from {model} as {d.group_id} …")
+            status, reason = await _wait_done(app, d.group_id, self.stop, self.elapsed)
+        if self.stop.is_set():
+            return
+        if status == "running":
+            say(_instructions(self.base, d.model_name, key, key_file))
+            return
+        cli = cli_command()
+        say(
+            f"\nthe demo service {d.group_id} is {status}"
+            + (f": {reason}" if reason else "")
+            + f"\n  its API key (works once it runs): {key}  (kept in {key_file})"
+            + f"\n  see why: {cli} services show {d.group_id}\n"
+        )
+
+    async def startup(self, picked: tuple[Path, str] | None, password_shown: bool) -> None:
+        cli = cli_command()
+        try:
+            cli_line = await asyncio.to_thread(login_cli, self.app, self.base, cli)
+        except Exception as exc:  # e.g. an unwritable CLI directory: say so, go on
+            log.warning("the CLI login was not written", exc_info=True)
+            cli_line = f"CLI: its login could not be written ({exc}); log in as below"
+        say(management_hints(self.base, self.opts.data_dir, cli, cli_line, password_shown))
+        if picked is not None:
+            try:
+                await self.demo(*picked)
+            except Exception as exc:  # the server keeps serving; say what went wrong
+                log.exception("the demo could not be deployed")
+                say(f"the demo could not be deployed: {exc}")
+        if not self.stop.is_set():
+            say("Press Ctrl-C to stop (engines are stopped with it).")
+
+
 async def run_up(opts: UpOptions) -> int:
+    elapsed = Elapsed()
+    if isinstance(sys.stdout, io.TextIOWrapper):  # "…" and "—" on any terminal
+        sys.stdout.reconfigure(errors="replace")
     opts.models_dir.mkdir(parents=True, exist_ok=True)
     picked = _pick_model(opts)
     settings = ServerSettings(data_dir=opts.data_dir, host=opts.host, port=opts.port)
     app = ServerApp(settings)
-    if app.bootstrap.admin_password_generated:
-        print(f"admin password (shown once): {app.bootstrap.admin_password_generated}")
+    password = app.bootstrap.admin_password_generated
+    if password:
+        say(f"admin password (shown once): {password}")
     sock = bind(opts.host, opts.port)
     port = sock.getsockname()[1]
     base = f"http://{opts.host}:{port}"
@@ -194,21 +483,23 @@ async def run_up(opts: UpOptions) -> int:
         launcher = make_launcher(agent_settings, node_cfg, agent_settings.node_name)
     except RuntimeUnavailable as exc:
         raise SystemExit(str(exc)) from exc
-    print(f"local agent: {opts.runtime} runtime")
+    say(f"local agent: {opts.runtime} runtime")
     agent = Agent(agent_settings, node_cfg, launcher, app.clock)
     stop = asyncio.Event()
     install_stop_signals(stop)
     server = asyncio.create_task(app.serve(stop, sock, extra=[agent.run]))
-    print(f"HeteroFlow server on {base} (data: {opts.data_dir}, models: {opts.models_dir})")
-    if picked is not None and await _wait_registered(app, agent_settings.node_name, stop):
-        group_id, model_name, key = await asyncio.to_thread(
-            _deploy_demo, app, picked[0], picked[1]
-        )
-        print(f"deploying {model_name} from {picked[0]} ...", flush=True)
-        status = await _wait_running(app, group_id, stop)
-        if status == "running":
-            print(_instructions(base, model_name, key), flush=True)
-        elif not stop.is_set():
-            print(f"the demo service ended {status}; see `heteroflow services show {group_id}`")
+    say(f"HeteroFlow server on {base} (data: {opts.data_dir}, models: {opts.models_dir})")
+    run = _Run(opts, app, base, agent_settings.node_name, stop, elapsed, app.clock.now())
+    startup = asyncio.create_task(run.startup(picked, password_shown=bool(password)))
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({server, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if server.done() and not stop.is_set():  # the server ended by itself: say why
+        startup.cancel()
+        stopped.cancel()
+        await server
+        return 1
+    say("stopping… (engines first, then the server)")
+    await asyncio.gather(startup, return_exceptions=True)
     await server
+    say("stopped")
     return 0

@@ -227,7 +227,13 @@ class Tokens:
             self._cached = (value, now)
         return value
 
-    def issue(self, user: User) -> str:
+    def issue(self, user: User, *, ttl_s: float | None = None) -> str:
+        """A token for ``user``, valid for ``ttl_s`` (default: this instance's TTL).
+
+        Whatever its lifetime, a token stops working when the secret is rotated or the
+        user's tokens are revoked (``authenticate``). ``heteroflow up`` asks for a long
+        one for the CLI state file it writes.
+        """
         now: datetime = self._clock.now()
         issued = math.floor(now.timestamp())
         claims = {
@@ -237,7 +243,9 @@ class Tokens:
             "role": user.role,
             # a login in the second of a revocation is stamped with the next second
             "iat": max(issued, first_valid_iat(user.tokens_valid_after)),
-            "exp": math.floor((now + timedelta(seconds=self._ttl)).timestamp()),
+            "exp": math.floor(
+                (now + timedelta(seconds=self._ttl if ttl_s is None else ttl_s)).timestamp()
+            ),
         }
         return jwt.encode(claims, self._secret(older_than_s=0.0), algorithm="HS256")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from sqlalchemy import select, update
@@ -24,6 +25,9 @@ from heteroflow.services.auth import Principal
 from heteroflow.services.views import endpoint_read, route_read
 
 ALGORITHMS = ("round_robin", "random", "least_connections", "engine_aware")
+# A key chosen by its owner (set_endpoint_key): long enough to be a secret, and only
+# characters a Bearer header carries as they are (RFC 6750's token68, without padding).
+CHOSEN_KEY = re.compile(r"[A-Za-z0-9._~+/-]{20,256}")
 
 
 def _visible_endpoint(s: Session, who: Principal, endpoint_id: str) -> InferenceEndpoint:
@@ -64,6 +68,36 @@ def update_endpoint(
     e.updated_at = clock.now()
     s.flush()
     return EndpointUpdated(**endpoint_read(e).model_dump(), api_key=key)
+
+
+def set_endpoint_key(
+    s: Session, who: Principal, clock: Clock, endpoint_id: str, key: str
+) -> EndpointRead:
+    """Give an endpoint a key its owner chose (``heteroflow up`` keeps its demo's key
+    across restarts in a file). Stored like every key: sha256 and display prefix only.
+
+    The key must be 20-256 characters of ``A-Z a-z 0-9 . _ ~ + / -`` and not be
+    another endpoint's key.
+    """
+    if not CHOSEN_KEY.fullmatch(key):
+        raise ValidationFailed(
+            "a key has 20 to 256 characters, letters, digits and . _ ~ + / - only",
+            field="api_key",
+        )
+    e = _visible_endpoint(s, who, endpoint_id)
+    digest = hash_key(key)
+    clash = s.scalar(
+        select(InferenceEndpoint.id).where(
+            InferenceEndpoint.key_hash == digest, InferenceEndpoint.id != e.id
+        )
+    )
+    if clash is not None:
+        raise Conflict("another endpoint has this key", field="api_key")
+    e.key_hash = digest
+    e.key_prefix = key_display_prefix(key)
+    e.updated_at = clock.now()
+    s.flush()
+    return endpoint_read(e)
 
 
 def _apply_limits(e: InferenceEndpoint, req: EndpointUpdate) -> None:
