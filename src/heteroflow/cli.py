@@ -48,8 +48,23 @@ def _up(a: argparse.Namespace) -> int:
         agent_config=Path(a.agent_config) if a.agent_config else None,
         threads=a.threads,
         runtime=a.runtime,
+        port_range=a.port_range,
     )
     return asyncio.run(run_up(opts))
+
+
+def port_range(text: str) -> tuple[int, int]:
+    """``FIRST-LAST`` host ports (1024-65535, FIRST <= LAST), for ``up --port-range``."""
+    first, sep, last = text.partition("-")
+    try:
+        lo, hi = int(first), int(last)
+    except ValueError:
+        lo = hi = -1
+    if not sep or not 1024 <= lo <= hi <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not FIRST-LAST with 1024 <= FIRST <= LAST <= 65535"
+        )
+    return lo, hi
 
 
 async def _serve_server(settings: ServerSettings) -> None:
@@ -617,11 +632,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="all in one: server, scheduler, agent, gateway, demo model")
-    up.add_argument("--data-dir", default=str(default_data_dir()))
+    up.add_argument(
+        "--data-dir", default=str(default_data_dir()),
+        help="database, logs, the demo's API key (default: %(default)s)",
+    )
     up.add_argument("--models-dir", default=None, help="default: DATA_DIR/models")
-    up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--port", type=int, default=3333)
-    up.add_argument("--demo", choices=["auto", "gemma", "tiny", "none"], default="auto")
+    up.add_argument("--host", default="127.0.0.1", help="listen address (default: %(default)s)")
+    up.add_argument(
+        "--port", type=int, default=3333, help="API and gateway port (default: %(default)s)"
+    )
+    up.add_argument(
+        "--port-range", type=port_range, default=None, metavar="FIRST-LAST",
+        help="host ports engines may get, e.g. 30000-30999 (default: 20000-29999); ports "
+        "something else listens on are skipped",
+    )
+    up.add_argument(
+        "--demo", choices=["auto", "gemma", "tiny", "none"], default="auto",
+        help="the model served at start: auto = Gemma 3 270M if its package is installed, "
+        "else a generated tiny model; none = no demo",
+    )
     up.add_argument("--agent-config", default=None, help="node config JSON (declared cards)")
     up.add_argument("--threads", type=int, default=2, help="CPU threads per llama.cpp engine")
     up.add_argument(

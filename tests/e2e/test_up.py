@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -47,7 +49,9 @@ def assert_owner_only(root: Path) -> None:
 class Up:
     """A real ``heteroflow up`` subprocess, its output read as it comes."""
 
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> None:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [
@@ -63,6 +67,7 @@ class Up:
                 str(data_dir),
                 "--threads",
                 "1",
+                *args,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -139,10 +144,34 @@ def heteroflow(cli_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.feature("P1", "M1")
+def hold_ports(n: int) -> list[socket.socket]:
+    """``n`` consecutive ports another program listens on (the first from the kernel)."""
+    first = socket.socket()
+    first.bind(("127.0.0.1", 0))
+    first.listen(1)
+    held = [first]
+    base = first.getsockname()[1]
+    for port in range(base + 1, base + n):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:  # already someone else's: busy all the same
+            s.close()
+            continue
+        s.listen(1)
+        held.append(s)
+    return held
+
+
+@pytest.mark.feature("P1", "M1", "P2")
 def test_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
+    # issue 12: another program holds the first ports of the pool (normal on a shared
+    # box): the demo is given a free one, at once, and its key printed
+    held = hold_ports(3)
+    base_port = held[0].getsockname()[1]
     up = Up(
         tmp_path,
+        args=("--port-range", f"{base_port}-{base_port + 40}"),
         # secrets in the server's environment must never reach an engine (issue 10);
         # the CLI's state goes to the data directory, never to the tester's home
         env={
@@ -164,6 +193,11 @@ def test_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
         assert re.search(r"\[\d+s\] demo: running", text), text  # progress, with time
 
         chat(base, key)
+        shown = heteroflow(tmp_path, "services", "list", "--json")
+        assert shown.returncode == 0, shown.stderr
+        demo_port = json.loads(shown.stdout)[0]["tasks"][0]["ports"][0]["host_port"]
+        assert base_port + 2 < demo_port <= base_port + 40, demo_port
+        assert "taken" not in up.text  # skipped from the start, not met at launch
         engines = engines_under(tmp_path)
         assert engines, "the demo engine should be running"
         for pid in engines:
@@ -178,6 +212,8 @@ def test_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
         assert_owner_only(tmp_path)
     finally:
         code = up.stop()
+        for sock in held:
+            sock.close()
     assert code == 0
     assert engines_under(tmp_path) == []
     # the admin password and the key went to the terminal only, never into a log file

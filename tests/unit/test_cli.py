@@ -215,3 +215,15 @@ def test_create_waits_and_prints_each_new_pending_reason(
         "  [0s] running",
     ]
     assert out[-1] == "service tg-1 is running"
+
+
+def test_up_port_range_is_checked_at_the_door(capsys: pytest.CaptureFixture[str]) -> None:
+    from heteroflow.cli import build_parser
+
+    args = build_parser().parse_args(["up", "--port-range", "30000-30999"])
+    assert args.port_range == (30000, 30999)
+    for bad in ("30000", "30999-30000", "80-90", "a-b", "30000-70000"):
+        with pytest.raises(SystemExit) as exc:
+            build_parser().parse_args(["up", "--port-range", bad])
+        assert exc.value.code == 2
+        assert "--port-range" in capsys.readouterr().err

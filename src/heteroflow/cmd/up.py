@@ -66,6 +66,7 @@ class UpOptions:
     agent_config: Path | None
     threads: int
     runtime: str = "process"
+    port_range: tuple[int, int] | None = None  # engines' host ports (default: the setting)
 
 
 def say(line: str) -> None:
@@ -455,7 +456,13 @@ async def run_up(opts: UpOptions) -> int:
         sys.stdout.reconfigure(errors="replace")
     opts.models_dir.mkdir(parents=True, exist_ok=True)
     picked = _pick_model(opts)
-    settings = ServerSettings(data_dir=opts.data_dir, host=opts.host, port=opts.port)
+    if opts.port_range is None:
+        settings = ServerSettings(data_dir=opts.data_dir, host=opts.host, port=opts.port)
+    else:
+        settings = ServerSettings(
+            data_dir=opts.data_dir, host=opts.host, port=opts.port,
+            port_pool_start=opts.port_range[0], port_pool_end=opts.port_range[1],
+        )
     app = ServerApp(settings)
     password = app.bootstrap.admin_password_generated
     if password:
