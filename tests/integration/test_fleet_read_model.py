@@ -196,7 +196,7 @@ def test_create_dry_run_precheck_and_round_read_the_one_fleet(
     monkeypatch.setattr(planning, "engines_of", planning_engines)
     monkeypatch.setattr(planning, "never_fits", precheck)
     monkeypatch.setattr(scheduling, "engines_of", round_engines)
-    monkeypatch.setattr(planning, "_estimate", lambda req: _ESTIMATE)  # runs the precheck
+    monkeypatch.setattr(planning, "_estimate", lambda *_: _ESTIMATE)  # runs the precheck
     api.clock.advance(window(api) - 1)
 
     def views_of(i: int) -> set[int]:

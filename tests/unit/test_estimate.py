@@ -195,7 +195,7 @@ def test_context_override_and_cap() -> None:
     long = qwen(max_position_embeddings=131072)
     capped = estimate_hf(long)
     assert capped.context_tokens == DEFAULT_CONTEXT_CAP == 32768
-    assert "(model max 131072, capped)" in capped.detail
+    assert "(ctx 32768: model max 131072, capped)" in capped.detail
     full = estimate_hf(long, context_tokens=131072)  # an explicit context is not capped
     assert full.context_tokens == 131072
     assert full.kv_cache_mb == 4 * capped.kv_cache_mb

@@ -181,6 +181,7 @@ class Agent:
         for task_id in list(self.local):
             if task_id not in desired:
                 await self._stop(task_id, "stopped", "stopped by the server")
+                managed.pop(task_id, None)  # stopped and removed just now: not a zombie
         await self._reap(managed, desired)
 
     async def _reap(self, managed: dict[str, str], desired: dict[str, TaskAssignment]) -> None:

@@ -18,6 +18,7 @@ from heteroflow.api.routes import (
     gateway,
     logs,
     nodes,
+    root,
     servers,
     sharing_groups,
     task_groups,
@@ -29,7 +30,7 @@ from heteroflow.api.routes import (
 def create_api(ctx: ServerContext) -> FastAPI:
     app = FastAPI(
         title="HeteroFlow",
-        version="0.1.0",
+        version=root.package_version() or "0.0.0",
         description="Management API: task groups, tasks, endpoints, routes, nodes, tenants.",
         openapi_url="/api/v1/openapi.json",
         docs_url="/api/v1/docs",
@@ -53,6 +54,7 @@ def create_api(ctx: ServerContext) -> FastAPI:
         files.router,
         audit.router,
         servers.router,
+        root.router,  # GET /: what this is, for a browser (HTML) or a client (JSON)
     ):
         app.include_router(r)
 

@@ -158,7 +158,11 @@ def _demo_request(model: Path, kind: str) -> TaskGroupCreate:
                 "gpu_required": 0,
                 "model_path": str(model),
                 "memory_mb": 1024,
-                "engine_args": ["-np", "2", "-c", "4096", "--embeddings", *template],
+                # mean pooling: the Gemma GGUF declares none, and llama.cpp then refuses
+                # /v1/embeddings ("Pooling type 'none' is not OAI compatible")
+                "engine_args": [
+                    "-np", "2", "-c", "4096", "--embeddings", "--pooling", "mean", *template
+                ],
             },
         }
     )

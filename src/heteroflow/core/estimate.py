@@ -28,10 +28,15 @@ bound; a model that cannot be estimated skips the precheck. All ``*_mb`` values 
   (MLA caches one latent: layers x (kv_lora_rank + qk_rope_head_dim) x bytes). The kv
   dtype defaults to 2 bytes: vLLM's ``kv_cache_dtype=auto`` and llama.cpp's default cache
   are 16-bit, even for float32 or quantized weights. Sliding windows are not modelled.
-* **Context.** ``context_tokens`` when given, else the model's trained maximum
-  (``max_position_embeddings`` / ``{arch}.context_length``) capped at
-  :data:`DEFAULT_CONTEXT_CAP` (32768): long-context models (128k-1M) are usually served
-  with a shorter window, and sizing the precheck for 1M tokens would reject them outright.
+* **Context.** The context the engine will really run with: ``context_tokens`` when
+  given; else ``engine_context``, what the engine's own flag in the task's arguments says
+  (llama.cpp ``-c``, vLLM ``--max-model-len``, ...: :func:`heteroflow.core.engines.
+  registry.engine_context`), where "the model's own length" (llama.cpp ``-c 0``) is the
+  trained maximum uncapped; else the model's trained maximum (``max_position_embeddings``
+  / ``{arch}.context_length``) capped at :data:`DEFAULT_CONTEXT_CAP` (32768): long-context
+  models (128k-1M) are usually served with a shorter window, and sizing the precheck for
+  1M tokens would reject them outright. The detail says which and why: ``(ctx 4096 from
+  -c)``, ``(ctx 32768: model max 131072, capped)``.
 * **Overhead** = :data:`OVERHEAD_FIXED_MB` (512) + :data:`OVERHEAD_WEIGHTS_RATIO` (5%) of
   the weights. The fixed part covers the CUDA context and cuBLAS/attention workspaces a
   serving process allocates regardless of model (about 300-500 MiB on current GPUs); the
@@ -46,6 +51,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from heteroflow.core.engines.context import EngineContext
 
 MIB = 1 << 20
 DEFAULT_CONTEXT_CAP = 32_768
@@ -104,16 +111,25 @@ def _int(cfg: Mapping[str, Any], key: str, default: int | None = None) -> int:
     return int(value)
 
 
-def _context(trained: int | None, requested: int | None, key: str) -> tuple[int, str]:
+def _context(
+    trained: int | None, requested: int | None, engine: EngineContext | None, key: str
+) -> tuple[int, str]:
+    """The KV tokens and why, as `` (ctx N ...)`` for the detail."""
     if requested is not None:
         if requested <= 0:
             raise ValueError(f"context_tokens must be positive, got {requested}")
-        return requested, ""
+        return requested, f" (ctx {requested} as asked)"
+    if engine is not None and engine.tokens is not None:
+        if engine.tokens <= 0:
+            raise ValueError(f"the engine's context must be positive, got {engine.tokens}")
+        return engine.tokens, f" (ctx {engine.tokens} from {engine.source})"
     if not trained:
-        raise ValueError(f"model metadata lacks {key!r} (and no context_tokens was given)")
+        raise ValueError(f"model metadata lacks {key!r} (and no context was given)")
+    if engine is not None:  # the engine was told to take the model's own length
+        return trained, f" (ctx {trained} from {engine.source}: the model's trained length)"
     if trained > DEFAULT_CONTEXT_CAP:
-        return DEFAULT_CONTEXT_CAP, f" (model max {trained}, capped)"
-    return trained, ""
+        return DEFAULT_CONTEXT_CAP, f" (ctx {DEFAULT_CONTEXT_CAP}: model max {trained}, capped)"
+    return trained, f" (ctx {trained}: the model's trained length)"
 
 
 def _finish(weights: float, kv: float, ctx: int, source: str, w_text: str, kv_text: str
@@ -237,6 +253,7 @@ def estimate_hf(
     context_tokens: int | None = None,
     weights_bytes: int | None = None,
     kv_dtype_bytes: int | None = None,
+    engine_context: EngineContext | None = None,
 ) -> MemoryEstimate:
     """Estimate from a Hugging Face ``config.json`` (see the module docstring for formulas).
 
@@ -250,8 +267,8 @@ def estimate_hf(
         raise ValueError("model metadata has num_attention_heads = 0")
     head_dim = _int(cfg, "head_dim", hidden // heads)
     kv_bytes = kv_dtype_bytes or DEFAULT_KV_DTYPE_BYTES
-    ctx, capped = _context(_int(cfg, "max_position_embeddings", 0), context_tokens,
-                           "max_position_embeddings")
+    trained = _int(cfg, "max_position_embeddings", 0)
+    ctx, why = _context(trained, context_tokens, engine_context, "max_position_embeddings")
     if cfg.get("kv_lora_rank"):
         latent, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
         kv = layers * (latent + rope) * kv_bytes * ctx
@@ -267,7 +284,7 @@ def estimate_hf(
         weights, w_text = float(weights_bytes), f"weights {_size(weights_bytes)} (weight files)"
     else:
         weights, w_text = _hf_weights(cfg, hidden, layers, heads, head_dim)
-    return _finish(weights, kv, ctx, "hf-config", w_text, f"{kv_text}{capped} = {_size(kv)}")
+    return _finish(weights, kv, ctx, "hf-config", w_text, f"{kv_text} = {_size(kv)}{why}")
 
 
 # ---------------------------------------------------------------- GGUF metadata
@@ -290,6 +307,7 @@ def estimate_gguf_meta(
     file_bytes: int,
     context_tokens: int | None = None,
     kv_dtype_bytes: int | None = None,
+    engine_context: EngineContext | None = None,
 ) -> MemoryEstimate:
     """Estimate from GGUF key/values (:func:`heteroflow.models.estimate.read_gguf_meta`).
 
@@ -297,7 +315,8 @@ def estimate_gguf_meta(
     ``head_count_kv x (key_length + value_length) x kv bytes`` (f16, 2 bytes, by default, as
     llama.cpp's ``--cache-type-k/v f16``); ``key_length``/``value_length`` default to
     ``embedding_length / head_count``. A layer with 0 kv-heads (a recurrent layer) caches
-    nothing. Context = ``context_tokens`` or ``{arch}.context_length`` capped at 32768.
+    nothing. Context = ``context_tokens``, else ``engine_context``, else
+    ``{arch}.context_length`` capped at 32768 (see the module docstring).
     """
     arch = meta.get("general.architecture")
     if not isinstance(arch, str) or not arch:
@@ -315,7 +334,7 @@ def estimate_gguf_meta(
     v_dim = _int(meta, f"{arch}.attention.value_length", k_dim)
     kv_bytes = kv_dtype_bytes or DEFAULT_KV_DTYPE_BYTES
     trained = _int(meta, f"{arch}.context_length", 0)
-    ctx, capped = _context(trained, context_tokens, f"{arch}.context_length")
+    ctx, why = _context(trained, context_tokens, engine_context, f"{arch}.context_length")
     kv = sum(kv_heads) * (k_dim + v_dim) * kv_bytes * ctx
     if len(set(kv_heads)) <= 1:
         kv_text = _kv_text(layers, str(kv_heads[0] if kv_heads else 0), k_dim, v_dim, kv_bytes,
@@ -324,4 +343,4 @@ def estimate_gguf_meta(
         kv_text = _kv_text(None, f"{sum(kv_heads)} (summed over {layers} layers)", k_dim, v_dim,
                            kv_bytes, ctx)
     w_text = f"weights {_size(file_bytes)} (GGUF {arch})"
-    return _finish(float(file_bytes), kv, ctx, "gguf", w_text, f"{kv_text}{capped} = {_size(kv)}")
+    return _finish(float(file_bytes), kv, ctx, "gguf", w_text, f"{kv_text} = {_size(kv)}{why}")

@@ -11,7 +11,8 @@ request is its throughput limit (see bench/gateway: a bare relay costs ~0.2 ms/r
 Paths: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
 ``GET /v1/models`` and ``GET /v1/models/{id}``. Anything else under ``/v1`` is an
 OpenAI-shaped 404 (or 405 for a known path with the wrong method). ``GET /metrics`` is
-the gateway's Prometheus text (``metrics``).
+the gateway's Prometheus text (``metrics``); every other request is counted there, whatever
+its path and outcome.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from heteroflow.gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
 from heteroflow.gateway.idempotency import Idempotency, Pending, Recorder
 from heteroflow.gateway.limits import Limiter, Ticket
 from heteroflow.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from heteroflow.gateway.metrics import GatewayMetrics
+from heteroflow.gateway.metrics import GatewayMetrics, path_label
 from heteroflow.gateway.probes import (
     DEFAULT_PROBE_INTERVAL_S,
     DEFAULT_PROBE_TIMEOUT_S,
@@ -247,33 +248,39 @@ class GatewayApp:
         kind = scope["type"]
         if kind == "http":
             path: str = scope["path"]
-            method: str = scope["method"]
-            if path in _INFERENCE_PATHS:
-                if method == "POST":
-                    ex = _Exchange(send)
-                    metrics = self.metrics
-                    metrics.in_flight += 1
-                    try:
-                        await self._proxy(scope, receive, ex, path)
-                    finally:
-                        metrics.in_flight -= 1
-                        metrics.request_done(path, ex.model, ex.status)
-                else:
-                    await _not_allowed(send, method, path, b"POST")
-            elif path == "/v1/models" or path.startswith(_MODELS_PREFIX):
-                if method == "GET":
-                    await self._list_models(scope, send, path)
-                else:
-                    await _not_allowed(send, method, path, b"GET")
-            elif path == _METRICS_PATH:
-                if method == "GET":
+            if path == _METRICS_PATH:
+                if scope["method"] == "GET":
                     await self._send_metrics(send)
                 else:
-                    await _not_allowed(send, method, path, b"GET")
-            else:
-                await errors.send_error(send, errors.invalid_url(method, path))
+                    await _not_allowed(send, scope["method"], path, b"GET")
+                return
+            # Every other request is counted, whatever its outcome (401, 404, 405, 429,
+            # 5xx, 2xx) and path, under a bounded path label (``metrics.path_label``).
+            ex = _Exchange(send)
+            metrics = self.metrics
+            metrics.in_flight += 1
+            try:
+                await self._dispatch(scope, receive, ex, path)
+            finally:
+                metrics.in_flight -= 1
+                metrics.request_done(path_label(path), ex.model, ex.status)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, ex: _Exchange, path: str) -> None:
+        method: str = scope["method"]
+        if path in _INFERENCE_PATHS:
+            if method == "POST":
+                await self._proxy(scope, receive, ex, path)
+            else:
+                await _not_allowed(ex, method, path, b"POST")
+        elif path == "/v1/models" or path.startswith(_MODELS_PREFIX):
+            if method == "GET":
+                await self._list_models(scope, ex, path)
+            else:
+                await _not_allowed(ex, method, path, b"GET")
+        else:
+            await errors.send_error(ex, errors.invalid_url(method, path))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

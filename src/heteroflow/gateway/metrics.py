@@ -1,10 +1,14 @@
 """The gateway's Prometheus metrics (P3), kept in plain dicts and rendered by hand.
 
 Counting is a dict update (no client library, no locks: the gateway is one event loop);
-the text exposition format is built only when ``/metrics`` is scraped. Labels stay
-bounded: the model label is a routed model name ("" when the request named no route,
-so callers cannot grow the series with made-up names), the backend label one of the
-snapshot's base URLs; keys and tenants are never labels.
+the text exposition format is built only when ``/metrics`` is scraped. Every request the
+gateway answers except the scrapes themselves is counted, whatever its outcome (401 bad
+or missing key, 400, 404, 405, 429, 5xx, 2xx) and path. Labels stay bounded: the path
+label is one of the gateway's routes (``/v1/models/{model}`` for any model id, ``other``
+for a path it does not serve, see :func:`path_label`), the model label is a routed model
+name ("" when the request named no route, so callers cannot grow the series with
+made-up names), the backend label one of the snapshot's base URLs; keys and tenants are
+never labels.
 
 Series:
   heteroflow_gateway_requests_total{path,model,status}   counter (status 499: the client
@@ -26,6 +30,19 @@ from bisect import bisect_left
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 CLIENT_LEFT = 499
+# The path label: the routes the gateway serves, by their own name...
+ROUTE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models"})
+MODEL_ROUTE = "/v1/models/{model}"  # ...one label for every model id asked for...
+OTHER_PATH = "other"  # ...and one for every path it does not serve (answered 404)
+
+
+def path_label(path: str) -> str:
+    """The bounded ``path`` label of a request to ``path``."""
+    if path in ROUTE_PATHS:
+        return path
+    if path.startswith("/v1/models/"):
+        return MODEL_ROUTE
+    return OTHER_PATH
 
 
 class Histogram:

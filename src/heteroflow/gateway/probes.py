@@ -12,7 +12,9 @@ The gateway calls both lazily, from the first request that sees a new snapshot:
   probe is due; an answer below 500 restores it at once. A passing probe does not cut
   short an ejection that real traffic caused (a 5xx on a completion): ``/health`` can be
   fine while completions fail, so that one runs its cooldown. Routing only: nothing here
-  touches a task or a container.
+  touches a task or a container. A first failed probe is logged at INFO (an engine
+  stopped as asked, by a delete or a shutdown, fails one probe until the next snapshot
+  drops it); a backend still listed that fails its next probe too is a WARNING, once.
 * scrapes: every ``scrape_interval_s`` (<= 250 ms), ``GET {base}/metrics`` on the
   backends of ``engine_aware`` targets only; the parsed ``EngineLoad`` is stored in the
   ``loads`` map the ``Balancer`` reads. A failed scrape removes the entry (the balancer
@@ -84,6 +86,7 @@ class BackendMonitor:
         self._scrape_urls: frozenset[str] = frozenset()
         self._fallback: set[str] = set()  # backends probed on /v1/models (no /health)
         self._probe_ejected: set[str] = set()  # ejected by a failed probe, not by traffic
+        self._failures: dict[str, int] = {}  # base_url -> probes failed in a row
         self._no_metrics: dict[str, float] = {}  # base_url -> clock() to try again
         self._session: aiohttp.ClientSession | None = None
         self._stop = asyncio.Event()
@@ -105,6 +108,8 @@ class BackendMonitor:
             del self._loads[url]
         self._fallback &= probe
         self._probe_ejected &= probe
+        for url in [u for u in self._failures if u not in probe]:
+            del self._failures[url]
         for url in [u for u in self._no_metrics if u not in scrape]:
             del self._no_metrics[url]
 
@@ -170,16 +175,27 @@ class BackendMonitor:
             await asyncio.gather(*(self._probe(u) for u in urls))
 
     async def _probe(self, base_url: str) -> None:
-        healthy = await self._probe_status(base_url)
-        if healthy:
+        if await self._probe_status(base_url):
+            self._failures.pop(base_url, None)
             if base_url in self._probe_ejected:
                 self._probe_ejected.discard(base_url)
                 if self._health.restore(base_url):
                     logger.info("backend %s: restored to routing (probe passed)", base_url)
-        else:
-            self._probe_ejected.add(base_url)
-            if self._health.eject(base_url, self._eject_s):
-                logger.warning("backend %s: ejected from routing (probe failed)", base_url)
+            return
+        self._probe_ejected.add(base_url)
+        ejected = self._health.eject(base_url, self._eject_s)
+        # One failed probe is also what an engine stopped as asked looks like until the
+        # next snapshot drops it (a delete, a Ctrl-C): INFO. A backend still listed and
+        # still failing at its next probe is a real problem: WARNING, once.
+        failures = self._failures[base_url] = self._failures.get(base_url, 0) + 1
+        if failures == 2:
+            logger.warning(
+                "backend %s: failed its health probe twice in a row; out of routing until "
+                "it passes",
+                base_url,
+            )
+        elif ejected and failures == 1:
+            logger.info("backend %s: ejected from routing (probe failed)", base_url)
 
     async def _probe_status(self, base_url: str) -> bool:
         path = _FALLBACK_PATH if base_url in self._fallback else _HEALTH_PATH

@@ -28,6 +28,7 @@ from typing import Any
 
 import gguf
 
+from heteroflow.core.engines.context import EngineContext
 from heteroflow.core.estimate import MemoryEstimate, estimate_gguf_meta, estimate_hf
 
 log = logging.getLogger(__name__)
@@ -174,40 +175,57 @@ def weight_files(directory: Path) -> list[Path]:
     return []
 
 
-def _estimate_gguf(path: Path, context_tokens: int | None) -> MemoryEstimate:
+def _estimate_gguf(
+    path: Path, context_tokens: int | None, engine: EngineContext | None
+) -> MemoryEstimate:
     shards = gguf_shards(path)
     file_bytes = sum(p.stat().st_size for p in shards)  # a missing shard raises OSError
     meta = read_gguf_meta(shards[0])
-    return estimate_gguf_meta(meta, file_bytes=file_bytes, context_tokens=context_tokens)
+    return estimate_gguf_meta(
+        meta, file_bytes=file_bytes, context_tokens=context_tokens, engine_context=engine
+    )
 
 
-def _estimate(path: Path, context_tokens: int | None) -> MemoryEstimate | None:
+def _estimate(
+    path: Path, context_tokens: int | None, engine: EngineContext | None
+) -> MemoryEstimate | None:
     if path.is_file():
-        return _estimate_gguf(path, context_tokens) if path.suffix.lower() == ".gguf" else None
+        if path.suffix.lower() != ".gguf":
+            return None
+        return _estimate_gguf(path, context_tokens, engine)
     if not path.is_dir():
         return None
     config_path = path / "config.json"
     files = weight_files(path) if config_path.is_file() else []
     gguf_file = None if files else _gguf_in(path)
     if gguf_file is not None:
-        return _estimate_gguf(gguf_file, context_tokens)
+        return _estimate_gguf(gguf_file, context_tokens, engine)
     if not config_path.is_file():
         return None
     config = json.loads(config_path.read_text(encoding="utf-8"))
     if not isinstance(config, dict):
         return None
     weights = sum(p.stat().st_size for p in files) if files else None
-    return estimate_hf(config, context_tokens=context_tokens, weights_bytes=weights)
+    return estimate_hf(
+        config, context_tokens=context_tokens, weights_bytes=weights, engine_context=engine
+    )
 
 
-def estimate_model_path(path: Path, *, context_tokens: int | None = None) -> MemoryEstimate | None:
+def estimate_model_path(
+    path: Path,
+    *,
+    context_tokens: int | None = None,
+    engine_context: EngineContext | None = None,
+) -> MemoryEstimate | None:
     """The memory estimate of the model at ``path``, or None when it cannot be made.
 
+    ``engine_context``: the context the engine's arguments set
+    (:func:`heteroflow.core.engines.registry.engine_context`), used for the KV cache.
     Never raises for a user-supplied path: missing or unreadable files, a file that is not
     GGUF, invalid JSON or metadata lacking a needed key all give None (precheck skipped).
     """
     try:
-        return _estimate(Path(path), context_tokens)
+        return _estimate(Path(path), context_tokens, engine_context)
     except Exception as exc:  # any failure on a user path means "cannot estimate"
         log.debug("no memory estimate for %s: %s", path, exc)
         return None

@@ -26,7 +26,7 @@ from heteroflow.core.engines import (
     owned_flag_in,
     resolve_engine,
 )
-from heteroflow.core.engines.registry import vendors_of
+from heteroflow.core.engines.registry import engine_context, vendors_of
 from heteroflow.core.engines.selection import NodeEngines
 from heteroflow.core.engines.templates import Template, inference_templates
 from heteroflow.core.errors import Conflict, ValidationFailed
@@ -286,12 +286,14 @@ def _check_model_path(path: str, nodes: list[NodeView]) -> None:
     )
 
 
-def _estimate(req: TaskGroupCreate) -> MemoryEstimate | None:
-    """The model's memory need when the server can read the model (else None: skipped)."""
+def _estimate(req: TaskGroupCreate, engine: str) -> MemoryEstimate | None:
+    """The model's memory need when the server can read the model (else None: skipped),
+    its KV cache sized for the context the engine's own arguments set."""
     path = req.task.model_path
     if not path or not Path(path).is_absolute():
         return None
-    return estimate_model_path(Path(path))
+    args = req.task.command or req.task.engine_args  # a custom command is the whole line
+    return estimate_model_path(Path(path), engine_context=engine_context(engine, args))
 
 
 def one_click(
@@ -410,7 +412,7 @@ def plan_group(
 
 def _apply_estimate(plan: GroupPlan, nodes: list[NodeView], reservation: Reservation) -> None:
     """B8: use the estimate for placement and refuse what no registered node could hold."""
-    est = _estimate(plan.req)
+    est = _estimate(plan.req, plan.engine)
     plan.estimate = est
     if est is None:
         return

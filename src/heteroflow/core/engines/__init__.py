@@ -4,7 +4,8 @@
 ``selection`` picks the engine of a task (FEATURES H1, H3); ``templates`` lists a node's
 one-click templates (H2); ``commands`` builds the command line per engine and shape (H4,
 G1, G2), with ``kv_offload`` for vLLM's CPU KV offload flags (C12); ``flags`` records each
-engine's real CLI flags, against which the tests check the builder. All pure: no I/O.
+engine's real CLI flags, against which the tests check the builder; ``context`` reads the
+context an engine runs with from its arguments (the memory estimate). All pure: no I/O.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from heteroflow.core.engines.commands import (
     owned_flag_in,
     process_argv,
 )
-from heteroflow.core.engines.registry import ENGINES, EngineSpec, engine_spec
+from heteroflow.core.engines.context import ContextFlag, EngineContext
+from heteroflow.core.engines.registry import ENGINES, EngineSpec, engine_context, engine_spec
 from heteroflow.core.engines.selection import (
     VENDOR_CHAINS,
     EngineChoice,
@@ -40,14 +42,17 @@ __all__ = [
     "LLAMACPP_AGENT_FLAGS",
     "VENDOR_CHAINS",
     "CommandError",
+    "ContextFlag",
     "EngineChoice",
     "EngineCommand",
+    "EngineContext",
     "EngineSpec",
     "LaunchShape",
     "NoEngineAvailable",
     "NodeEngines",
     "Template",
     "build_command",
+    "engine_context",
     "engine_from_image",
     "engine_spec",
     "inference_templates",

@@ -28,6 +28,7 @@ import re
 from typing import Any
 
 CONFIG_PATH = "/heteroflow/mindie/config.json"
+MAX_SEQ_LEN = 2560  # ModelDeployConfig.maxSeqLen: the context every MindIE task runs with
 _MODEL_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,254}[A-Za-z0-9])?")
 
 START_SCRIPT = (
@@ -98,7 +99,7 @@ def config(*, host: str, port: int, model_name: str, model_path: str, cards: int
         "multiNodesInferEnabled": False,
         "interNodeTLSEnabled": False,
         "ModelDeployConfig": {
-            "maxSeqLen": 2560,
+            "maxSeqLen": MAX_SEQ_LEN,
             "maxInputTokenLen": 2048,
             "truncation": False,
             "ModelConfig": [model],

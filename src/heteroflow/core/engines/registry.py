@@ -24,15 +24,21 @@ Sources (stored copies read through the search tool):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+from heteroflow.core.engines.context import ContextFlag, EngineContext, read_context
+from heteroflow.core.engines.mindie import MAX_SEQ_LEN as MINDIE_MAX_SEQ_LEN
 
 ALL_SHAPES = frozenset({"single", "tensor_parallel", "split", "pipeline"})
 NO_PIPELINE = frozenset({"single", "tensor_parallel", "split"})
 
 # Every engine's command line sets the port explicitly, so one container port for all.
 DEFAULT_CONTAINER_PORT = 8000
+
+# The context flag of each engine (see ``context.py`` for the sources and value rules).
+_VLLM_CONTEXT = ContextFlag(("--max-model-len",), underscores=True, human_ints=True)
 
 _VLLM_METRICS = MappingProxyType(
     {
@@ -65,6 +71,10 @@ class EngineSpec:
     cpu_capable: bool = False
     shapes: frozenset[str] = ALL_SHAPES
     verified_on_hardware: bool = True
+    # How its command line sets the context it runs with (the memory estimate's KV
+    # tokens), and the context it runs with whatever the arguments (MindIE's config).
+    context_flag: ContextFlag | None = None
+    fixed_context: int | None = None
 
 
 _SPECS = (
@@ -76,6 +86,7 @@ _SPECS = (
         health_path="/health",
         metrics=_VLLM_METRICS,
         supports_sleep=True,
+        context_flag=_VLLM_CONTEXT,
     ),
     EngineSpec(
         name="sglang",
@@ -90,6 +101,7 @@ _SPECS = (
                 "kv_cache_usage": "sglang:token_usage",
             }
         ),
+        context_flag=ContextFlag(("--context-length",)),
     ),
     EngineSpec(
         name="llamacpp",
@@ -104,6 +116,9 @@ _SPECS = (
         cpu_capable=True,
         # llama.cpp splits layers over the cards of one process; no cross-node stages.
         shapes=NO_PIPELINE,
+        context_flag=ContextFlag(
+            ("-c", "--ctx-size"), equals_form=False, underscores=True, zero_is_model=True
+        ),
     ),
     EngineSpec(
         name="trtllm",
@@ -114,6 +129,7 @@ _SPECS = (
         explicit_only=True,
         shapes=NO_PIPELINE,
         verified_on_hardware=False,
+        context_flag=ContextFlag(("--max_seq_len",)),
     ),
     EngineSpec(
         name="mindie",
@@ -127,6 +143,7 @@ _SPECS = (
         # G2: MindIE has no pipeline / cross-node rendezvous shape.
         shapes=NO_PIPELINE,
         verified_on_hardware=False,
+        fixed_context=MINDIE_MAX_SEQ_LEN,
     ),
     EngineSpec(
         name="vllm-mtt",
@@ -137,6 +154,7 @@ _SPECS = (
         metrics=_VLLM_METRICS,
         supports_sleep=True,
         verified_on_hardware=False,
+        context_flag=_VLLM_CONTEXT,
     ),
 )
 
@@ -156,3 +174,17 @@ def vendors_of(name: str) -> frozenset[str]:
     engine or an unknown one (a custom command: nothing to check)."""
     spec = ENGINES.get(name)
     return spec.vendors if spec is not None else frozenset()
+
+
+def engine_context(name: str, args: Sequence[str]) -> EngineContext | None:
+    """The context engine ``name`` runs with given its arguments (``engine_args``, or a
+    custom ``command``); None when neither the engine nor its arguments fix it (the
+    model's own length applies). Unknown engines (a custom command) say nothing."""
+    spec = ENGINES.get(name)
+    if spec is None:
+        return None
+    if spec.fixed_context is not None:
+        return EngineContext(spec.fixed_context, f"{name}'s generated config")
+    if spec.context_flag is None:
+        return None
+    return read_context(spec.context_flag, args)

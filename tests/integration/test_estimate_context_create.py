@@ -1,0 +1,53 @@
+"""Creating a service sizes its memory estimate for the context its engine runs with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from .conftest import Api, service_body
+
+
+def _model(path: Path) -> Path:
+    """A header-only Qwen2-0.5B-like GGUF trained for 32768 tokens (12 KiB of KV a token)."""
+    writer = gguf.GGUFWriter(path, "qwen2")
+    writer.add_block_count(24)
+    writer.add_head_count(14)
+    writer.add_head_count_kv(2)
+    writer.add_embedding_length(896)
+    writer.add_context_length(32768)
+    writer.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.feature("B8")
+def test_c_4096_gives_a_smaller_estimate_than_the_models_own_context(
+    api: Api, tmp_path: Path
+) -> None:
+    admin = api.login()
+    api.heartbeat()  # allows tmp_path (C4)
+    model = str(_model(tmp_path / "qwen.gguf"))
+    made = {}
+    for name, args in (("plain", ["-np", "2"]), ("short", ["-np", "2", "-c", "4096"])):
+        r = api.client.post(
+            "/api/v1/task-groups",
+            json=service_body(name=name, task={"model_path": model, "engine_args": args}),
+            headers=admin,
+        )
+        assert r.status_code == 201, r.text
+        made[name] = r.json()["tasks"][0]
+    plain, short = made["plain"], made["short"]
+    assert (
+        "x 32768 tokens = 384.0 MiB (ctx 32768: the model's trained length)"
+        in (plain["estimate_detail"])
+    )
+    assert "x 4096 tokens = 48.0 MiB (ctx 4096 from -c)" in short["estimate_detail"]
+    # a CPU service books the estimate as its memory: the KV difference, 336 MiB
+    assert plain["memory_mb"] - short["memory_mb"] == 384 - 48
