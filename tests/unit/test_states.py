@@ -24,7 +24,9 @@ EXPECTED_LEGAL: dict[str, set[str]] = {
     "pending": {"scheduled", "stopped"},
     "scheduled": {"starting", "pending", "stopped", "failed"},
     "starting": {"running", "failed", "stopping", "stopped", "completed", "pending"},
-    "running": {"failed", "stopping", "stopped", "completed"},
+    "running": {"failed", "stopping", "stopped", "completed", "sleeping"},
+    "sleeping": {"waking", "stopping", "stopped", "failed"},  # F1: asleep on its node
+    "waking": {"running", "sleeping", "stopping", "stopped", "failed"},  # F2
     "stopping": {"stopped", "failed", "pending"},  # pending: a preempted task requeued (B4)
     "stopped": set(),
     "failed": {"stopped"},
@@ -66,7 +68,8 @@ def test_terminal_states_never_lead_back_to_running(terminal: TaskStatus) -> Non
     assert terminal in TERMINAL
     assert not can_transition(terminal, TaskStatus.RUNNING)
     reachable = _reachable(terminal)
-    live = {TaskStatus.PENDING, TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING}
+    live = {TaskStatus.PENDING, TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING,
+            TaskStatus.SLEEPING, TaskStatus.WAKING}
     assert not (reachable & live), f"{terminal} can reach {reachable & live}"
     assert reachable <= {TaskStatus.STOPPED}
 
@@ -104,6 +107,14 @@ G = GroupStatus
         ([T.PENDING], False, G.PENDING),
         ([T.PENDING, T.PENDING], False, G.PENDING),
         ([T.PENDING, T.STOPPED], False, G.PENDING),
+        # A7: asleep, waking, and a split group with one replica asleep
+        ([T.SLEEPING], False, G.SLEEPING),
+        ([T.SLEEPING, T.SLEEPING, T.STOPPED], False, G.SLEEPING),
+        ([T.WAKING, T.SLEEPING], False, G.WAKING),
+        ([T.WAKING, T.RUNNING], False, G.WAKING),
+        ([T.RUNNING, T.SLEEPING], False, G.RUNNING),
+        ([T.SLEEPING, T.FAILED], False, G.FAILED),
+        ([T.SLEEPING], True, G.STOPPING),
     ],
 )
 def test_group_status(statuses: list[TaskStatus], deleting: bool, expected: GroupStatus) -> None:
@@ -147,7 +158,7 @@ def test_transition_refuses_illegal_pair_without_touching_session(
 
 def test_every_illegal_pair_is_refused_by_transition() -> None:
     poison = _Untouchable()
-    assert len(ILLEGAL_PAIRS) == 64 - sum(len(v) for v in EXPECTED_LEGAL.values())
+    assert len(ILLEGAL_PAIRS) == len(TaskStatus) ** 2 - sum(len(v) for v in EXPECTED_LEGAL.values())
     for src, dst in ILLEGAL_PAIRS:
         with pytest.raises(IllegalTransition):
             transition(cast(Session, poison), cast(Clock, poison), "t", src, dst)

@@ -3,13 +3,19 @@
 Task (one container / engine process)::
 
     pending -> scheduled -> starting -> running -> stopping -> stopped
-                   |            |          |
-                   +------------+----------+--> failed (reason recorded)
+                   |            |          |  ^
+                   |            |          v  |
+                   |            |      sleeping -> waking
+                   +------------+----------+-----------+--> failed (reason recorded)
 
 ``scheduled`` is the user-facing "scheduling" (placed, waiting for its agent);
 ``starting`` is claimed by the agent, engine launched, first health check not yet passed.
-A task is routable only in ``running``. Sleeping / waking / draining arrive with the
-sleep and rolling-update work and will extend these tables.
+``sleeping`` (F1): its engine is stopped and its memory released, but it keeps its node,
+its cards' commitment and its inference-container slot, and its container (Docker) is
+kept for the wake; ``waking`` (F2): the engine is starting again on the same node. A
+task is routable only in ``running`` (a sleeping service is listed, and a request for it
+wakes it). A replica leaving a rolling update stays ``running`` with ``draining`` set
+(M11): no new requests, in-flight ones finish.
 
 File request (C7)::
 
@@ -38,6 +44,8 @@ class TaskStatus(WireEnum):
     SCHEDULED = "scheduled"
     STARTING = "starting"
     RUNNING = "running"
+    SLEEPING = "sleeping"
+    WAKING = "waking"
     STOPPING = "stopping"
     STOPPED = "stopped"
     FAILED = "failed"
@@ -48,6 +56,8 @@ class GroupStatus(WireEnum):
     PENDING = "pending"
     SCHEDULING = "scheduling"
     RUNNING = "running"
+    SLEEPING = "sleeping"
+    WAKING = "waking"
     FAILED = "failed"
     STOPPING = "stopping"
     STOPPED = "stopped"
@@ -61,7 +71,10 @@ TASK_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     T.SCHEDULED: frozenset({T.STARTING, T.PENDING, T.STOPPED, T.FAILED}),
     # back to the queue: a pool port found taken on the node at launch (P2)
     T.STARTING: frozenset({T.RUNNING, T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED, T.PENDING}),
-    T.RUNNING: frozenset({T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED}),
+    T.RUNNING: frozenset({T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED, T.SLEEPING}),
+    # F1/F2: asleep on its node; woken there (or failed: node gone, container gone)
+    T.SLEEPING: frozenset({T.WAKING, T.STOPPING, T.STOPPED, T.FAILED}),
+    T.WAKING: frozenset({T.RUNNING, T.SLEEPING, T.STOPPING, T.STOPPED, T.FAILED}),
     # back to the queue: a preempted task once its agent stopped it (B4)
     T.STOPPING: frozenset({T.STOPPED, T.FAILED, T.PENDING}),
     T.STOPPED: frozenset(),
@@ -69,10 +82,15 @@ TASK_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     T.COMPLETED: frozenset({T.STOPPED}),
 }
 
-# Tasks that hold a placement (node, cards, host port) and so count against capacity.
-HOLDS_RESOURCES = frozenset({T.SCHEDULED, T.STARTING, T.RUNNING, T.STOPPING})
+# Tasks that hold a placement (node, cards, host port) and so count against capacity: a
+# sleeping one keeps its commitment and slot (F1), though training may borrow (F5).
+HOLDS_RESOURCES = frozenset(
+    {T.SCHEDULED, T.STARTING, T.RUNNING, T.SLEEPING, T.WAKING, T.STOPPING}
+)
 # Tasks an agent should be running (or starting) on its node.
-AGENT_OWNED = frozenset({T.STARTING, T.RUNNING})
+AGENT_OWNED = frozenset({T.STARTING, T.RUNNING, T.WAKING})
+# Tasks whose engine is (or should be) up: what the run timeout and the idle timer watch.
+ENGINE_UP = frozenset({T.STARTING, T.RUNNING, T.WAKING})
 TERMINAL = frozenset({T.STOPPED, T.FAILED, T.COMPLETED})
 
 # What an agent may report a task as (``TaskReport.status``): the report's target state.
@@ -109,6 +127,12 @@ def group_status(task_statuses: list[TaskStatus], *, deleting: bool = False) -> 
         return GroupStatus.FAILED
     if s == {T.RUNNING}:
         return GroupStatus.RUNNING
+    if T.SLEEPING in s and s <= {T.SLEEPING, T.STOPPED}:
+        return GroupStatus.SLEEPING
+    if T.WAKING in s and s <= {T.WAKING, T.SLEEPING, T.RUNNING, T.STOPPED}:
+        return GroupStatus.WAKING
+    if T.RUNNING in s and s <= {T.RUNNING, T.SLEEPING}:
+        return GroupStatus.RUNNING  # a replica asleep, the others serve
     if s <= {T.STOPPED}:
         return GroupStatus.STOPPED
     if s <= {T.COMPLETED, T.STOPPED}:

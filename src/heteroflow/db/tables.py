@@ -166,6 +166,13 @@ class TaskGroup(Base):
     rolling_update_state: Mapped[str | None] = mapped_column(String(32), nullable=True)
     rolling_update_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     idle_timeout_minutes: Mapped[int] = mapped_column(Integer, default=0)
+    # what its owner wants: "running" (recovery rebuilds what fails) or "stopped" (a user
+    # stop: the only thing that stops a service for good; start sets it back) (0011)
+    desired: Mapped[str] = mapped_column(String(16), default="running")
+    # A10: training / container tasks are stopped after this long running; 0 = never
+    run_timeout_seconds: Mapped[int] = mapped_column(Integer, default=0)
+    # F4: the last request the gateway routed to it (the idle timer's start)
+    last_request_at: Mapped[datetime | None] = mapped_column(nullable=True)
     gpu_memory_utilization: Mapped[int] = mapped_column(Integer)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     # "tenant": the priority ranks only within the tenant's sharing key (a member's);
@@ -222,6 +229,14 @@ class Task(Base):
     draining: Mapped[bool] = mapped_column(Boolean, default=False)
     # B4: the task this one is being stopped for; it returns to pending once stopped
     preempted_by: Mapped[str] = mapped_column(String(32), default="")
+    # E1: rebuilds behind this task in a row (0 = the original); reset once the one it
+    # replaced had run stably; the task that replaced this one ("" = current) (0011)
+    rebuild_count: Mapped[int] = mapped_column(Integer, default=0)
+    replaced_by: Mapped[str] = mapped_column(String(32), default="")
+    # when it last became running (E1's stability window, A10's run timeout)
+    running_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # F3: a wake asked for while it could not happen (node offline, card borrowed)
+    wake_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

@@ -148,6 +148,11 @@ class TaskRead(BaseModel):
     priority_class: str = "tenant"
     # M11: the gateway sends it no new requests (POST/DELETE /api/v1/tasks/{id}/drain)
     draining: bool = False
+    # E1: rebuilds in a row behind this task; the task that replaced it ("" = current)
+    rebuild_count: int = 0
+    replaced_by: str = ""
+    running_at: datetime | None = None  # when it last became running
+    wake_requested: bool = False  # F3: a wake waiting for its node or card
     started_at: datetime | None
     created_at: datetime
     updated_at: datetime
@@ -174,12 +179,17 @@ class TaskGroupRead(BaseModel):
     gpu_memory_utilization: int
     priority: int
     priority_class: str = "tenant"
+    # "running", or "stopped" by its owner (recovery rebuilds only what should run)
+    desired: str = "running"
+    run_timeout_seconds: int = 0  # A10: training / container only; 0 = never
+    last_request_at: datetime | None = None  # F4: the gateway's last request for it
     health_check: dict[str, Any]
     labels: dict[str, Any]
     status: str
     status_message: str
     created_at: datetime
     updated_at: datetime
+    # its current tasks (one per rank); replaced ones stay readable at /api/v1/tasks/{id}
     tasks: list[TaskRead] = Field(default_factory=list)
 
 

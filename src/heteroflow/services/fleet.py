@@ -131,6 +131,14 @@ def _book_holders(s: Session, views: dict[str, NodeView], keys: dict[str, str]) 
         )
         book(view, p, d, loaded=t.status in LOADED)
         view.occupants[-1].preempting = bool(t.preempted_by)
+        # F5: training may borrow the cards of a sleeping inference service
+        if t.status == TaskStatus.SLEEPING.value:
+            view.occupants[-1].sleeping = True
+            for c in view.cards:
+                if c.index in p.gpu_ids:
+                    c.sleeping += 1
+                    c.sleeping_mb += p.per_card_mb
+                    c.sleeping_pct += p.per_card_pct
 
 
 def _card(g: dict[str, Any]) -> CardView:

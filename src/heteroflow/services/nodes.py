@@ -36,8 +36,12 @@ from heteroflow.services import faults
 from heteroflow.services.access import task_on_node
 from heteroflow.services.transitions import KEEP, TaskUpdate, note, transition
 
-# What an agent is told about: tasks placed on it that it should be starting or running.
-DESIRED = (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING)
+# What an agent is told about: tasks placed on it that it should be starting or running,
+# and the ones asleep there (their engines stay stopped, their containers kept) or waking.
+DESIRED = (
+    TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING, TaskStatus.SLEEPING,
+    TaskStatus.WAKING,
+)
 
 
 def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
@@ -129,10 +133,16 @@ def claim(s: Session, clock: Clock, node_id: str, task_id: str) -> TaskAssignmen
 
 # Which reported outcome moves a task from which state.
 _REPORT_FROM: dict[TaskStatus, tuple[TaskStatus, ...]] = {
-    TaskStatus.RUNNING: (TaskStatus.STARTING,),
-    TaskStatus.FAILED: (TaskStatus.STARTING, TaskStatus.RUNNING, TaskStatus.STOPPING),
+    TaskStatus.RUNNING: (TaskStatus.STARTING, TaskStatus.WAKING),
+    TaskStatus.FAILED: (
+        TaskStatus.STARTING, TaskStatus.RUNNING, TaskStatus.STOPPING, TaskStatus.SLEEPING,
+        TaskStatus.WAKING,
+    ),
     TaskStatus.COMPLETED: (TaskStatus.STARTING, TaskStatus.RUNNING),
-    TaskStatus.STOPPED: (TaskStatus.STOPPING, TaskStatus.STARTING, TaskStatus.RUNNING),
+    TaskStatus.STOPPED: (
+        TaskStatus.STOPPING, TaskStatus.STARTING, TaskStatus.RUNNING, TaskStatus.SLEEPING,
+        TaskStatus.WAKING,
+    ),
 }
 
 

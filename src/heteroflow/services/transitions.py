@@ -140,7 +140,10 @@ def transition(
     result = s.execute(
         sql_update(Task)
         .where(Task.id == task_id, Task.status == expected.value)
-        .values(status=to.value, status_message=message, updated_at=now, **update.columns())
+        .values(
+            status=to.value, status_message=message, updated_at=now,
+            **_stamps(to, now), **update.columns(),
+        )
         .execution_options(synchronize_session=False)
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]
@@ -192,12 +195,22 @@ def note(
     return True
 
 
+def _stamps(to: TaskStatus, now: datetime) -> dict[str, Any]:
+    """Columns a state sets by itself: ``running_at`` when a task becomes running (E1's
+    stability window and A10's run timeout count from there)."""
+    return {"running_at": now} if to == TaskStatus.RUNNING else {}
+
+
 def refresh_group_status(s: Session, clock: Clock, group_id: str, message: str = "") -> None:
+    """The group's status from its current tasks (a task another replaced is history)."""
     group = s.get(TaskGroup, group_id, populate_existing=True)
     if group is None:
         return
     statuses = [
-        TaskStatus(v) for v in s.scalars(select(Task.status).where(Task.group_id == group_id))
+        TaskStatus(v)
+        for v in s.scalars(
+            select(Task.status).where(Task.group_id == group_id, Task.replaced_by == "")
+        )
     ]
     new = group_status(statuses, deleting=group.deleted_at is not None).value
     if new != group.status:
@@ -259,6 +272,7 @@ def transition_many(
             status=to.value,
             status_message=bindparam("b_msg"),
             updated_at=now,
+            **_stamps(to, now),
             **{k: bindparam(f"b_{k}") for k in keys},
         ),
         [
@@ -305,7 +319,7 @@ def refresh_group_statuses(
         q = (
             select(Task.group_id, Task.status, TaskGroup.status, TaskGroup.deleted_at)
             .join(TaskGroup, TaskGroup.id == Task.group_id)
-            .where(Task.group_id.in_(ids[i : i + _CHUNK]))
+            .where(Task.group_id.in_(ids[i : i + _CHUNK]), Task.replaced_by == "")
         )
         for gid, st, group_st, deleted in s.execute(q):
             statuses[gid].append(TaskStatus(st))

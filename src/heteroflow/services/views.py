@@ -36,6 +36,10 @@ def task_read(t: Task) -> TaskRead:
         priority=t.priority,
         priority_class=t.priority_class,
         draining=bool(t.draining),
+        rebuild_count=t.rebuild_count,
+        replaced_by=t.replaced_by,
+        running_at=t.running_at,
+        wake_requested=bool(t.wake_requested),
         started_at=t.started_at,
         created_at=t.created_at,
         updated_at=t.updated_at,
@@ -64,13 +68,20 @@ def group_read(g: TaskGroup, tasks: list[Task]) -> TaskGroupRead:
         gpu_memory_utilization=g.gpu_memory_utilization,
         priority=g.priority,
         priority_class=g.priority_class,
+        desired=g.desired,
+        run_timeout_seconds=g.run_timeout_seconds,
+        last_request_at=g.last_request_at,
         health_check=dict(g.health_check),
         labels=dict(g.labels),
         status=g.status,
         status_message=g.status_message,
         created_at=g.created_at,
         updated_at=g.updated_at,
-        tasks=[task_read(t) for t in sorted(tasks, key=lambda t: (t.generation, t.rank))],
+        tasks=[
+            task_read(t)
+            for t in sorted(tasks, key=lambda t: (t.generation, t.rank))
+            if not t.replaced_by
+        ],
     )
 
 
