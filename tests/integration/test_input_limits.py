@@ -340,9 +340,9 @@ def test_the_dry_run_reads_no_file_outside_the_prefixes(
 
     read: list[Path] = []
 
-    def spy(path: Path) -> Any:
+    def spy(path: Path, **kw: Any) -> Any:
         read.append(path)
-        return real(path)
+        return real(path, **kw)
 
     monkeypatch.setattr(planning, "estimate_model_path", spy)
     admin = api.login()
