@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -147,8 +148,6 @@ def test_follow_ends_after_its_timeout(api: Api) -> None:
 def test_cli_prints_logs_and_follows_until_the_end(
     api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from contextlib import nullcontext
-
     from heteroflow.cmd import remote
 
     admin = api.login()
@@ -157,7 +156,7 @@ def test_cli_prints_logs_and_follows_until_the_end(
     for text in ("one\n", "two\n"):
         ship(api, node_id, task_id, text)
     api.client.headers.update(admin)
-    monkeypatch.setattr(remote, "_client", lambda server=None: nullcontext(api.client))
+    monkeypatch.setattr(remote, "_client", lambda server=None: _Shared(api.client))
     remote.logs(task_id)
     assert capsys.readouterr().out == "one\ntwo\n"
     api.app.settings.log_follow_poll_s = 0.01
@@ -167,3 +166,19 @@ def test_cli_prints_logs_and_follows_until_the_end(
     assert capsys.readouterr().out == "one\ntwo\nthree\n"
     with pytest.raises(remote.CliError, match="404"):
         remote.logs("task-000000000000", follow=True)
+
+
+class _Shared:
+    """The test's client as the CLI's: entering and leaving it leaves it open."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __enter__(self) -> Any:
+        return self._client
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
