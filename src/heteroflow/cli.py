@@ -365,6 +365,17 @@ def _services(a: argparse.Namespace) -> int:
         remote.show_service(a.id, as_json=a.json)
     elif a.action == "delete":
         remote.delete_service(a.id, wait=a.wait, timeout_s=a.timeout)
+    # issue 13: the service's desired state
+    elif a.action == "stop":
+        remote.stop_service(a.id, wait=a.wait, timeout_s=a.timeout)
+    elif a.action == "start":
+        remote.start_service(a.id, wait=a.wait, timeout_s=a.timeout)
+    elif a.action == "restart":
+        remote.restart_service(a.id, wait=a.wait, timeout_s=a.timeout)
+    elif a.action == "sleep":
+        remote.sleep_service(a.id, as_json=a.json)
+    elif a.action == "wake":
+        remote.wake_service(a.id, wait=a.wait, timeout_s=a.timeout, as_json=a.json)
     return 0
 
 
@@ -375,6 +386,10 @@ def _tasks(a: argparse.Namespace) -> int:
         remote.show_task(a.id, as_json=a.json)
     elif a.action == "stop":
         remote.stop_task(a.id, wait=a.wait, timeout_s=a.timeout)
+    elif a.action == "sleep":
+        remote.sleep_task(a.id, as_json=a.json)
+    elif a.action == "wake":
+        remote.wake_task(a.id, wait=a.wait, timeout_s=a.timeout, as_json=a.json)
     return 0
 
 
@@ -506,7 +521,7 @@ def _management_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
     sv = sub.add_parser(
         "services",
-        help="create / list / show / delete services",
+        help="create / list / show / delete / stop / start / sleep / wake services",
         epilog=SERVICES_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -552,9 +567,33 @@ def _management_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     de = svs.add_parser("delete", help="delete a service: its tasks stop")
     de.add_argument("id", help="the service id (tg-...)")
     _wait_flags(de, "every task has stopped", default=False)
+    # --- issue 13: stop / start / restart (the service's desired state) ---
+    so = svs.add_parser(
+        "stop", help="stop a service; it stays stopped (nothing restarts it) until started"
+    )
+    so.add_argument("id", help="the service id (tg-...)")
+    _wait_flags(so, "every task has stopped", default=False)
+    sa = svs.add_parser(
+        "start", help="start a stopped or failed service again (same endpoint and API key)"
+    )
+    sa.add_argument("id", help="the service id (tg-...)")
+    _wait_flags(sa, "it runs", default=False)
+    sr = svs.add_parser("restart", help="stop a service, then start it with fresh tasks")
+    sr.add_argument("id", help="the service id (tg-...)")
+    _wait_flags(sr, "it runs", default=False)
+    # --- end issue 13 ---
+    sl = svs.add_parser(
+        "sleep", help="put a service to sleep: engines stop, memory is freed, it stays listed"
+    )
+    sl.add_argument("id", help="the service id (tg-...)")
+    _json_flag(sl)
+    wk = svs.add_parser("wake", help="wake a sleeping service (says why when it must wait)")
+    wk.add_argument("id", help="the service id (tg-...)")
+    _wait_flags(wk, "it runs", default=False)
+    _json_flag(wk)
     sv.set_defaults(fn=_services)
 
-    tk = sub.add_parser("tasks", help="one task of a service: show / stop")
+    tk = sub.add_parser("tasks", help="one task of a service: show / stop / sleep / wake")
     tks = tk.add_subparsers(dest="action", required=True, metavar="ACTION")
     ts = tks.add_parser("show", help="one task's fields")
     ts.add_argument("id", help="the task id (task-...)")
@@ -562,6 +601,13 @@ def _management_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     tp = tks.add_parser("stop", help="stop one task")
     tp.add_argument("id", help="the task id (task-...)")
     _wait_flags(tp, "it has stopped", default=False)
+    tsl = tks.add_parser("sleep", help="put a running inference task to sleep")
+    tsl.add_argument("id", help="the task id (task-...)")
+    _json_flag(tsl)
+    twk = tks.add_parser("wake", help="wake a sleeping task (says why when it must wait)")
+    twk.add_argument("id", help="the task id (task-...)")
+    _wait_flags(twk, "it runs", default=False)
+    _json_flag(twk)
     tk.set_defaults(fn=_tasks)
 
     tn = sub.add_parser("tenants", help="tenants (operators create them)")

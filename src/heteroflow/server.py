@@ -20,11 +20,15 @@ from typing import Any
 from heteroflow.api.app import Dispatcher, create_api
 from heteroflow.api.context import ServerContext
 from heteroflow.controllers.base import run_loop
+from heteroflow.controllers.idle import EmbeddedServerLink, IdleSleeper  # issue 13 (F4, F6)
 from heteroflow.controllers.leadership import Leadership
 from heteroflow.controllers.node_watch import NodeWatch
+from heteroflow.controllers.recovery import Recovery  # issue 13
 from heteroflow.controllers.scheduler import Scheduler
 from heteroflow.controllers.snapshot import SnapshotPublisher
+from heteroflow.controllers.wakes import WakeRetrier
 from heteroflow.core.clock import Clock, SystemClock
+from heteroflow.core.recovery import RecoveryPolicy  # issue 13
 from heteroflow.db.engine import Database, migrate
 from heteroflow.gateway.app import GatewayApp
 from heteroflow.gateway.usage import UsageCollector
@@ -123,9 +127,47 @@ class ServerApp:
             interval_s=settings.scheduler_interval_s,
             offline_after_s=settings.node_offline_after_s,
         )
+        # --- issue 13: the recovery loop (E1-E4, A10; leader-only) ---
+        self.recovery = Recovery(
+            self.db,
+            self.clock,
+            self.leadership,
+            interval_s=settings.recovery_interval_s,
+            policy=RecoveryPolicy(
+                max_rebuilds=settings.recovery_max_rebuilds,
+                stable_s=settings.recovery_stable_s,
+                fallback_after=settings.recovery_fallback_after,
+            ),
+            offline_after_s=settings.node_offline_after_s,
+            migrate_after_s=settings.node_migrate_after_s,
+        )
+        # --- end issue 13 (recovery) ---
         self.publisher = SnapshotPublisher(
             self.db, self.holder, interval_s=settings.snapshot_interval_s
         )
+        # F3: wakes that had to wait for their node or their cards (leader-only)
+        self.wakes = WakeRetrier(
+            self.db,
+            self.clock,
+            self.leadership,
+            interval_s=settings.wake_retry_interval_s,
+            offline_after_s=settings.node_offline_after_s,
+            node_lost_after_s=settings.wake_node_lost_after_s,
+        )
+        # --- issue 13 (F4, F6): the embedded gateway wakes sleeping services in this
+        # process (and refreshes the snapshot at once); the leader's idle timer ---
+        self.gateway.wake.link = EmbeddedServerLink(
+            self.db, self.clock, self.publisher, offline_after_s=settings.node_offline_after_s
+        )
+        self.idle = IdleSleeper(
+            self.db,
+            self.clock,
+            self.leadership,
+            interval_s=settings.idle_check_interval_s,
+            minute_s=settings.idle_minute_s,
+            on_slept=self.publisher.refresh,
+        )
+        # --- end issue 13 (F4, F6) ---
 
     async def serve(
         self,
@@ -139,7 +181,9 @@ class ServerApp:
         host, port = sock.getsockname()[:2]
         self.leadership.listening_on(str(host), int(port))
         # the elector first: leader-only loops skip their rounds until it holds the lease
-        controllers = (self.leadership, self.scheduler, self.node_watch, self.publisher)
+        controllers = (
+            self.leadership, self.scheduler, self.node_watch, self.publisher, self.wakes,
+        )
         loops = [
             *(
                 asyncio.create_task(run_loop(c, self.clock, stop, self.leadership))
@@ -147,6 +191,12 @@ class ServerApp:
             ),
             asyncio.create_task(self.usage.run(stop)),  # periodic usage batches (M7)
         ]
+        # issue 13: the recovery loop, beside the other controllers
+        loops.append(
+            asyncio.create_task(run_loop(self.recovery, self.clock, stop, self.leadership))
+        )
+        # issue 13 (F4): the idle timer (leader-only)
+        loops.append(asyncio.create_task(run_loop(self.idle, self.clock, stop, self.leadership)))
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         extras = [asyncio.create_task(fn(stop)) for fn in (extra or [])]
         await stop.wait()

@@ -60,6 +60,21 @@ class ServerSettings(BaseSettings):
     # over within leader_lease_ttl_s plus one renew interval.
     leader_lease_ttl_s: float = Field(default=15.0, gt=0.0)
     leader_renew_interval_s: float = Field(default=5.0, gt=0.0)
+    # --- issue 13: the recovery loop (E1-E4, A10; services/recovery.py, leader-only) ---
+    # Every recovery_interval_s it rebuilds failed tasks of groups meant to run, at most
+    # recovery_max_rebuilds in a row (the count starts again once the task it replaces had
+    # run recovery_stable_s); after recovery_fallback_after failed starts in a row of one
+    # engine on one node it takes the next engine of the group's template chain (E3).
+    # Tasks on a node lost (no heartbeat for node_offline_after_s) for node_migrate_after_s
+    # more, or on a card gone from its node's inventory that long, are failed there and so
+    # rebuilt elsewhere (E4). The same loop stops training / container tasks past their
+    # group's run_timeout_seconds (A10).
+    recovery_interval_s: float = Field(default=1.0, gt=0.0)
+    recovery_max_rebuilds: int = Field(default=5, ge=0, le=100)
+    recovery_stable_s: float = Field(default=60.0, ge=0.0)
+    recovery_fallback_after: int = Field(default=2, ge=1, le=100)
+    node_migrate_after_s: float = Field(default=60.0, ge=0.0)
+    # --- end issue 13 (recovery) ---
     # VRAM kept free on every card (B3): fixed MB + a share of the card.
     vram_reserve_fixed_mb: int = 500
     vram_reserve_ratio: float = 0.10
@@ -106,6 +121,29 @@ class ServerSettings(BaseSettings):
     # A standalone gateway (--routes FILE) checks the file's mtime this often (and
     # reloads at once on SIGHUP).
     routes_reload_interval_s: float = 1.0
+
+    # Idle sleep and wake on request (F4, F6). The leader puts to sleep, every
+    # idle_check_interval_s, each service whose gateway traffic stopped for its
+    # idle_timeout_minutes (idle_minute_s is one such minute: 60; tests shorten it). A
+    # request for a sleeping model wakes it and is held until a backend is up, at most
+    # gateway_wake_hold_s (0 = no holding: 503 at once, the wake started); a 503 says
+    # Retry-After: gateway_wake_retry_after_s. While requests are held the gateway
+    # re-reads the routing snapshot every gateway_wake_poll_s.
+    idle_check_interval_s: float = Field(default=15.0, gt=0.0)
+    idle_minute_s: float = Field(default=60.0, gt=0.0)
+    gateway_wake_hold_s: float = Field(default=120.0, ge=0.0)
+    gateway_wake_retry_after_s: int = Field(default=10, ge=1, le=3600)
+    gateway_wake_poll_s: float = Field(default=0.2, gt=0.0)
+
+    # Sleep and wake (F1-F3, services/sleep.py). A wake that cannot happen now (node
+    # offline, cards borrowed by training) is recorded as wake_requested; the leader's
+    # wake retrier looks at those every wake_retry_interval_s: it wakes the task once it
+    # can, and fails it (the recovery loop then rebuilds it elsewhere) once its node has
+    # had no heartbeat for wake_node_lost_after_s — likewise a task waking on such a node.
+    # How long a woken engine may take to pass its health check is the agent's
+    # wake_ready_timeout_s (HETEROFLOW_AGENT_WAKE_READY_TIMEOUT_S, 120 s, F2).
+    wake_retry_interval_s: float = Field(default=2.0, gt=0.0)
+    wake_node_lost_after_s: float = Field(default=120.0, gt=0.0)
 
     # Task logs (C6): the newest bytes kept per task (oldest chunks are trimmed), the
     # most one agent call may append, and the live view's poll interval and duration.
@@ -199,3 +237,15 @@ class AgentSettings(BaseSettings):
     log_tail_lines: int = 2000
     # File requests (C7): upload chunk size; at most the server's file_chunk_bytes.
     file_chunk_bytes: int = 64 * 1024 * 1024
+    # Sleep and wake (F1, F2). While the agent runs or holds asleep inference engines it
+    # asks the server every task_life_poll_interval_s which of its tasks sleep or wake,
+    # and converges at once rather than at the next heartbeat (0 = heartbeats only). A
+    # vLLM-family engine gets POST /sleep?level=2 (at most vllm_sleep_timeout_s) before it
+    # is stopped; a woken engine that has not passed its health check within
+    # wake_ready_timeout_s of its restart fails its task (F2: 120 s). Inside its start
+    # period a woken engine is probed every wake_probe_interval_s (failures there are not
+    # counted), so it serves as soon as it answers rather than at its next check.
+    task_life_poll_interval_s: float = Field(default=0.5, ge=0.0)
+    vllm_sleep_timeout_s: float = Field(default=5.0, gt=0.0)
+    wake_ready_timeout_s: float = Field(default=120.0, gt=0.0)
+    wake_probe_interval_s: float = Field(default=0.2, gt=0.0)

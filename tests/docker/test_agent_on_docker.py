@@ -206,8 +206,12 @@ def test_a_container_killed_behind_the_agents_back_fails_the_task(
     g = dstack.wait_status(g["id"], "running", 60)
     task = g["tasks"][0]
     container(docker_client, task["id"]).remove(force=True)
-    dstack.wait_status(g["id"], "failed", 20)
-    t = dstack.api("GET", f"/api/v1/tasks/{task['id']}").json()
+    # the task fails with why (the recovery loop then replaces it with a new task)
+    t = wait_for(
+        lambda: (t := dstack.api("GET", f"/api/v1/tasks/{task['id']}").json())["status"]
+        == "failed" and t,
+        20, "the removed container's task to fail",
+    )
     assert "container" in t["status_message"]
 
 

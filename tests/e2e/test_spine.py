@@ -105,9 +105,12 @@ def test_a_killed_engine_is_detected_and_the_task_fails_with_a_reason(stack: Sta
     pid = engine_pid(task["ports"][0]["host_port"])
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    g = stack.wait_status(g["id"], "failed", timeout_s=15)
-    t = stack.api("GET", f"/api/v1/tasks/{task['id']}").json()
-    assert t["status"] == "failed"
+    # the task fails with why (the recovery loop then replaces it: tests/e2e/test_self_healing)
+    t = wait_for(
+        lambda: (t := stack.api("GET", f"/api/v1/tasks/{task['id']}").json())["status"]
+        == "failed" and t,
+        15, "the killed engine's task to fail",
+    )
     assert "exited with code -9" in t["status_message"]
 
 

@@ -241,6 +241,11 @@ def test_a_second_up_keeps_the_demo_key_of_the_first(tmp_path: Path) -> None:
     try:
         base2, key2 = second.ready()
         assert key2 == key and "admin password" not in second.text
+        # issue 13: the same service came back (the recovery loop or up's start), not a
+        # new one with the old key
+        demo = re.search(r"deploying \S+ from \S+ as (tg-[0-9a-f]+)", first.text)
+        assert demo, first.text
+        assert f"keeping the demo service {demo.group(1)}" in second.text, second.text
         assert "the one from the first start" in second.text
         assert f"demo API key: {key}" in second.text
         chat(base2, key)  # the first run's key

@@ -70,7 +70,10 @@ def _real_ids(path: str, w: World) -> dict[str, str]:
 def _auth_for(path: str, users: dict[str, str], node_id: str) -> dict[str, str]:
     if path.startswith("/api/v1/agent/"):
         return {"Authorization": f"Bearer {NODE_TOKEN}", "X-Heteroflow-Node": node_id}
-    if path in ("/api/v1/gateway/snapshot", "/api/v1/gateway/usage"):
+    if path in (
+        "/api/v1/gateway/snapshot", "/api/v1/gateway/usage", "/api/v1/gateway/activity",
+        "/api/v1/gateway/wake",
+    ):
         return {"Authorization": f"Bearer {GATEWAY_TOKEN}"}
     return users
 

@@ -152,6 +152,17 @@ def operations(a: World, b: World) -> dict[str, tuple[str, dict[str, Any]]]:
         "POST /api/v1/task-groups": (GLOBAL, {"json": service_body(name="b-own")}),
         "GET /api/v1/task-groups/{group_id}": (OBJECT, {}),
         "DELETE /api/v1/task-groups/{group_id}": (OBJECT, {}),
+        # issue 13: the service's life
+        "PATCH /api/v1/task-groups/{group_id}": (OBJECT, {"json": {"idle_timeout_minutes": 5}}),
+        "POST /api/v1/task-groups/{group_id}/stop": (OBJECT, {}),
+        "POST /api/v1/task-groups/{group_id}/start": (OBJECT, {}),
+        "POST /api/v1/tasks/{task_id}/sleep": (OBJECT, {}),
+        "POST /api/v1/tasks/{task_id}/wake": (OBJECT, {}),
+        "POST /api/v1/task-groups/{group_id}/sleep": (OBJECT, {}),
+        "POST /api/v1/task-groups/{group_id}/wake": (OBJECT, {}),
+        "GET /api/v1/agent/task-life": (OBJECT, {}),
+        "POST /api/v1/gateway/activity": (OBJECT, {"json": {"activity": []}}),
+        "POST /api/v1/gateway/wake": (OBJECT, {"json": {"group_ids": [a.group_id]}}),
         "GET /api/v1/task-groups/{group_id}/events": (OBJECT, {}),
         "GET /api/v1/tasks/{task_id}": (OBJECT, {}),
         "POST /api/v1/tasks/{task_id}/stop": (OBJECT, {}),
@@ -259,8 +270,9 @@ def test_a_member_of_another_tenant_is_refused_every_operation_on_a_tenants_obje
             if not (200 <= r.status_code < 500) or leaks(r.text, a, sent):
                 problems.append(f"{op}: {r.status_code} leaks {leaks(r.text, a, sent)}")
         else:
-            allowed = TOKEN_REFUSED if path.startswith(("/api/v1/agent/", "/api/v1/gateway/s",
-                                                        "/api/v1/gateway/u")) else REFUSED[kind]
+            machine = ("/api/v1/agent/", "/api/v1/gateway/s", "/api/v1/gateway/u",
+                       "/api/v1/gateway/activity", "/api/v1/gateway/wake")
+            allowed = TOKEN_REFUSED if path.startswith(machine) else REFUSED[kind]
             if r.status_code not in allowed or leaks(r.text, a, sent):
                 problems.append(f"{op}: {r.status_code} {r.text[:160]}")
     assert problems == []

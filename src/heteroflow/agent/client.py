@@ -8,6 +8,7 @@ import httpx
 
 from heteroflow.schemas.files import AgentFileRequest, ListResult
 from heteroflow.schemas.nodes import Heartbeat, HeartbeatReply, TaskAssignment
+from heteroflow.schemas.sleep import NodeTaskLife
 
 
 class ServerError(Exception):
@@ -78,6 +79,10 @@ class ServerClient:
             body["busy_ports"] = list(busy_ports)
         data = await self._post(f"/api/v1/agent/tasks/{task_id}/report", body)
         return str(data["status"])
+
+    async def task_life(self) -> NodeTaskLife:
+        """This node's sleeping and waking task ids (F1/F2: the light poll)."""
+        return NodeTaskLife.model_validate(await self._get("/api/v1/agent/task-life"))
 
     # -- logs (C6) and file requests (C7) ------------------------------------------
     async def post_logs(self, task_id: str, text: str) -> None:

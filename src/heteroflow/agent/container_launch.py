@@ -162,6 +162,11 @@ class DockerLauncher:
             self._offload[t.id] = t.kv_offload_gb
         return (*(plan.entrypoint or ()), *plan.command)
 
+    def resume(self, t: TaskAssignment) -> tuple[str, ...]:
+        """C2's resume branch: the kept container starts again, exactly as created."""
+        self.runtime.resume(t.id)
+        return ()
+
     def _kv_offload_gate(self, t: TaskAssignment) -> str:
         """C12 on the node: the image's vLLM version picks the flag form; red lines."""
         version = self._version_of(t.image) if self._version_of else None

@@ -7,6 +7,19 @@ or stopped tasks — the process runtime's zombie cleanup), and reports a listed
 does not run (e.g. after an agent restart) as failed instead of leaving it "running".
 A watch loop detects engines that exit and runs the container-level health checks.
 Reports that cannot be delivered are kept and retried; nothing is silently lost.
+
+Sleep and wake (F1, F2, D2). A task listed ``sleeping`` whose engine runs here is put to
+sleep: a vLLM-family engine first gets ``POST /sleep?level=2`` (skipped when it lacks
+it), then the engine is stopped — the container is kept (Docker), a process is simply
+gone — and its health checks pause with their counter reset. Nothing is reported: the
+task is already sleeping, and a sleeping task with no engine is normal (never "lost"),
+its kept container is no zombie. A task listed ``waking`` resumes (C2's resume branch):
+the same container starts again (gone: the task fails with ``container_lost``, F3), or
+the same argv is launched again; it is watched like any engine, with a fresh start
+period, and reported ``running`` at its first passing health check, or ``failed`` when
+that has not come within ``wake_ready_timeout_s``. Between heartbeats a light poll
+(``task_life_poll_interval_s``) asks the server which tasks sleep or wake, so both reach
+the engine within a fraction of a second rather than at the next heartbeat.
 """
 
 from __future__ import annotations
@@ -34,8 +47,9 @@ from heteroflow.agent.inventory import (
 from heteroflow.agent.launch import Launcher, host_port_for
 from heteroflow.agent.log_shipper import LogShipper
 from heteroflow.agent.model_scan import ModelScanner, default_cache_dir, scan_dirs
-from heteroflow.agent.runtime.protocol import LaunchFailed, PortInUse
+from heteroflow.agent.runtime.protocol import ContainerGone, LaunchFailed, PortInUse
 from heteroflow.core.clock import Clock, interruptible_sleep
+from heteroflow.core.containers import VLLM_FAMILY
 from heteroflow.core.health import HealthCheckConfig, HealthTracker, HealthVerdict
 from heteroflow.core.ports import host_ports, ports_from_dicts
 from heteroflow.core.retry import Backoff
@@ -46,6 +60,7 @@ from heteroflow.schemas.nodes import (
     ModelWire,
     TaskAssignment,
 )
+from heteroflow.schemas.sleep import NodeTaskLife
 from heteroflow.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -79,6 +94,11 @@ class Local:
     port: int
     argv: tuple[str, ...] = ()
     reported_running: bool = False
+    # F2: resumed after a sleep, not yet reported running; when it must be ready by
+    waking: bool = False
+    woken_at: float = 0.0
+    wake_deadline: float = 0.0
+    probed_at: float | None = None  # the last health probe (the wake's quick probes)
 
 
 class Agent:
@@ -103,6 +123,9 @@ class Agent:
         self.name = settings.node_name or socket.gethostname()
         self.local: dict[str, Local] = {}
         self.stopping: set[str] = set()  # being stopped right now: neither adopt nor reap
+        # F1: tasks asleep here (engine stopped; Docker: container kept), health paused
+        self.asleep: dict[str, Local] = {}
+        self._nudge = asyncio.Event()  # the light poll wants a heartbeat now
         self.retry: dict[str, Retry] = {}  # port conflicts waiting for their next try
         self.backoff = Backoff(total_s=settings.port_retry_total_s)
         self.scanner = ModelScanner(
@@ -162,7 +185,16 @@ class Agent:
                 if self.clock.monotonic() >= r.due:
                     await self._launch(r.task, attempt=r.attempt, first_try=r.first_try)
                 continue
-            if t.id in self.local or t.id in self.outbox or t.id in self.stopping:
+            if t.id in self.outbox or t.id in self.stopping:
+                continue
+            if t.status == "sleeping":
+                await self._to_sleep(t, managed)
+                continue
+            if t.status == "waking" or t.id in self.asleep:
+                await self._wake(t)
+                continue
+            if t.id in self.local:
+                self._follow(self.local[t.id], t)
                 continue
             if t.status == "scheduled":
                 if t.id in managed:  # a leftover of an earlier attempt under our labels
@@ -182,6 +214,10 @@ class Agent:
             if task_id not in desired:
                 await self._stop(task_id, "stopped", "stopped by the server")
                 managed.pop(task_id, None)  # stopped and removed just now: not a zombie
+        for task_id in list(self.asleep):
+            if task_id not in desired:  # stopped or deleted while asleep
+                await self._stop_asleep(task_id)
+                managed.pop(task_id, None)
         await self._reap(managed, desired)
 
     async def _reap(self, managed: dict[str, str], desired: dict[str, TaskAssignment]) -> None:
@@ -195,6 +231,176 @@ class Agent:
                 continue
             log.warning("removing %s: the server does not list it (zombie cleanup)", task_id)
             await asyncio.to_thread(self.runtime.remove, task_id)
+
+    def _follow(self, loc: Local, t: TaskAssignment) -> None:
+        """The server's latest word on a task this agent runs: a health check changed
+        alone (D4, no rebuild) applies from now on."""
+        if t.health_check != loc.task.health_check:
+            try:
+                health = HealthCheckConfig.from_api(t.health_check)
+                port = host_port_for(t, health.port)
+            except (ValueError, LaunchFailed) as exc:
+                log.warning("task %s: new health check not applied: %s", t.id, exc)
+                return
+            loc.health = health
+            loc.tracker.config = health
+            loc.port = port
+            log.info("task %s: health check changed; applied", t.id)
+        loc.task = t
+
+    def _local_for(self, t: TaskAssignment) -> Local:
+        health = HealthCheckConfig.from_api(t.health_check)
+        tracker = HealthTracker(health, started_at=self.clock.monotonic())
+        return Local(task=t, tracker=tracker, health=health, port=host_port_for(t, health.port))
+
+    # -- sleep and wake (F1, F2) -----------------------------------------------------
+    async def _to_sleep(self, t: TaskAssignment, managed: dict[str, str]) -> None:
+        """F1: stop the engine of a task listed sleeping, if it still runs here."""
+        # Out of `local` first: the watcher must not take the exit we cause for a crash.
+        loc = self.local.pop(t.id, None)
+        engine_up = loc is not None or managed.get(t.id) == "running"
+        if loc is None:
+            loc = self.asleep.get(t.id) or self._local_for(t)  # after an agent restart
+        loc.task = t
+        loc.tracker.pause()  # D2: no probes while asleep; the failure counter reset
+        loc.waking = False
+        loc.reported_running = False
+        self.asleep[t.id] = loc
+        if not engine_up:
+            return
+        self.stopping.add(t.id)
+        start = self.clock.monotonic()
+        try:
+            how = await self._engine_sleep(t) if t.engine in VLLM_FAMILY else ""
+            try:  # its last output first; a shipping error must never block the sleep
+                await self.shipper.ship_once([t.id])
+            except Exception:
+                log.exception("last log round of %s failed", t.id)
+            await asyncio.to_thread(self.runtime.halt, t.id, self.settings.stop_timeout_s)
+        except Exception:  # the engine may still run: the next look tries again
+            log.exception("could not put the engine of %s to sleep; retrying", t.id)
+            return
+        finally:
+            self.stopping.discard(t.id)
+        kept = "container kept" if self.runtime.name == "docker" else "process stopped"
+        log.info(
+            "task %s asleep: engine stopped in %.1f s (%s)%s",
+            t.id, self.clock.monotonic() - start, kept, f"; {how}" if how else "",
+        )
+
+    async def _engine_sleep(self, t: TaskAssignment) -> str:
+        """vLLM's ``POST /sleep?level=2`` before the stop (F1); what happened, in words.
+        An engine without it (sleep mode off: 404) or not answering is skipped."""
+        try:
+            port = host_port_for(t)
+        except LaunchFailed:
+            return "no engine port: /sleep skipped"
+        url = f"http://{self.launcher.probe_host}:{port}/sleep?level=2"
+        timeout = aiohttp.ClientTimeout(total=self.settings.vllm_sleep_timeout_s)
+        try:
+            async with self._session().post(url, timeout=timeout) as r:
+                if r.status < 300:
+                    return "vLLM sleep level 2 done"
+                return f"/sleep answered HTTP {r.status} (sleep mode off?): skipped"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return f"/sleep not answered ({type(exc).__name__}): skipped"
+
+    async def _wake(self, t: TaskAssignment) -> None:
+        """F2, C2's resume branch: start the engine of a task listed waking again."""
+        now = self.clock.monotonic()
+        loc = self.local.get(t.id)
+        if loc is not None:
+            # its engine is up: a wake under way, or a sleep and a wake between two looks
+            if not loc.waking:
+                loc.tracker.resume(now)  # probed at once, reported running when it passes
+                loc.waking, loc.woken_at = True, now
+                loc.wake_deadline = now + self.settings.wake_ready_timeout_s
+                loc.reported_running = False
+            loc.task = t
+            return
+        loc = self.asleep.pop(t.id, None) or self._local_for(t)
+        try:
+            health = HealthCheckConfig.from_api(t.health_check)  # D4: maybe changed
+            loc.task, loc.health, loc.port = t, health, host_port_for(t, health.port)
+            loc.tracker.config = health
+            up = await asyncio.to_thread(self.runtime.exit_code, t.id) is None
+            argv: tuple[str, ...] = ()
+            if not up:
+                if self.runtime.name == "process":
+                    # in the loop's own thread: a child's death signal follows its parent thread
+                    argv = self.launcher.resume(t)
+                else:
+                    argv = await asyncio.to_thread(self.launcher.resume, t)
+        except ContainerGone:
+            await self._report(t.id, "failed", "container gone at wake", fault="container_lost")
+            return
+        except (LaunchFailed, PortInUse, ValueError) as exc:
+            await self._report(t.id, "failed", f"wake failed: {exc}")
+            return
+        now = self.clock.monotonic()
+        loc.argv = argv or loc.argv
+        loc.tracker.resume(now)  # D2: a fresh start period from the real restart
+        loc.waking, loc.woken_at, loc.reported_running = True, now, False
+        loc.wake_deadline = now + self.settings.wake_ready_timeout_s
+        self.local[t.id] = loc
+        log.info("task %s waking: engine %s", t.id, "already up" if up else "started again")
+
+    async def _stop_asleep(self, task_id: str) -> None:
+        """A task stopped or deleted while asleep: remove what was kept for its wake."""
+        self.asleep.pop(task_id, None)
+        self.stopping.add(task_id)
+        try:
+            self.shipper.forget(task_id)
+            await asyncio.to_thread(self.runtime.stop, task_id, self.settings.stop_timeout_s)
+            self.runtime.forget(task_id)
+        finally:
+            self.stopping.discard(task_id)
+        await self._report(task_id, "stopped", "stopped while asleep")
+
+    def _life_wants_beat(self, life: NodeTaskLife) -> bool:
+        """Whether the light poll saw something the heartbeat would change here."""
+        for task_id in life.sleeping:
+            if task_id in self.local:
+                return True  # an engine to put to sleep
+        for task_id in life.waking:
+            loc = self.local.get(task_id)
+            if (loc is None or not loc.waking) and task_id not in self.outbox:
+                return True  # an engine to start again (or to watch as waking)
+        listed = {*life.sleeping, *life.waking}
+        return any(task_id not in listed for task_id in self.asleep)  # stopped meanwhile
+
+    async def _life_loop(self, stop: asyncio.Event) -> None:
+        """Between heartbeats: ask which tasks sleep or wake; a change wakes the
+        heartbeat loop at once (only while inference engines run or sleep here)."""
+        interval = self.settings.task_life_poll_interval_s
+        if interval <= 0:
+            return
+        while not stop.is_set():
+            busy = self.asleep or any(
+                loc.task.task_type == "inference" for loc in self.local.values()
+            )
+            if busy and self.client.node_id:
+                try:
+                    if self._life_wants_beat(await self.client.task_life()):
+                        self._nudge.set()
+                except Exception as exc:
+                    log.debug("task-life poll failed: %s", exc)
+            if await interruptible_sleep(stop, interval):
+                return
+
+    async def _pause(self, stop: asyncio.Event, seconds: float) -> bool:
+        """Wait for the next heartbeat: its interval, a nudge from the light poll, or
+        ``stop`` (True)."""
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._nudge.wait())]
+        try:
+            await asyncio.wait(
+                waits, timeout=max(seconds, 0.0), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        return stop.is_set()
 
     def _adopt(self, t: TaskAssignment) -> None:
         health = HealthCheckConfig.from_api(t.health_check)
@@ -355,13 +561,33 @@ class Agent:
                     )
                 continue
             now = self.clock.monotonic()
-            if not loc.tracker.due(now):
+            if loc.waking and now >= loc.wake_deadline:
+                limit = self.settings.wake_ready_timeout_s
+                await self._stop(
+                    task_id,
+                    "failed",
+                    f"not ready {limit:g} s after its wake (F2); last health check: "
+                    f"{loc.tracker.last_detail or 'none passed'}",
+                    fault="unhealthy",
+                )
                 continue
+            if not (loc.tracker.due(now) or self._wake_probe_due(loc, now)):
+                continue
+            loc.probed_at = now
             ok, detail = await probe(
                 loc.health, self.launcher.probe_host, loc.port, self._session()
             )
             verdict = loc.tracker.record(ok, self.clock.monotonic(), detail)
-            if verdict == HealthVerdict.HEALTHY_FIRST and not loc.reported_running:
+            if loc.waking and verdict in (HealthVerdict.HEALTHY_FIRST, HealthVerdict.HEALTHY):
+                loc.waking, loc.reported_running = False, True
+                took = self.clock.monotonic() - loc.woken_at
+                await self._report(
+                    task_id,
+                    "running",
+                    f"awake: health check passed {took:.1f} s after its wake",
+                    list(loc.argv) or None,
+                )
+            elif verdict == HealthVerdict.HEALTHY_FIRST and not loc.reported_running:
                 loc.reported_running = True
                 await self._report(task_id, "running", "health check passed", list(loc.argv))
             elif verdict == HealthVerdict.IGNORED_IN_START_PERIOD:
@@ -376,6 +602,17 @@ class Agent:
                     fault="unhealthy",
                 )
 
+    def _wake_probe_due(self, loc: Local, now: float) -> bool:
+        """A waking engine is probed every ``wake_probe_interval_s`` inside its start
+        period (failures there are never counted), so it serves as soon as it answers."""
+        last = loc.probed_at
+        return (
+            loc.waking
+            and not loc.tracker.paused
+            and loc.tracker.in_start_period(now)
+            and (last is None or now - last >= self.settings.wake_probe_interval_s)
+        )
+
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession()
@@ -385,18 +622,21 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         watcher = asyncio.create_task(self._watch_loop(stop))
         aux = asyncio.create_task(self._aux_loop(stop))
+        life = asyncio.create_task(self._life_loop(stop))
         try:
             while not stop.is_set():
+                self._nudge.clear()
                 try:
                     await self.tick()
                 except Exception as exc:
                     log.warning("heartbeat to %s failed: %s", self.settings.server_url, exc)
-                if await interruptible_sleep(stop, self.settings.heartbeat_interval_s):
+                if await self._pause(stop, self.settings.heartbeat_interval_s):
                     break
         finally:
             watcher.cancel()
             aux.cancel()
-            await asyncio.gather(watcher, aux, return_exceptions=True)
+            life.cancel()
+            await asyncio.gather(watcher, aux, life, return_exceptions=True)
             await self.shutdown()
 
     async def _aux_loop(self, stop: asyncio.Event) -> None:

@@ -62,6 +62,12 @@ class Launcher(Protocol):
         """Start the task; returns the argv as launched. LaunchFailed / PortInUse."""
         ...
 
+    def resume(self, t: TaskAssignment) -> tuple[str, ...]:
+        """Start a sleeping task's engine again (F2): the kept container (Docker), the
+        same argv (process); returns the argv launched, () when unchanged.
+        ContainerGone / PortInUse / LaunchFailed."""
+        ...
+
     def engines(self) -> dict[str, str]:
         """Engines this runtime can start here (engine -> image ref, "" for local)."""
         ...
@@ -169,6 +175,10 @@ class ProcessLauncher:
         spec = replace(spec, env={**spec.env, "HOME": str(self.runtime.work_dir)})
         self._process.start(spec)
         return spec.argv
+
+    def resume(self, t: TaskAssignment) -> tuple[str, ...]:
+        """A process has no container to keep: a wake launches the same argv again."""
+        return self.launch(t)
 
     def engines(self) -> dict[str, str]:
         return {"llamacpp": ""} if importlib.util.find_spec("xllamacpp") is not None else {}

@@ -22,6 +22,7 @@ from heteroflow.api.routes import (
     servers,
     sharing_groups,
     task_groups,
+    task_life,
     tenants,
     usage,
 )
@@ -47,6 +48,7 @@ def create_api(ctx: ServerContext) -> FastAPI:
         sharing_groups.router,
         task_groups.router,
         drain.router,
+        task_life.router,  # sleep / wake (F1-F3)
         gateway.router,
         usage.router,
         nodes.router,

@@ -42,6 +42,7 @@ API_PREFIX = "/api/v1/"
 _MACHINE_CALLS: tuple[tuple[str, bool, str], ...] = (
     ("/api/v1/agent/", True, "agent"),  # a prefix
     ("/api/v1/gateway/usage", False, "gateway"),  # an exact path
+    ("/api/v1/gateway/activity", False, "gateway"),  # last-request times (F4), per flush
 )
 
 

@@ -333,6 +333,66 @@ def delete_service(group_id: str, wait: bool = False, timeout_s: float = 600) ->
         print(f"every task of {group_id} has stopped")
 
 
+# --- issue 13: stop / start / restart a service (its desired state) ---
+
+
+def _stopped_outcome(g: Mapping[str, Any]) -> str | None:
+    return DONE if g.get("status") == "stopped" else None
+
+
+def _follow(
+    c: httpx.Client,
+    group_id: str,
+    outcome: Callable[[Mapping[str, Any]], str | None],
+    timeout_s: float,
+    what: str,
+) -> Mapping[str, Any]:
+    return wait_for(
+        lambda: check(c.get(f"/api/v1/task-groups/{group_id}")),
+        line=group_line,
+        outcome=outcome,
+        timeout_s=timeout_s,
+        what=f"service {group_id} {what}; see `heteroflow services show {group_id}`",
+    )
+
+
+def stop_service(group_id: str, wait: bool = False, timeout_s: float = 600) -> None:
+    """Stop a service (it stays stopped: the recovery loop leaves it alone); with
+    ``wait``, follow it until every task has stopped."""
+    with session() as c:
+        g = check(c.post(f"/api/v1/task-groups/{group_id}/stop"))
+        print(f"stopping {group_id} (now {g.get('status')})")
+        if wait:
+            _follow(c, group_id, _stopped_outcome, timeout_s, "to stop")
+            print(f"service {group_id} is stopped")
+
+
+def start_service(group_id: str, wait: bool = False, timeout_s: float = 600) -> None:
+    """Start a stopped or failed service; with ``wait``, follow it until it runs
+    (exit 1: it failed or stopped, or ``timeout_s`` passed)."""
+    with session() as c:
+        g = check(c.post(f"/api/v1/task-groups/{group_id}/start"))
+        print(f"starting {group_id} (now {g.get('status')})")
+        if wait:
+            final = _follow(c, group_id, _group_outcome, timeout_s, "to run")
+            print(f"service {group_id} is {final.get('status')}")
+
+
+def restart_service(group_id: str, wait: bool = False, timeout_s: float = 600) -> None:
+    """Stop, then start: every task is replaced by a fresh one (the engines that were
+    stopping give their cards to the new tasks as they finish)."""
+    with session() as c:
+        check(c.post(f"/api/v1/task-groups/{group_id}/stop"))
+        g = check(c.post(f"/api/v1/task-groups/{group_id}/start"))
+        print(f"restarting {group_id} (now {g.get('status')})")
+        if wait:
+            final = _follow(c, group_id, _group_outcome, timeout_s, "to run")
+            print(f"service {group_id} is {final.get('status')}")
+
+
+# --- end issue 13 (stop / start / restart) ---
+
+
 # ---- tasks -------------------------------------------------------------------------
 
 
@@ -371,6 +431,107 @@ def stop_task(task_id: str, wait: bool = False, timeout_s: float = 600) -> None:
             what=f"task {task_id} to stop",
         )
         print(f"task {task_id} has stopped")
+
+
+# ---- sleep and wake (F1-F3) --------------------------------------------------------
+
+def _wake_text(r: Mapping[str, Any]) -> str:
+    """``task-… waking: …``; the branch is named whenever it is not a plain wake."""
+    return f"{r.get('task_id')} {r.get('branch', '?')}: {r.get('message', '')}"
+
+
+def _wake_outcome(t: Mapping[str, Any]) -> str | None:
+    status = t.get("status")
+    if status == "running":
+        return DONE
+    if status in ENDED:
+        message = tables.first_line(t.get("status_message"))
+        return f"task {t.get('id')} ended {status}" + (f": {message}" if message else "")
+    return None
+
+
+def sleep_task(task_id: str, as_json: bool = False) -> None:
+    """Put a running inference task to sleep (its engine stops, its memory is freed)."""
+    with session() as c:
+        t = check(c.post(f"/api/v1/tasks/{task_id}/sleep"))
+    if as_json:
+        _print_json(t)
+        return
+    print(
+        f"{task_id} is {t.get('status')}: its engine stops and its memory is released; "
+        f"`heteroflow tasks wake {task_id}` wakes it"
+    )
+
+
+def wake_task(
+    task_id: str, wait: bool = False, timeout_s: float = 600, as_json: bool = False
+) -> None:
+    """Wake a sleeping task; says which way the wake went (F3). With ``wait``, follow it
+    until it runs (exit 1 when it fails instead, or the wake could not start)."""
+    progress = sys.stderr if as_json else sys.stdout
+    with session() as c:
+        r = check(c.post(f"/api/v1/tasks/{task_id}/wake"))
+        if as_json:
+            _print_json(r)
+        else:
+            print(_wake_text(r))
+        if not wait:
+            return
+        if r.get("branch") in ("container_gone", "failed"):
+            raise CliError(f"task {task_id} will not wake: {r.get('message')}", EXIT_PROBLEM)
+        wait_for(
+            lambda: check(c.get(f"/api/v1/tasks/{task_id}")),
+            line=_task_line,
+            outcome=_wake_outcome,
+            timeout_s=timeout_s,
+            what=f"task {task_id} to run",
+            out=progress,
+        )
+        print(f"task {task_id} is running", file=progress)
+
+
+def sleep_service(group_id: str, as_json: bool = False) -> None:
+    """Put every running task of a service to sleep."""
+    with session() as c:
+        r = check(c.post(f"/api/v1/task-groups/{group_id}/sleep"))
+    if as_json:
+        _print_json(r)
+        return
+    slept = list(r.get("slept") or [])
+    skipped = dict(r.get("skipped") or {})
+    listed = f" ({', '.join(slept)})" if slept else ""
+    print(f"{group_id}: {len(slept)} task(s) put to sleep{listed}")
+    for task, status in skipped.items():
+        print(f"  {task} left as it is ({status})")
+
+
+def wake_service(
+    group_id: str, wait: bool = False, timeout_s: float = 600, as_json: bool = False
+) -> None:
+    """Wake every task of a service; one line per task naming its branch. With ``wait``,
+    follow the service until it runs."""
+    progress = sys.stderr if as_json else sys.stdout
+    with session() as c:
+        r = check(c.post(f"/api/v1/task-groups/{group_id}/wake"))
+        results = list(r.get("results") or [])
+        if as_json:
+            _print_json(r)
+        else:
+            if not results:
+                print(f"{group_id}: no task to wake")
+            for one in results:
+                print(_wake_text(one))
+        if not wait:
+            return
+        final = wait_for(
+            lambda: check(c.get(f"/api/v1/task-groups/{group_id}")),
+            line=group_line,
+            outcome=_group_outcome,
+            timeout_s=timeout_s,
+            what=f"service {group_id} to run; see `heteroflow services show {group_id}`",
+            out=progress,
+        )
+        print(f"service {group_id} is {final.get('status')}", file=progress)
 
 
 # ---- logs --------------------------------------------------------------------------

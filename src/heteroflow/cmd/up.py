@@ -13,6 +13,7 @@ log in, where the admin password is and where the API docs are is printed every 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import io
 import json
@@ -32,7 +33,7 @@ from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.factory import RuntimeUnavailable, make_launcher
 from heteroflow.cmd import remote
-from heteroflow.core.errors import Unauthorized
+from heteroflow.core.errors import Conflict, Unauthorized
 from heteroflow.core.ids import new_api_key
 from heteroflow.db.tables import InferenceEndpoint, Node, Task, TaskGroup, User
 from heteroflow.models.demo import GEMMA_CHAT_TEMPLATE, DemoModelUnavailable, ensure_demo_model
@@ -51,7 +52,6 @@ DEMO_KEY_FILE = "demo-api-key"
 # The CLI token `up` writes: long-lived (a demo machine is left running for days), yet
 # revoked like any other by `rotate-jwt-secret` or a reset of the admin's password.
 CLI_TOKEN_TTL_S = 30 * 24 * 3600.0
-LIVE = frozenset({"pending", "scheduled", "starting", "running"})
 AGENT_OWNED = frozenset({"starting", "running"})
 DONE = frozenset({"running", "failed", "stopped", "missing"})
 
@@ -171,9 +171,14 @@ def _demo_request(model: Path, kind: str) -> TaskGroupCreate:
 def _deploy_demo(app: ServerApp, req: TaskGroupCreate, key: str, *, keep: bool) -> Demo:
     """The demo group with ``key`` as its endpoint's key.
 
-    An earlier ``up``'s demo in the admin's tenant is kept when it serves the same model
-    with the same engine arguments and none of its tasks ended (``keep``); otherwise it
-    is deleted and a new group is created, whose key is then set to ``key``.
+    An earlier ``up``'s demo in the admin's tenant is kept whenever it serves the same
+    model with the same engine arguments (its current tasks say so), whatever state its
+    tasks are in: the recovery loop rebuilds the tasks the last run's shutdown failed, so
+    the group, its endpoint and its key live on (issue 13). ``keep`` False is the
+    caller's word that the kept demo ended (failed) meanwhile: then its ended ranks are
+    started afresh at once, as ``services start`` would (the rebuild count starts over).
+    A demo its owner stopped stays stopped. Only a demo of another spec is deleted and a
+    new group created, whose key is then set to ``key``.
     """
     who = _admin(app)
     with app.db.session() as s:
@@ -187,19 +192,24 @@ def _deploy_demo(app: ServerApp, req: TaskGroupCreate, key: str, *, keep: bool) 
             .order_by(TaskGroup.created_at.desc())
         ).all()
         for old in olds:
-            tasks = list(s.scalars(select(Task).where(Task.group_id == old.id)))
+            tasks = list(
+                s.scalars(select(Task).where(Task.group_id == old.id, Task.replaced_by == ""))
+            )
             same = (
                 old.model_name == req.model_name
                 and bool(tasks)
                 and all(
                     t.model_path == req.task.model_path
                     and list(t.engine_args) == list(req.task.engine_args)
-                    and t.status in LIVE
                     for t in tasks
                 )
             )
-            if keep and same and old.endpoint_id is not None:
+            if same and old.endpoint_id is not None:
                 endpoints.set_endpoint_key(s, who, app.clock, old.endpoint_id, key)
+                if not keep and old.desired == "running":
+                    # Conflict: the recovery loop brought it back meanwhile
+                    with contextlib.suppress(Conflict):
+                        task_groups.start_group(s, who, app.clock, old.id)
                 owned = any(t.status in AGENT_OWNED for t in tasks)
                 return Demo(old.id, old.model_name, kept=True, agent_owned=owned)
             task_groups.delete_group(s, who, app.clock, old.id)
@@ -254,7 +264,9 @@ def _demo_state(app: ServerApp, group_id: str) -> tuple[str, str]:
         if g is None:
             return "missing", ""
         messages = s.scalars(
-            select(Task.status_message).where(Task.group_id == group_id).order_by(Task.rank)
+            select(Task.status_message)
+            .where(Task.group_id == group_id, Task.replaced_by == "")  # not replaced ones
+            .order_by(Task.rank)
         )
         reason = next((m.strip().splitlines()[0] for m in messages if m and m.strip()), "")
         return g.status, reason

@@ -5,12 +5,17 @@ poll (ETag = version) costs one 304 when nothing happened.
 
 Every instance runs it (``leader_only = False``): each serves its own gateway (and
 remote gateways poll whichever instance they reach) from its own in-memory snapshot.
+
+Besides its loop, the embedded gateway may ask for a refresh at once (``refresh``, from
+a worker thread) while it holds requests for a waking service (F6), so a lock keeps two
+refreshes from publishing two versions of the same content or one version twice.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from datetime import datetime
 
 from heteroflow.db.engine import Database
@@ -27,11 +32,16 @@ class SnapshotPublisher:
         self.holder = holder
         self.interval_s = interval_s
         self._fingerprint = ""
+        self._lock = threading.Lock()
 
     def reconcile_once(self, now: datetime) -> None:
         self.refresh()
 
     def refresh(self) -> RoutingSnapshot:
+        with self._lock:
+            return self._refresh()
+
+    def _refresh(self) -> RoutingSnapshot:
         with self.db.read_snapshot() as s:  # routes, keys and backends of one moment
             snap = build_snapshot(s, self.holder.current.version)
         wire = snap.to_wire()

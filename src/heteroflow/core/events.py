@@ -23,6 +23,8 @@ class EventKind(WireEnum):
     # a launch that met a taken host port (P2): retried on the same port, or placed again
     LAUNCH_RETRY = "task.launch_retry"
     PORT_CONFLICT = "task.port_conflict"
+    # F3: a wake that cannot happen yet (node offline, card borrowed), and why
+    WAKE_DEFERRED = "task.wake_deferred"
     # faults (E2), services/faults.py
     CONTAINER_LOST = "fault.container_lost"
     ENGINE_EXITED = "fault.engine_exited"
@@ -30,6 +32,18 @@ class EventKind(WireEnum):
     GPU_LOST = "fault.gpu_lost"
     NODE_LOST = "fault.node_lost"
     NODE_BACK = "fault.node_back"
+    # recovery (E1-E4, services/recovery.py): one group-level row per real rebuild, with
+    # its cause; the one row when it stops trying; a task failed off lost hardware (a
+    # node lost past node_migrate_after_s, a card gone from its node's inventory); a
+    # training / container task stopped by its run timeout (A10)
+    REBUILT = "fault.rebuilt"
+    REBUILD_GAVE_UP = "fault.rebuild_gave_up"
+    EVACUATED = "fault.evacuated"
+    RUN_TIMEOUT = "fault.run_timeout"
+    # the owner's word on a group (services/task_groups.py): stop / start (``desired``
+    # from -> to), and a change of its health check or idle timeout (D4)
+    DESIRED = "group.desired"
+    CONFIG_CHANGED = "group.config_changed"
 
 
 # The node watch's marks: the latest of these on a node's node-level rows is its state.

@@ -13,6 +13,11 @@ Paths: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embed
 OpenAI-shaped 404 (or 405 for a known path with the wrong method). ``GET /metrics`` is
 the gateway's Prometheus text (``metrics``); every other request is counted there, whatever
 its path and outcome.
+
+A model whose service sleeps (F6) is listed and called like any other: the request wakes
+it and is held until it can be answered (``wake``), bounded by ``gateway_wake_hold_s``.
+Each request routed to a group notes the group's last request time in the usage
+collector (F4, the server's idle timer).
 """
 
 from __future__ import annotations
@@ -57,7 +62,18 @@ from heteroflow.gateway.probes import (
 from heteroflow.gateway.retry import DEFAULT_CONNECT_RETRIES, may_fail_over, without
 from heteroflow.gateway.store import GatewayStore, MemoryStore, open_store
 from heteroflow.gateway.upstream import Upstream, UpstreamFailure
-from heteroflow.gateway.usage import Usage, UsageCollector, UsageTracker
+from heteroflow.gateway.usage import HttpUsageSink, Usage, UsageCollector, UsageTracker
+from heteroflow.gateway.wake import (
+    DEFAULT_HOLD_S,
+    DEFAULT_POLL_S,
+    DEFAULT_RETRY_AFTER_S,
+    ClientLeft,
+    HttpServerLink,
+    Ready,
+    ServerLink,
+    WakeHold,
+    asleep,
+)
 from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
@@ -162,6 +178,10 @@ class GatewayApp:
         connect_retries: int = DEFAULT_CONNECT_RETRIES,
         store: GatewayStore | None = None,
         clock: Clock | None = None,
+        link: ServerLink | None = None,
+        wake_hold_s: float = DEFAULT_HOLD_S,
+        wake_retry_after_s: int = DEFAULT_RETRY_AFTER_S,
+        wake_poll_s: float = DEFAULT_POLL_S,
     ) -> None:
         self._holder = holder
         # How many other backends a request may be sent on to when the connection to its
@@ -175,6 +195,16 @@ class GatewayApp:
         self._idempotency = Idempotency(self._store, clock, lease_s=upstream_timeout_s + 60.0)
         self._usage = usage  # None: tokens are counted for metrics (and limits) only
         self.metrics = metrics or GatewayMetrics()
+        # F6: requests for a sleeping model wake it (through ``link``: the server) and
+        # wait for it here
+        self.wake = WakeHold(
+            holder,
+            link,
+            self.metrics,
+            hold_s=wake_hold_s,
+            retry_after_s=wake_retry_after_s,
+            poll_s=wake_poll_s,
+        )
         self._health = PassiveHealth(eject_cooldown_s)
         loads: dict[str, EngineLoad] = {}  # engine_aware: written by the monitor
         self._balancer = Balancer(
@@ -208,9 +238,16 @@ class GatewayApp:
         *,
         usage: UsageCollector | None = None,
         clock: Clock | None = None,
+        link: ServerLink | None = None,
     ) -> GatewayApp:
         """The gateway as every process builds it (``up``, ``server`` and a separate
-        ``heteroflow gateway``): every gateway setting in one place."""
+        ``heteroflow gateway``): every gateway setting in one place.
+
+        ``link`` is how it asks its server for wakes (F6). A separate gateway that
+        reports its usage to a server (``HttpUsageSink``) reaches the same server with
+        the same token when none is given."""
+        if link is None and usage is not None and isinstance(usage.sink, HttpUsageSink):
+            link = HttpServerLink(usage.sink.server_url, usage.sink.token, holder)
         return cls(
             holder,
             usage=usage,
@@ -224,6 +261,10 @@ class GatewayApp:
             connect_retries=settings.gateway_connect_retries,
             store=open_store(settings.redis_url, settings.redis_key_prefix),
             clock=clock,
+            link=link,
+            wake_hold_s=settings.gateway_wake_hold_s,
+            wake_retry_after_s=settings.gateway_wake_retry_after_s,
+            wake_poll_s=settings.gateway_wake_poll_s,
         )
 
     def start(self) -> None:
@@ -241,6 +282,7 @@ class GatewayApp:
     async def aclose(self) -> None:
         """Stop the backend monitor; close the upstream connection pool(s) and the store."""
         await self._monitor.aclose()
+        await self.wake.aclose()
         await self._upstream.aclose()
         await self._store.aclose()
 
@@ -325,7 +367,7 @@ class GatewayApp:
         if not self._started:
             self.start()  # embedders that never called start(): the first request does
         call = await self._authenticate_and_parse(scope, receive, send)
-        if call is None or not await self._route(scope, call, send, path):
+        if call is None or not await self._route(scope, receive, call, send, path):
             return
         if not await self._admit(scope, call, send, path):
             return
@@ -370,9 +412,12 @@ class GatewayApp:
             return None
         return _Call(snap, entry, raw, body, model)
 
-    async def _route(self, scope: Scope, call: _Call, send: _Exchange, path: str) -> bool:
+    async def _route(
+        self, scope: Scope, receive: Receive, call: _Call, send: _Exchange, path: str
+    ) -> bool:
         """model=auto, the key's access to the model, its route, the session pin and the
-        first backend; False when the request was answered here."""
+        first backend (waking the model first when it sleeps); False when the request
+        was answered here."""
         snap, entry, body = call.snap, call.entry, call.body
         model = call.model
         if model == AUTO_MODEL and (entry.tenant_id, model) not in snap.routes:
@@ -399,10 +444,25 @@ class GatewayApp:
                 sid = user
         call.pin = None if sid is None else (entry.tenant_id, model, sid)
         backend = self._balancer.choose(targets, call.pin)
+        if backend is None and asleep(targets):
+            # F6: the model sleeps; wake it and hold the request until it can be answered
+            held = await self.wake.hold(
+                entry.tenant_id, model, targets, lambda: _disconnected(receive)
+            )
+            if isinstance(held, ClientLeft):
+                return False
+            if not isinstance(held, Ready):
+                await errors.send_error(send, held.error, held.headers())
+                return False
+            call.snap = held.snapshot
+            targets = call.targets = held.snapshot.routes.get((entry.tenant_id, model), ())
+            backend = self._balancer.choose(targets, call.pin)
         if backend is None:
             await errors.send_error(send, errors.no_healthy_backend(model))
             return False
         call.backend = backend
+        if self._usage is not None and backend.group_id:
+            self._usage.touch(backend.group_id)  # F4: the group's last request
         return True
 
     async def _admit(self, scope: Scope, call: _Call, send: _Exchange, path: str) -> bool:
@@ -669,6 +729,12 @@ async def _relay(
     watch.finished = True
     await send({"type": "http.response.body", "body": tail, "more_body": False})
     return True
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client disconnects (the body was read: nothing else comes)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[object], watch: _Watch) -> None:

@@ -98,6 +98,43 @@ def no_healthy_backend(model: str) -> OpenAIError:
     )
 
 
+def model_waking(model: str, retry_after_s: int, *, held_s: float | None = None) -> OpenAIError:
+    """F6: the model is asleep and a wake is under way (held off, or held too long)."""
+    if held_s is None:
+        message = (
+            f"The model `{model}` is asleep and is being woken up. "
+            f"Please retry in {retry_after_s} s."
+        )
+    else:
+        message = (
+            f"The model `{model}` is waking up but was not ready within {held_s:g} s. "
+            f"Please retry in {retry_after_s} s."
+        )
+    return OpenAIError(503, message, "service_unavailable", None, "model_waking")
+
+
+def model_unavailable(model: str, why: str) -> OpenAIError:
+    """F6: the model is asleep and cannot be woken now; ``why`` is the server's reason."""
+    return OpenAIError(
+        503,
+        f"The model `{model}` is asleep and cannot be woken now: {why}",
+        "service_unavailable",
+        None,
+        "model_unavailable",
+    )
+
+
+def wake_failed(model: str, why: str) -> OpenAIError:
+    """F6: the gateway could not ask for the wake (the server is away, ...)."""
+    return OpenAIError(
+        503,
+        f"The model `{model}` is asleep and could not be woken: {why}. Please retry later.",
+        "service_unavailable",
+        None,
+        "wake_failed",
+    )
+
+
 def upstream_error() -> OpenAIError:
     return OpenAIError(
         502,

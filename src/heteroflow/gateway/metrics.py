@@ -21,6 +21,19 @@ Series:
   heteroflow_gateway_failovers_total{backend}            counter: requests sent on to
                                                            another backend after the
                                                            connection to this one failed
+  heteroflow_gateway_held_requests{model}                gauge: requests held now for a
+                                                           sleeping model to wake (F6;
+                                                           a model's series appears at
+                                                           its first hold)
+  heteroflow_gateway_wake_holds_total{model,outcome}     counter, outcome ready | timeout
+                                                           | refused | failed | not_held
+                                                           | client_left
+  heteroflow_gateway_wake_hold_seconds{model}            histogram: arrival to ready
+  heteroflow_gateway_wakes_total{model,branch}           counter: the server's answer per
+                                                           task (waking, already_running,
+                                                           starting, node_offline,
+                                                           card_borrowed, container_gone,
+                                                           failed, other; error: not asked)
 """
 
 from __future__ import annotations
@@ -32,6 +45,14 @@ DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 CLIENT_LEFT = 499
 # The path label: the routes the gateway serves, by their own name...
 ROUTE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models"})
+# The wake branches and hold outcomes a label may take; anything else is "other".
+WAKE_BRANCHES = frozenset(
+    {
+        "waking", "already_running", "starting", "node_offline", "card_borrowed",
+        "container_gone", "failed", "error",
+    }
+)
+HOLD_OUTCOMES = frozenset({"ready", "timeout", "refused", "failed", "not_held", "client_left"})
 MODEL_ROUTE = "/v1/models/{model}"  # ...one label for every model id asked for...
 OTHER_PATH = "other"  # ...and one for every path it does not serve (answered 404)
 
@@ -69,6 +90,10 @@ class GatewayMetrics:
         self.tokens: dict[tuple[str, str], int] = {}
         self.ejections: dict[str, int] = {}
         self.failovers: dict[str, int] = {}
+        self.held: dict[str, int] = {}  # model -> requests held for it now (F6)
+        self.holds: dict[tuple[str, str], int] = {}
+        self.hold_seconds: dict[str, Histogram] = {}
+        self.wakes: dict[tuple[str, str], int] = {}
 
     def request_done(self, path: str, model: str, status: int) -> None:
         key = (path, model, status or CLIENT_LEFT)
@@ -91,6 +116,25 @@ class GatewayMetrics:
     def failed_over(self, backend: str) -> None:
         self.failovers[backend] = self.failovers.get(backend, 0) + 1
 
+    def hold_started(self, model: str) -> None:
+        self.held[model] = self.held.get(model, 0) + 1
+
+    def hold_ended(self, model: str) -> None:
+        self.held[model] -= 1
+
+    def hold_done(self, model: str, outcome: str, ready_after_s: float | None) -> None:
+        key = (model, outcome if outcome in HOLD_OUTCOMES else "other")
+        self.holds[key] = self.holds.get(key, 0) + 1
+        if ready_after_s is not None:
+            h = self.hold_seconds.get(model)
+            if h is None:
+                h = self.hold_seconds[model] = Histogram(self._buckets)
+            h.observe(ready_after_s)
+
+    def woken(self, model: str, branch: str) -> None:
+        key = (model, branch if branch in WAKE_BRANCHES else "other")
+        self.wakes[key] = self.wakes.get(key, 0) + 1
+
     def render(self) -> bytes:
         out: list[str] = [
             "# HELP heteroflow_gateway_requests_total Requests answered, by path, model and "
@@ -110,16 +154,7 @@ class GatewayMetrics:
             "to a backend to its response headers.",
             "# TYPE heteroflow_gateway_upstream_latency_seconds histogram",
         ]
-        name = "heteroflow_gateway_upstream_latency_seconds"
-        for model, h in sorted(self.latency.items()):
-            label = f'model="{_esc(model)}"'
-            cumulative = 0
-            for bound, n in zip(h.bounds, h.counts, strict=False):
-                cumulative += n
-                out.append(f'{name}_bucket{{{label},le="{bound}"}} {cumulative}')
-            out.append(f'{name}_bucket{{{label},le="+Inf"}} {h.count}')
-            out.append(f"{name}_sum{{{label}}} {h.sum}")
-            out.append(f"{name}_count{{{label}}} {h.count}")
+        _histograms(out, "heteroflow_gateway_upstream_latency_seconds", self.latency)
         out += [
             "# HELP heteroflow_gateway_tokens_total Tokens reported by backends' usage.",
             "# TYPE heteroflow_gateway_tokens_total counter",
@@ -141,7 +176,48 @@ class GatewayMetrics:
         ]
         for backend, n in sorted(self.failovers.items()):
             out.append(f'heteroflow_gateway_failovers_total{{backend="{_esc(backend)}"}} {n}')
+        out += [
+            "# HELP heteroflow_gateway_held_requests Requests held while their sleeping "
+            "model wakes up.",
+            "# TYPE heteroflow_gateway_held_requests gauge",
+            *(
+                f'heteroflow_gateway_held_requests{{model="{_esc(model)}"}} {n}'
+                for model, n in sorted(self.held.items())
+            ),
+            "# HELP heteroflow_gateway_wake_holds_total Requests that found their model "
+            "asleep, by how their hold ended.",
+            "# TYPE heteroflow_gateway_wake_holds_total counter",
+        ]
+        for (model, outcome), n in sorted(self.holds.items()):
+            label = f'model="{_esc(model)}",outcome="{outcome}"'
+            out.append(f"heteroflow_gateway_wake_holds_total{{{label}}} {n}")
+        out += [
+            "# HELP heteroflow_gateway_wake_hold_seconds Time a request was held until "
+            "its model was awake.",
+            "# TYPE heteroflow_gateway_wake_hold_seconds histogram",
+        ]
+        _histograms(out, "heteroflow_gateway_wake_hold_seconds", self.hold_seconds)
+        out += [
+            "# HELP heteroflow_gateway_wakes_total Wakes asked for by requests, by the "
+            "server's answer per task.",
+            "# TYPE heteroflow_gateway_wakes_total counter",
+        ]
+        for (model, branch), n in sorted(self.wakes.items()):
+            label = f'model="{_esc(model)}",branch="{branch}"'
+            out.append(f"heteroflow_gateway_wakes_total{{{label}}} {n}")
         return ("\n".join(out) + "\n").encode()
+
+
+def _histograms(out: list[str], name: str, series: dict[str, Histogram]) -> None:
+    for model, h in sorted(series.items()):
+        label = f'model="{_esc(model)}"'
+        cumulative = 0
+        for bound, n in zip(h.bounds, h.counts, strict=False):
+            cumulative += n
+            out.append(f'{name}_bucket{{{label},le="{bound}"}} {cumulative}')
+        out.append(f'{name}_bucket{{{label},le="+Inf"}} {h.count}')
+        out.append(f"{name}_sum{{{label}}} {h.sum}")
+        out.append(f"{name}_count{{{label}}} {h.count}")
 
 
 def _esc(value: str) -> str:

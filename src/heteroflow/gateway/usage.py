@@ -13,6 +13,14 @@ memory stays bounded by the number of keys times models, not by traffic); ``clos
 what is left at shutdown. Sinks: the database (``services.usage.DbUsageSink``, in the
 server), the server's API (``HttpUsageSink``, a separate gateway) or a JSON-lines file
 (``JsonLinesUsageSink``, a standalone gateway).
+
+The same flush carries each group's last request time (F4, the idle timer's input):
+``touch`` keeps one time per group, so a flush writes at most one row per group however
+busy it was. A sink that also has ``write_activity`` (``ActivitySink``: the database and
+the server's API) gets them; a group that was quiet for a whole flush interval and gets
+a request flushes at once, so the server learns of the first request after a quiet spell
+within milliseconds, not seconds — the idle timer cannot put a service to sleep under a
+request it has not heard of yet.
 """
 
 from __future__ import annotations
@@ -23,17 +31,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import aiohttp
 import orjson
 
 from heteroflow.core.clock import Clock
+from heteroflow.schemas.routing import activity_to_wire
 from heteroflow.schemas.usage import UsageRow
 
 logger = logging.getLogger(__name__)
 
 USAGE_PATH = "/api/v1/gateway/usage"
+ACTIVITY_PATH = "/api/v1/gateway/activity"
 _USAGE_KEY = b'"usage":'
 # An object follows the key (the usage event), not ``null`` (vLLM repeats "usage":null in
 # every chunk once include_usage is on). Compact JSON (pydantic, orjson, nlohmann) and
@@ -53,6 +63,14 @@ class Usage:
 class UsageSink(Protocol):
     async def write(self, rows: Sequence[UsageRow]) -> None:
         """Store every row, or raise: the collector keeps the rows and retries."""
+        ...
+
+
+@runtime_checkable
+class ActivitySink(Protocol):
+    async def write_activity(self, activity: dict[str, datetime]) -> None:
+        """Store each group's last request time (group id -> time), or raise: the
+        collector keeps them and retries."""
         ...
 
 
@@ -209,8 +227,11 @@ class UsageCollector:
         *,
         interval_s: float = 5.0,
         max_records: int = 10_000,
+        activity_sink: ActivitySink | None = None,
     ) -> None:
         self._sink = sink
+        # F4: where the groups' last request times go; the usage sink when it takes them
+        self._activity_sink = activity_sink or (sink if isinstance(sink, ActivitySink) else None)
         self._clock = clock
         self._interval = interval_s
         self._max = max_records
@@ -219,6 +240,25 @@ class UsageCollector:
         self._full = asyncio.Event()
         self._lock = asyncio.Lock()
         self._failing = False
+        self._activity: dict[str, datetime] = {}  # group id -> last request, not yet written
+        self._recent: set[str] = set()  # groups written by the last flush
+
+    @property
+    def sink(self) -> UsageSink:
+        return self._sink
+
+    @property
+    def pending_activity(self) -> dict[str, datetime]:
+        """Groups' last request times counted and not yet written."""
+        return dict(self._activity)
+
+    def touch(self, group_id: str) -> None:
+        """A request was routed to a backend of ``group_id`` now (F4)."""
+        if self._activity_sink is None:
+            return
+        if group_id not in self._activity and group_id not in self._recent:
+            self._full.set()  # quiet until now: tell the server at once
+        self._activity[group_id] = self._clock.now()
 
     @property
     def pending_requests(self) -> int:
@@ -259,12 +299,13 @@ class UsageCollector:
             stopping.cancel()
 
     async def flush(self) -> bool:
-        """Write what was counted; False when the sink failed (the sums are kept)."""
+        """Write what was counted; False when a sink failed (what it had is kept)."""
         async with self._lock:
             self._full.clear()
             self._counted = 0
+            activity_ok = await self._flush_activity()
             if not self._sums:
-                return True
+                return activity_ok
             batch, self._sums = self._sums, {}
             rows = [
                 UsageRow(e, t, m, s.requests, s.prompt, s.completion, s.first_at)
@@ -285,7 +326,30 @@ class UsageCollector:
             if self._failing:
                 logger.info("usage: writing works again")
                 self._failing = False
+            return activity_ok
+
+    async def _flush_activity(self) -> bool:
+        sink = self._activity_sink
+        if sink is None or not self._activity:
+            self._recent = set()
             return True
+        batch, self._activity = self._activity, {}
+        try:
+            await sink.write_activity(batch)
+        except Exception as exc:  # keep the times (the newer one wins), retry later
+            for gid, at in batch.items():
+                newer = self._activity.get(gid)
+                if newer is None or newer < at:
+                    self._activity[gid] = at
+            logger.warning(
+                "activity: writing %d groups' last request times failed (%s); kept for "
+                "the next flush",
+                len(batch),
+                type(exc).__name__,
+            )
+            return False
+        self._recent = set(batch)
+        return True
 
     async def close(self) -> None:
         """Final flush at shutdown, retried a few times; what still fails is logged."""
@@ -325,21 +389,30 @@ class HttpUsageSink:
     """
 
     def __init__(self, server_url: str, token: str, *, timeout_s: float = 10.0) -> None:
-        self._url = server_url.rstrip("/") + USAGE_PATH
+        self.server_url = server_url.rstrip("/")
+        self.token = token  # also what a separate gateway's wakes present (gateway.wake)
+        self._url = self.server_url + USAGE_PATH
+        self._activity_url = self.server_url + ACTIVITY_PATH
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     async def write(self, rows: Sequence[UsageRow]) -> None:
-        body = orjson.dumps({"records": [r.to_wire() for r in rows]})
+        await self._post(self._url, orjson.dumps({"records": [r.to_wire() for r in rows]}))
+
+    async def write_activity(self, activity: dict[str, datetime]) -> None:
+        """F4: the groups' last request times (``POST /api/v1/gateway/activity``)."""
+        await self._post(self._activity_url, orjson.dumps(activity_to_wire(activity)))
+
+    async def _post(self, url: str, body: bytes) -> None:
         try:
             async with (
                 aiohttp.ClientSession(timeout=self._timeout) as session,
-                session.post(self._url, data=body, headers=self._headers) as resp,
+                session.post(url, data=body, headers=self._headers) as resp,
             ):
                 if resp.status >= 300:
-                    raise UsageSinkError(f"HTTP {resp.status} from {self._url}")
+                    raise UsageSinkError(f"HTTP {resp.status} from {url}")
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise UsageSinkError(f"{type(exc).__name__} posting to {self._url}") from exc
+            raise UsageSinkError(f"{type(exc).__name__} posting to {url}") from exc
 
 
 class JsonLinesUsageSink:

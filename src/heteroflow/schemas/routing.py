@@ -6,13 +6,24 @@ from the database (``services.routing``) and publishes it; the gateway only read
 In the all-in-one process it is handed over in memory through a ``SnapshotHolder``; a
 separate gateway process polls it over HTTP as JSON (``GET /api/v1/gateway/snapshot``)
 and rebuilds the same objects with ``from_wire``.
+
+Sleep and wake (F4, F6) cross the same boundary: a route target says whether its group
+is asleep (``RouteTarget.asleep``: listed, not routable), a backend names its group so
+the gateway can report when each group last got a request (``GroupActivity``), and a
+gateway asks the server to wake groups with ``WakeRequest`` and learns what happened
+from one ``WakeOutcome`` per task.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, Field
+
+from heteroflow.schemas.common import IdStr, SafeStr, Strict, to_utc
 
 
 def hash_key(plaintext: str) -> str:
@@ -26,6 +37,9 @@ class Backend:
 
     task_id: str
     base_url: str  # e.g. http://127.0.0.1:20123 (no trailing slash, no /v1)
+    # F4: the task's group, whose last request time the gateway reports ("" = none: a
+    # standalone routing file's backend)
+    group_id: str = ""
     # M11: marked for draining (POST /api/v1/tasks/{id}/drain): no new requests
     draining: bool = False
     # M4: the hottest of the task's cards at the last heartbeat; None when unknown
@@ -49,6 +63,10 @@ class RouteTarget:
     algorithm: str = "round_robin"
     # Capability tags for model=auto (M10), e.g. ("code", "long-context").
     tags: tuple[str, ...] = ()
+    # F6: "sleeping" (a current task is asleep: a request wakes it), "waking" (one is on
+    # its way up) or "" (neither). Such a target is listed but has no backend for the
+    # tasks that sleep; the gateway holds requests for it until one is running.
+    asleep: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +119,12 @@ class RoutingSnapshot:
                             "weight": t.weight,
                             "algorithm": t.algorithm,
                             "tags": list(t.tags),
+                            "asleep": t.asleep,
                             "backends": [
                                 {
                                     "task_id": b.task_id,
                                     "base_url": b.base_url,
+                                    "group_id": b.group_id,
                                     "draining": b.draining,
                                     "temperature_c": b.temperature_c,
                                 }
@@ -145,6 +165,7 @@ class RoutingSnapshot:
                         Backend(
                             task_id=b["task_id"],
                             base_url=b["base_url"],
+                            group_id=str(b.get("group_id", "")),
                             draining=bool(b.get("draining", False)),
                             temperature_c=b.get("temperature_c"),
                         )
@@ -152,6 +173,7 @@ class RoutingSnapshot:
                     ),
                     algorithm=t.get("algorithm", "round_robin"),
                     tags=tuple(t.get("tags", ())),
+                    asleep=str(t.get("asleep", "")),
                 )
                 for t in r["targets"]
             )
@@ -159,6 +181,92 @@ class RoutingSnapshot:
 
 
 EMPTY_SNAPSHOT = RoutingSnapshot(version=0)
+
+# --- sleep and wake across the boundary (F4, F6) -------------------------------------
+
+# The wake branches (``schemas.sleep.WakeBranch``) after which a held request keeps
+# waiting: the task is on its way up, or already up and the snapshot is behind. Any
+# other branch (node offline, card borrowed, container gone, failed) is answered at once.
+HOLDING_BRANCHES: frozenset[str] = frozenset({"waking", "already_running", "starting"})
+# The most groups one wake request names, and activity entries in one batch.
+MAX_WAKE_GROUPS = 256
+MAX_ACTIVITY_GROUPS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class WakeOutcome:
+    """What a wake did to one task of a group (the server's ``WakeResult``)."""
+
+    group_id: str
+    task_id: str
+    branch: str
+    message: str
+
+    @property
+    def holding(self) -> bool:
+        return self.branch in HOLDING_BRANCHES
+
+    def to_wire(self) -> dict[str, str]:
+        return {
+            "group_id": self.group_id,
+            "task_id": self.task_id,
+            "branch": self.branch,
+            "message": self.message,
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> WakeOutcome:
+        return cls(
+            group_id=str(data["group_id"]),
+            task_id=str(data.get("task_id", "")),
+            branch=str(data["branch"]),
+            message=str(data.get("message", "")),
+        )
+
+
+class WakeRequest(Strict):
+    """``POST /api/v1/gateway/wake``: a gateway asks for these groups to be woken."""
+
+    group_ids: list[IdStr] = Field(min_length=1, max_length=MAX_WAKE_GROUPS)
+    # the model the request named, for the events' wording
+    model: SafeStr = Field(default="", max_length=256)
+
+
+class WakeOutcomeRead(BaseModel):
+    group_id: str
+    task_id: str
+    branch: str
+    message: str
+
+
+class WakeAnswer(BaseModel):
+    results: list[WakeOutcomeRead]
+
+
+class ActivityIn(Strict):
+    """One group's last routed request, as a gateway saw it."""
+
+    group_id: IdStr
+    # an ISO 8601 string with its zone (JSON has no datetime type)
+    last_request_at: Annotated[AwareDatetime, AfterValidator(to_utc)] = Field(strict=False)
+
+
+class ActivityBatch(Strict):
+    """``POST /api/v1/gateway/activity``: at most one entry per group per flush."""
+
+    activity: list[ActivityIn] = Field(max_length=MAX_ACTIVITY_GROUPS)
+
+
+class ActivityAccepted(BaseModel):
+    updated: int
+
+
+def activity_to_wire(activity: dict[str, datetime]) -> dict[str, Any]:
+    return {
+        "activity": [
+            {"group_id": g, "last_request_at": t.isoformat()} for g, t in activity.items()
+        ]
+    }
 
 
 class SnapshotHolder:

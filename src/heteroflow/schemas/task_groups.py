@@ -5,9 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 
-from heteroflow.core.engines import ENGINES
+from heteroflow.core.engines import ENGINES, resolve_engine
 from heteroflow.schemas.common import (
     NAME_PATTERN,
     Labels,
@@ -115,6 +122,47 @@ class TaskGroupCreate(Strict):
     health_check: HealthCheckIn | None = None
     labels: Labels = Field(default_factory=dict)
     task: TaskSpec
+    # --- issue 13 (recovery / run timeout, A10): after `task`, so its check sees it ---
+    run_timeout_seconds: int = Field(
+        default=0,
+        ge=0,
+        le=366 * 86400,
+        description="training / container only: a task running longer is stopped and "
+        "fails with the reason; 0 = no limit. Inference services are exempt (400)",
+    )
+
+    @field_validator("run_timeout_seconds")
+    @classmethod
+    def _run_timeout_not_for_inference(cls, v: int, info: ValidationInfo) -> int:
+        if v and _is_inference(info.data):
+            raise ValueError(
+                "inference services are long-running and have no run timeout (A10); "
+                "it is for training and container groups"
+            )
+        return v
+
+
+def _is_inference(data: dict[str, Any]) -> bool:
+    """The task type create infers (services.planning.infer_task_type), from the fields
+    validated so far: explicit, else inference when a model path, the API or an engine
+    (named, labelled or read from the image) says so. The plan checks it again."""
+    if data.get("task_type"):
+        return bool(data["task_type"] == "inference")
+    task = data.get("task")
+    if not isinstance(task, TaskSpec):
+        return False  # the task itself is invalid: that error is the one reported
+    labels = data.get("labels") or {}
+    engine, _ = resolve_engine(task.engine, str(labels.get("heteroflow.engine", "")), task.image)
+    return bool(task.model_path or data.get("enable_api") or engine)
+
+
+class TaskGroupPatch(Strict):
+    """D4: what may change alone on a running group (no generation bump, no rebuild).
+    Any other field is refused with 400 naming it."""
+
+    health_check: HealthCheckIn | None = None
+    idle_timeout_minutes: int | None = Field(default=None, ge=0, le=525600)
+# --- end issue 13 (recovery) ---
 
 
 class TaskRead(BaseModel):

@@ -4,6 +4,10 @@ A backend is a task in ``running`` (its first health check passed) with a host p
 node; a key may call the models routed to its endpoint's group and the models of
 routes added for its tenant (``POST /api/v1/model-routes``). Deleted groups have no
 routes and no endpoints, so their keys and models vanish with the next snapshot.
+
+A sleeping service stays listed (F6): its route target carries ``asleep`` ("sleeping",
+or "waking" once a wake is under way) and only its running tasks as backends, so the
+gateway can tell "asleep: wake it and hold the request" from "down: 503".
 """
 
 from __future__ import annotations
@@ -40,10 +44,13 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
             Backend(
                 task_id=t.id,
                 base_url=f"http://{addresses[t.node_id]}:{host_port}",
+                group_id=t.group_id,
                 draining=bool(t.draining),
                 temperature_c=max(temps) if temps else None,
             )
         )
+
+    asleep = _asleep_groups(s)
 
     by_model: dict[tuple[str, str], list[RouteTarget]] = defaultdict(list)
     models_of_group: dict[str, set[str]] = defaultdict(set)
@@ -58,6 +65,7 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
                 backends=tuple(backends.get(r.group_id, ())),
                 algorithm=r.algorithm or "round_robin",
                 tags=tuple(str(tag) for tag in r.tags or ()),
+                asleep=asleep.get(r.group_id, ""),
             )
         )
         if r.added:
@@ -87,6 +95,21 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
             for k, v in by_model.items()
         },
     )
+
+
+def _asleep_groups(s: Session) -> dict[str, str]:
+    """Group id -> "waking" when a current task is waking, else "sleeping" when one
+    sleeps (a task another replaced is history and does not count)."""
+    out: dict[str, str] = {}
+    for gid, status in s.execute(
+        select(Task.group_id, Task.status).where(
+            Task.status.in_((TaskStatus.SLEEPING.value, TaskStatus.WAKING.value)),
+            Task.replaced_by == "",
+        )
+    ):
+        if status == TaskStatus.WAKING.value or gid not in out:
+            out[gid] = status
+    return out
 
 
 def _card_temperatures(gpus: list[Any]) -> dict[int, int]:

@@ -1,4 +1,12 @@
-"""Task groups: create (group + tasks + route + endpoint/key), read, delete, stop a task."""
+"""Task groups: create (group + tasks + route + endpoint/key), read, delete, stop a task;
+stop / start a whole group (its ``desired`` state) and change what may change alone (D4).
+
+``desired`` is the owner's word: "running" (the recovery loop rebuilds what fails) or
+"stopped" (a user stop, the only thing that stops a service; the loop leaves it alone).
+A stop moves every current task through the state door to stopping / stopped; a start
+gives every rank without a live current task a fresh pending task (``rebuild_count`` 0,
+through ``recovery.replace``), so a service the loop gave up on can be started again.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +19,18 @@ from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.containers import DEFAULT_ENV_ALLOW
-from heteroflow.core.errors import Conflict, NotFound
+from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
+from heteroflow.core.events import EventKind
 from heteroflow.core.ids import key_display_prefix, new_api_key, new_id
 from heteroflow.core.placement import Reservation
-from heteroflow.core.ports import ports_to_dicts
-from heteroflow.core.states import GroupStatus, TaskStatus
+from heteroflow.core.ports import ports_from_dicts, ports_to_dicts
+from heteroflow.core.states import TERMINAL, GroupStatus, TaskStatus
 from heteroflow.db.tables import Event, InferenceEndpoint, ModelRoute, Task, TaskGroup
 from heteroflow.schemas.routing import hash_key
 from heteroflow.schemas.task_groups import (
     TaskGroupCreate,
     TaskGroupCreated,
+    TaskGroupPatch,
     TaskGroupRead,
     TaskRead,
 )
@@ -28,6 +38,7 @@ from heteroflow.services.access import visible_task
 from heteroflow.services.auth import Principal
 from heteroflow.services.fleet import read_fleet
 from heteroflow.services.planning import GroupPlan, plan_group
+from heteroflow.services.recovery import RUNNING, STOPPED, replace
 from heteroflow.services.transitions import refresh_group_status, transition
 from heteroflow.services.views import group_read, task_read
 
@@ -48,6 +59,13 @@ def create_group(
     then write the group, its tasks, route and endpoint."""
     fleet = read_fleet(s, clock, offline_after_s)
     plan = plan_group(s, who, req, fleet, reservation or Reservation(), env_allow)
+    if req.run_timeout_seconds and plan.task_type == "inference":
+        # the schema refuses it already; this is the plan's own inferred type (A10)
+        raise ValidationFailed(
+            "inference services are long-running and have no run timeout (A10); it is "
+            "for training and container groups",
+            field="run_timeout_seconds",
+        )
     return _write(s, who, clock, plan)
 
 
@@ -72,6 +90,8 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
         inference_templates=list(plan.templates),
         current_generation=1,
         idle_timeout_minutes=req.idle_timeout_minutes,
+        desired=RUNNING,
+        run_timeout_seconds=req.run_timeout_seconds,
         gpu_memory_utilization=req.gpu_memory_utilization,
         priority=req.priority,
         priority_class=req.priority_class,
@@ -216,9 +236,10 @@ def _stop(s: Session, clock: Clock, task: Task, reason: str) -> None:
             or TaskStatus.STOPPED
         )
         if status in (TaskStatus.PENDING, TaskStatus.SCHEDULED, TaskStatus.FAILED,
-                      TaskStatus.COMPLETED):
+                      TaskStatus.COMPLETED, TaskStatus.SLEEPING):
+            # asleep: no engine runs; its agent removes a kept container once unlisted
             to = TaskStatus.STOPPED
-        elif status in (TaskStatus.STARTING, TaskStatus.RUNNING):
+        elif status in (TaskStatus.STARTING, TaskStatus.RUNNING, TaskStatus.WAKING):
             to = TaskStatus.STOPPING
         else:
             return  # already stopping or stopped
@@ -268,3 +289,134 @@ def group_events(s: Session, who: Principal, group_id: str) -> list[dict[str, An
         }
         for e in rows
     ]
+
+
+# ---- the whole group: stop, start (issue 13), change what may change alone (D4) ----
+
+# a current task in one of these has ended (or is ending): a start replaces it
+_NOT_LIVE = frozenset({*TERMINAL, TaskStatus.STOPPING})
+
+
+def _current(s: Session, group_id: str) -> list[Task]:
+    return list(
+        s.scalars(
+            select(Task)
+            .where(Task.group_id == group_id, Task.replaced_by == "")
+            .order_by(Task.rank, Task.created_at)
+            .execution_options(populate_existing=True)
+        )
+    )
+
+
+def _fresh(s: Session, who: Principal, group_id: str) -> TaskGroupRead:
+    """The group as written: its tasks moved by compare-and-set, behind the ORM's back."""
+    s.flush()
+    s.expire_all()
+    return get_group(s, who, group_id)
+
+
+def _desired_event(s: Session, clock: Clock, g: TaskGroup, old: str, message: str) -> None:
+    s.add(
+        Event(
+            group_id=g.id, task_id=None, kind=EventKind.DESIRED.value, from_status=old,
+            to_status=g.desired, message=message, created_at=clock.now(),
+        )
+    )
+
+
+def stop_group(s: Session, who: Principal, clock: Clock, group_id: str) -> TaskGroupRead:
+    """The owner stops the service: ``desired`` stopped, every current task to stopping
+    (engine up) or stopped, through the state door. Idempotent."""
+    g = _visible_group(s, who, group_id)
+    old, g.desired, g.updated_at = g.desired, STOPPED, clock.now()
+    s.flush()  # before any task moves: the recovery loop reads it
+    why = f"stopped by {who.username}"
+    for t in _current(s, g.id):
+        _stop(s, clock, t, why)
+    if old != STOPPED:
+        _desired_event(s, clock, g, old, why)
+    refresh_group_status(s, clock, g.id, why)
+    return _fresh(s, who, g.id)
+
+
+def start_group(s: Session, who: Principal, clock: Clock, group_id: str) -> TaskGroupRead:
+    """The owner starts the service (again): ``desired`` running, and every rank whose
+    current task ended (stopped, failed, completed) or is stopping gets a fresh pending
+    task with ``rebuild_count`` 0 — the recovery loop's cap starts over. 409 when it is
+    meant to run and every rank already has a live task; a deleted group is not found."""
+    g = _visible_group(s, who, group_id)
+    current = _current(s, g.id)
+    ended = [t for t in current if TaskStatus(t.status) in _NOT_LIVE]
+    if g.desired == RUNNING and not ended:
+        raise Conflict(
+            f"task group {g.id} is already running (status {g.status}); stop it first, "
+            "or use restart"
+        )
+    why = f"started by {who.username}"
+    old, g.desired, g.updated_at = g.desired, RUNNING, clock.now()
+    s.flush()
+    queued = 0
+    for t in ended:
+        new = replace(
+            s, clock, t, TaskStatus(t.status), count=0, health_check=dict(g.health_check),
+            message=f"{why} (replaces {t.id}); waiting for the scheduler",
+        )
+        queued += new is not None
+    _desired_event(s, clock, g, old, f"{why}; {queued} task(s) queued")
+    refresh_group_status(s, clock, g.id, why)
+    return _fresh(s, who, g.id)
+
+
+def _patched_health(g: TaskGroup, current: list[Task], req: TaskGroupPatch) -> dict[str, Any]:
+    """The new health check, its port defaulting to the first container port and checked
+    against them (as create does)."""
+    assert req.health_check is not None
+    health = req.health_check.model_dump()
+    ports = [p.container_port for p in ports_from_dicts(current[0].ports)] if current else []
+    if health["port"] is None:
+        health["port"] = ports[0] if ports else g.health_check.get("port")
+    elif ports and health["port"] not in ports:
+        raise ValidationFailed(
+            f"health_check.port {health['port']} is not a container port {ports}",
+            field="health_check.port",
+        )
+    return health
+
+
+def patch_group(
+    s: Session, who: Principal, clock: Clock, group_id: str, req: TaskGroupPatch
+) -> TaskGroupRead:
+    """D4: change the health check and / or the idle timeout alone: no generation bump,
+    no new task. The tasks' health check is updated with the group's, so every agent
+    gets it in its next heartbeat's assignments."""
+    g = _visible_group(s, who, group_id)
+    if req.health_check is None and req.idle_timeout_minutes is None:
+        raise ValidationFailed(
+            "nothing to change: give health_check and / or idle_timeout_minutes",
+            field="health_check",
+        )
+    said: list[str] = []
+    if req.health_check is not None:
+        current = _current(s, g.id)
+        health = _patched_health(g, current, req)
+        g.health_check = health
+        for t in current:
+            t.health_check = dict(health)
+            t.updated_at = clock.now()
+        where = f"{health['path']} " if health["type"] == "http" else ""
+        said.append(
+            f"health check {health['type']} {where}on port {health['port']} every "
+            f"{health['interval_seconds']:g} s, unhealthy after "
+            f"{health['unhealthy_threshold']} failures"
+        )
+    if req.idle_timeout_minutes is not None:
+        g.idle_timeout_minutes = req.idle_timeout_minutes
+        said.append(f"idle timeout {req.idle_timeout_minutes} min (0 = never)")
+    g.updated_at = clock.now()
+    s.add(
+        Event(
+            group_id=g.id, task_id=None, kind=EventKind.CONFIG_CHANGED.value,
+            message=f"changed by {who.username}: " + "; ".join(said), created_at=clock.now(),
+        )
+    )
+    return _fresh(s, who, g.id)

@@ -22,6 +22,7 @@ from heteroflow.db.engine import Database
 from heteroflow.db.tables import InferenceEndpoint, UsageRecord
 from heteroflow.schemas.usage import UsageReport, UsageRow, UsageRowRead, UsageSums
 from heteroflow.services.auth import Principal
+from heteroflow.services.idle import record_activity
 
 GROUPS: dict[str, Any] = {
     "tenant": UsageRecord.tenant_id,
@@ -64,7 +65,8 @@ def write_batch(s: Session, rows: Sequence[UsageRow]) -> int:
 
 
 class DbUsageSink:
-    """The all-in-one server's ``UsageSink``: writes in a worker thread."""
+    """The all-in-one server's ``UsageSink`` (and the gateway's ``ActivitySink``: each
+    group's last request time, F4): writes in a worker thread."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -72,9 +74,16 @@ class DbUsageSink:
     async def write(self, rows: Sequence[UsageRow]) -> None:
         await asyncio.to_thread(self._write, rows)
 
+    async def write_activity(self, activity: dict[str, datetime]) -> None:
+        await asyncio.to_thread(self._write_activity, activity)
+
     def _write(self, rows: Sequence[UsageRow]) -> None:
         with self._db.session() as s:
             write_batch(s, rows)
+
+    def _write_activity(self, activity: dict[str, datetime]) -> None:
+        with self._db.session() as s:
+            record_activity(s, activity)
 
 
 def parse_group_by(raw: str) -> list[str]:

@@ -27,7 +27,7 @@ import docker
 import docker.errors
 import docker.types
 
-from heteroflow.agent.runtime.protocol import LaunchFailed, PortInUse
+from heteroflow.agent.runtime.protocol import ContainerGone, LaunchFailed, PortInUse
 from heteroflow.core.containers import ContainerPlan
 
 log = logging.getLogger(__name__)
@@ -211,6 +211,39 @@ class DockerRuntime:
         except docker.errors.NotFound:
             return
         self.remove(task_id)
+
+    def halt(self, task_id: str, timeout_s: float) -> None:
+        """Sleep (F1): stop the container (SIGTERM, SIGKILL after ``timeout_s``) and KEEP
+        it, so the wake starts the same container again; a missing one is fine."""
+        if self._attrs(task_id) is None:
+            return
+        try:
+            self.client.api.stop(task_id, timeout=max(0, math.ceil(timeout_s)))
+        except docker.errors.NotFound:
+            return
+
+    def resume(self, task_id: str) -> None:
+        """Wake (F2, C2's resume branch): start the task's existing container again.
+
+        ``ContainerGone`` when it is not there any more (F3), ``PortInUse`` when its
+        host port was taken meanwhile, ``LaunchFailed`` for other Engine errors. Starting
+        a container that already runs is a no-op."""
+        if self._attrs(task_id) is None:
+            raise ContainerGone(f"container {task_id} gone at wake")
+        try:
+            self.client.api.start(task_id)
+        except docker.errors.NotFound as exc:
+            raise ContainerGone(f"container {task_id} gone at wake") from exc
+        except docker.errors.APIError as exc:
+            text = str(exc.explanation or exc)
+            if any(marker in text.lower() for marker in _PORT_IN_USE):
+                bound = re.findall(r":(\d+)\b", text)
+                raise PortInUse(
+                    f"host port already in use at wake: {text}",
+                    tuple(int(p) for p in bound[-1:]),
+                ) from exc
+            raise LaunchFailed(f"container {task_id} failed to start again: {text}") from exc
+        log.info("started container %s again (wake)", task_id)
 
     def remove(self, task_id: str) -> None:
         """Force-remove the container, only when it carries this agent's labels."""

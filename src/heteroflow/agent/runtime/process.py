@@ -106,6 +106,12 @@ class ProcessRuntime:
             return
         proc.wait(5)
 
+    def halt(self, task_id: str, timeout_s: float) -> None:
+        """Sleep (F1): the process stops like any stop and is forgotten; its log file
+        stays, and a wake launches the same argv again."""
+        self.stop(task_id, timeout_s)
+        self.forget(task_id)
+
     def running(self) -> list[str]:
         return [t for t, p in self._procs.items() if p.poll() is None]
 

@@ -33,6 +33,10 @@ class LaunchFailed(Exception):
     pass
 
 
+class ContainerGone(LaunchFailed):
+    """A wake found the task's kept container gone (F3): the task cannot resume here."""
+
+
 class Runtime(Protocol):
     """What the agent's loops need from a runtime; starting is the launcher's business."""
 
@@ -43,6 +47,11 @@ class Runtime(Protocol):
         ...
 
     def stop(self, task_id: str, timeout_s: float) -> None: ...
+
+    def halt(self, task_id: str, timeout_s: float) -> None:
+        """Stop the engine of a task going to sleep (F1), keeping what its wake needs:
+        the container (Docker); nothing (a process is launched again with its argv)."""
+        ...
 
     def running(self) -> list[str]: ...
 

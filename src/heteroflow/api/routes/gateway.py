@@ -1,4 +1,10 @@
-"""Endpoints, model routes and the routing snapshot (/api/v1/gateway, /api/v1/model-routes)."""
+"""Endpoints, model routes and the routing snapshot (/api/v1/gateway, /api/v1/model-routes).
+
+A separate gateway also reports its groups' last request times here (F4,
+``POST /gateway/activity``) and asks for sleeping services to be woken when a request
+names them (F6, ``POST /gateway/wake``), both with the gateway token; each commits
+before answering, so a 2xx means stored.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +23,14 @@ from heteroflow.schemas.gateway import (
     ModelRouteRead,
     ModelRouteUpdate,
 )
-from heteroflow.services import endpoints
+from heteroflow.schemas.routing import (
+    ActivityAccepted,
+    ActivityBatch,
+    WakeAnswer,
+    WakeOutcomeRead,
+    WakeRequest,
+)
+from heteroflow.services import endpoints, idle
 
 router = APIRouter(prefix="/api/v1", tags=["gateway"])
 
@@ -81,3 +94,40 @@ def snapshot(
     return Response(
         orjson.dumps(snap.to_wire()), media_type="application/json", headers={"ETag": etag}
     )
+
+
+@router.post(
+    "/gateway/activity",
+    response_model=ActivityAccepted,
+    dependencies=[Depends(require_gateway)],
+)
+def report_activity(batch: ActivityBatch, ctx: Ctx) -> ActivityAccepted:
+    """F4: each group's last routed request, as a gateway saw it (the idle timer's input).
+    Times only move forward; unknown groups are ignored."""
+    latest: dict[str, Any] = {}
+    for a in batch.activity:
+        if a.group_id not in latest or latest[a.group_id] < a.last_request_at:
+            latest[a.group_id] = a.last_request_at
+    with ctx.db.session() as s:
+        updated = idle.record_activity(s, latest)
+    return ActivityAccepted(updated=updated)
+
+
+@router.post(
+    "/gateway/wake",
+    response_model=WakeAnswer,
+    dependencies=[Depends(require_gateway)],
+)
+def wake(req: WakeRequest, ctx: Ctx) -> WakeAnswer:
+    """F6: a request named a sleeping model; wake its groups. One result per task, whose
+    ``branch`` says whether it is on its way up (the gateway holds the request) or why
+    not (node offline, card borrowed, ...: the gateway answers 503 with the message)."""
+    with ctx.db.session() as s:
+        outcomes = idle.wake_for_request(
+            s,
+            ctx.clock,
+            req.group_ids,
+            req.model,
+            offline_after_s=ctx.settings.node_offline_after_s,
+        )
+    return WakeAnswer(results=[WakeOutcomeRead(**o.to_wire()) for o in outcomes])

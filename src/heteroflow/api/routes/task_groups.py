@@ -13,6 +13,7 @@ from heteroflow.schemas.task_groups import (
     EventRead,
     TaskGroupCreate,
     TaskGroupCreated,
+    TaskGroupPatch,
     TaskGroupRead,
     TaskRead,
 )
@@ -66,6 +67,30 @@ def group_events(group_id: IdStr, s: DB, who: Who) -> list[dict[str, Any]]:
     return [
         {"group_id": group_id, **e} for e in task_groups.group_events(s, who, group_id)
     ]
+
+
+@router.patch("/task-groups/{group_id}", response_model=TaskGroupRead)
+def patch_group(
+    group_id: IdStr, req: TaskGroupPatch, ctx: Ctx, s: DB, who: Who
+) -> TaskGroupRead:
+    """D4: change ``health_check`` and / or ``idle_timeout_minutes`` alone — no new
+    generation, no new task; agents apply a new health check at their next heartbeat.
+    Any other field: 400 naming it."""
+    return task_groups.patch_group(s, who, ctx.clock, group_id, req)
+
+
+@router.post("/task-groups/{group_id}/stop", response_model=TaskGroupRead)
+def stop_group(group_id: IdStr, ctx: Ctx, s: DB, who: Who) -> TaskGroupRead:
+    """Stop the service (``desired`` stopped): its tasks stop, the recovery loop leaves
+    it alone. Stopping a stopped service changes nothing."""
+    return task_groups.stop_group(s, who, ctx.clock, group_id)
+
+
+@router.post("/task-groups/{group_id}/start", response_model=TaskGroupRead)
+def start_group(group_id: IdStr, ctx: Ctx, s: DB, who: Who) -> TaskGroupRead:
+    """Start a stopped or failed service (``desired`` running): every rank without a live
+    task gets a fresh one (the rebuild count starts over). 409 when it already runs."""
+    return task_groups.start_group(s, who, ctx.clock, group_id)
 
 
 @router.delete("/task-groups/{group_id}", status_code=204)

@@ -1,0 +1,80 @@
+"""The recovery loop (E1-E4, A10): rebuilds failed tasks, moves work off lost nodes and
+cards, and stops training / container tasks past their run timeout.
+
+Every ``recovery_interval_s`` it runs one round of ``services.recovery.recover`` (see
+there for the steps and ``core.recovery`` for the decisions). Leader-only: two
+instances rebuilding the same failed task at once would start it twice (the
+compare-and-set on ``replaced_by`` keeps the database right, but the round is also
+fenced like every leader-only write, so a leader paused past its lease writes nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Protocol
+
+from heteroflow.controllers.base import FrozenClock
+from heteroflow.core.clock import Clock
+from heteroflow.core.recovery import RecoveryPolicy
+from heteroflow.db.engine import Database
+from heteroflow.services.leadership import Fence, LeaseLost, fenced
+from heteroflow.services.recovery import RecoveryResult, recover
+
+log = logging.getLogger(__name__)
+
+
+class HoldsLease(Protocol):
+    def fence(self, now: datetime) -> Fence | None: ...
+
+
+class Recovery:
+    name = "recovery"
+    leader_only = True
+
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        leadership: HoldsLease,
+        *,
+        interval_s: float,
+        policy: RecoveryPolicy,
+        offline_after_s: float,
+        migrate_after_s: float,
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.leadership = leadership
+        self.interval_s = interval_s
+        self.policy = policy
+        self.offline_after_s = offline_after_s
+        self.migrate_after_s = migrate_after_s
+
+    def reconcile_once(self, now: datetime) -> None:
+        self.run_round(now)
+
+    def run_round(self, now: datetime | None = None) -> RecoveryResult:
+        """One round as of ``now`` (default: the clock's); ``LeaseLost`` when this
+        instance does not hold the lease, and then nothing is written."""
+        now = now or self.clock.now()
+        fence = self.leadership.fence(now)
+        if fence is None:
+            raise LeaseLost("this instance does not lead: recovery skipped")
+        with self.db.session() as s:
+            fenced(s, fence, self.clock.now())
+            result = recover(
+                s,
+                FrozenClock(self.clock, now),
+                self.policy,
+                offline_after_s=self.offline_after_s,
+                migrate_after_s=self.migrate_after_s,
+            )
+        if result.rebuilt or result.gave_up or result.evacuated or result.timed_out:
+            log.info(
+                "recovery: %d rebuilt, %d given up, %d moved off lost hardware, "
+                "%d requeued, %d past their run timeout",
+                len(result.rebuilt), len(result.gave_up), len(result.evacuated),
+                len(result.requeued), len(result.timed_out),
+            )
+        return result

@@ -1,0 +1,262 @@
+"""F6: holding requests for a sleeping model (``gateway.wake.WakeHold``), with a fake
+server link. Durations are tenths of a second of the event loop's own clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import orjson
+import pytest
+
+from heteroflow.gateway.metrics import GatewayMetrics
+from heteroflow.gateway.wake import CLIENT_LEFT, Ready, Refused, WakeHold, asleep
+from heteroflow.schemas.routing import (
+    Backend,
+    RouteTarget,
+    RoutingSnapshot,
+    SnapshotHolder,
+    WakeOutcome,
+)
+
+TENANT, MODEL = "tn-1", "chat"
+
+
+def _snap(version: int, *, asleep: str = "", backends: int = 0) -> RoutingSnapshot:
+    target = RouteTarget(
+        "r-1",
+        "tg-1",
+        0,
+        1,
+        tuple(Backend(f"task-{i}", f"http://h:{i}", group_id="tg-1") for i in range(backends)),
+        asleep=asleep,
+    )
+    return RoutingSnapshot(version=version, routes={(TENANT, MODEL): (target,)})
+
+
+class FakeLink:
+    def __init__(self, holder: SnapshotHolder, branch: str = "waking", message: str = "") -> None:
+        self.holder = holder
+        self.branch = branch
+        self.message = message
+        self.calls: list[tuple[list[str], str]] = []
+        self.refreshes = 0
+        self.fail = False
+        self.delay = 0.0
+
+    async def wake(self, group_ids: Sequence[str], model: str) -> list[WakeOutcome]:
+        self.calls.append((list(group_ids), model))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail:
+            raise OSError("server away")
+        return [WakeOutcome(g, "task-0", self.branch, self.message) for g in group_ids]
+
+    async def refresh(self) -> None:
+        self.refreshes += 1
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _hold(
+    holder: SnapshotHolder, link: FakeLink | None, *, hold_s: float = 5.0
+) -> tuple[WakeHold, GatewayMetrics]:
+    metrics = GatewayMetrics()
+    return (
+        WakeHold(holder, link, metrics, hold_s=hold_s, retry_after_s=7, poll_s=0.01),
+        metrics,
+    )
+
+
+def _targets(holder: SnapshotHolder) -> tuple[RouteTarget, ...]:
+    return holder.current.routes[TENANT, MODEL]
+
+
+def _error(r: object) -> dict[str, object]:
+    assert isinstance(r, Refused), r
+    assert r.error.status == 503
+    assert r.headers() == [(b"retry-after", b"7")]
+    err = orjson.loads(r.error.body())["error"]
+    assert isinstance(err, dict)
+    return err
+
+
+@pytest.mark.feature("F6")
+async def test_the_request_is_held_until_a_backend_is_up_then_routed() -> None:
+    holder = SnapshotHolder(_snap(1, asleep="sleeping"))
+    link = FakeLink(holder)
+    hold, metrics = _hold(holder, link)
+    assert asleep(_targets(holder))
+    task = asyncio.create_task(hold.hold(TENANT, MODEL, _targets(holder)))
+    await asyncio.sleep(0.05)
+    assert not task.done() and metrics.held == {MODEL: 1}
+    assert link.calls == [(["tg-1"], MODEL)]
+    holder.publish(_snap(2, asleep="waking"))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    up = _snap(3, backends=1)
+    holder.publish(up)
+    result = await asyncio.wait_for(task, 1)
+    assert isinstance(result, Ready) and result.snapshot is up
+    assert link.refreshes > 0  # it asked for fresh snapshots while holding
+    assert metrics.held == {MODEL: 0} and metrics.holds == {(MODEL, "ready"): 1}
+    assert metrics.wakes == {(MODEL, "waking"): 1}
+    assert hold.wakes_in_progress == 0
+    text = metrics.render().decode()
+    assert 'heteroflow_gateway_wake_holds_total{model="chat",outcome="ready"} 1' in text
+    assert 'heteroflow_gateway_wakes_total{model="chat",branch="waking"} 1' in text
+    assert 'heteroflow_gateway_held_requests{model="chat"} 0' in text
+    assert 'heteroflow_gateway_wake_hold_seconds_count{model="chat"} 1' in text
+
+
+@pytest.mark.feature("F6")
+async def test_hold_timeout_is_503_with_retry_after() -> None:
+    holder = SnapshotHolder(_snap(1, asleep="sleeping"))
+    hold, metrics = _hold(holder, FakeLink(holder), hold_s=0.1)
+    result = await asyncio.wait_for(hold.hold(TENANT, MODEL, _targets(holder)), 2)
+    err = _error(result)
+    assert err["code"] == "model_waking"
+    assert "not ready within 0.1 s" in str(err["message"])
+    assert metrics.holds == {(MODEL, "timeout"): 1}
+    await asyncio.sleep(0.05)
+    assert hold.wakes_in_progress == 0  # nobody waits: the shared wake ended too
+
+
+@pytest.mark.feature("F6")
+async def test_holding_off_answers_503_at_once_and_the_wake_is_started() -> None:
+    holder = SnapshotHolder(_snap(1, asleep="sleeping"))
+    link = FakeLink(holder)
+    hold, metrics = _hold(holder, link, hold_s=0)
+    result = await asyncio.wait_for(hold.hold(TENANT, MODEL, _targets(holder)), 1)
+    err = _error(result)
+    assert err["code"] == "model_waking"
+    assert "retry in 7 s" in str(err["message"])
+    assert link.calls == [(["tg-1"], MODEL)]
+    assert metrics.holds == {(MODEL, "not_held"): 1}
+    # once the snapshot says waking, later requests do not ask again
+    holder.publish(_snap(2, asleep="waking"))
+    await asyncio.sleep(0)
+    again = await asyncio.wait_for(hold.hold(TENANT, MODEL, _targets(holder)), 1)
+    assert _error(again)["code"] == "model_waking"
+    assert len(link.calls) == 1
+
+
+@pytest.mark.feature("F6")
+async def test_concurrent_requests_share_one_wake() -> None:
+    holder = SnapshotHolder(_snap(1, asleep="sleeping"))
+    link = FakeLink(holder)
+    link.delay = 0.05  # the server takes a moment: everyone arrives meanwhile
+    hold, metrics = _hold(holder, link)
+    tasks = [
+        asyncio.create_task(hold.hold(TENANT, MODEL, _targets(holder))) for _ in range(20)
+    ]
+    await asyncio.sleep(0.1)
+    assert metrics.held == {MODEL: 20} and hold.wakes_in_progress == 1
+    holder.publish(_snap(2, backends=2))
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 2)
+    assert all(isinstance(r, Ready) for r in results)
+    assert len(link.calls) == 1
+    assert metrics.holds == {(MODEL, "ready"): 20}
+
+
+@pytest.mark.feature("F6")
+async def test_concurrent_requests_with_holding_off_share_one_wake_too() -> None:
+    holder = SnapshotHolder(_snap(1, asleep="sleeping"))
+    link = FakeLink(holder)
+    link.delay = 0.05
+    hold, _ = _hold(holder, link, hold_s=0)
+    results = await asyncio.gather(
+        *(hold.hold(TENANT, MODEL, _targets(holder)) for _ in range(10))
+    )
+    assert all(_error(r)["code"] == "model_waking" for r in results)
+    assert len(link.calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("branch", "message"),
+    [
+        ("node_offline", "wake requested: node gpu-7 is offline (no heartbeat since ...)"),
+        ("card_borrowed", "wake requested: card(s) [0] of node gpu-7 are borrowed by training"),
+        ("container_gone", "task t-1: its container was gone at wake"),
+    ],
+)
+@pytest.mark.feature("F6")
+async def test_a_wake_that_cannot_happen_is_503_with_its_message_never_a_hang(
+    branch: str, message: str
+) -> None:
+    holder = SnapshotHolder(_snap(1, asleep="sleeping"))
+    hold, metrics = _hold(holder, FakeLink(holder, branch, message), hold_s=60)
+    result = await asyncio.wait_for(hold.hold(TENANT, MODEL, _targets(holder)), 1)
+    err = _error(result)
+    assert err["code"] == "model_unavailable"
+    assert message in str(err["message"])
+    assert metrics.holds == {(MODEL, "refused"): 1}
+    assert metrics.wakes == {(MODEL, branch): 1}
+
+
+async def test_the_same_with_holding_off() -> None:
+    holder = SnapshotHolder(_snap(1, asleep="sleeping"))
+    hold, _ = _hold(holder, FakeLink(holder, "node_offline", "node gpu-7 is offline"), hold_s=0)
+    err = _error(await hold.hold(TENANT, MODEL, _targets(holder)))
+    assert err["code"] == "model_unavailable" and "gpu-7 is offline" in str(err["message"])
+
+
+async def test_a_server_that_cannot_be_asked_is_503() -> None:
+    holder = SnapshotHolder(_snap(1, asleep="sleeping"))
+    link = FakeLink(holder)
+    link.fail = True
+    hold, metrics = _hold(holder, link)
+    err = _error(await asyncio.wait_for(hold.hold(TENANT, MODEL, _targets(holder)), 1))
+    assert err["code"] == "wake_failed"
+    assert metrics.wakes == {(MODEL, "error"): 1}
+
+
+async def test_a_wake_that_fails_after_it_started_ends_the_hold_at_once() -> None:
+    holder = SnapshotHolder(_snap(1, asleep="sleeping"))
+    hold, metrics = _hold(holder, FakeLink(holder), hold_s=60)
+    task = asyncio.create_task(hold.hold(TENANT, MODEL, _targets(holder)))
+    await asyncio.sleep(0.03)
+    holder.publish(_snap(2))  # neither asleep nor running: the wake failed
+    err = _error(await asyncio.wait_for(task, 1))
+    assert err["code"] == "no_healthy_backend"
+    assert metrics.holds == {(MODEL, "failed"): 1}
+
+
+async def test_already_waking_groups_are_waited_for_not_woken_again() -> None:
+    holder = SnapshotHolder(_snap(1, asleep="waking"))
+    link = FakeLink(holder)
+    hold, _ = _hold(holder, link)
+    task = asyncio.create_task(hold.hold(TENANT, MODEL, _targets(holder)))
+    await asyncio.sleep(0.03)
+    holder.publish(_snap(2, backends=1))
+    assert isinstance(await asyncio.wait_for(task, 1), Ready)
+    assert link.calls == []
+
+
+async def test_a_client_that_leaves_stops_waiting() -> None:
+    holder = SnapshotHolder(_snap(1, asleep="sleeping"))
+    hold, metrics = _hold(holder, FakeLink(holder))
+    left = asyncio.Event()
+    task = asyncio.create_task(hold.hold(TENANT, MODEL, _targets(holder), left.wait))
+    await asyncio.sleep(0.03)
+    left.set()
+    assert await asyncio.wait_for(task, 1) is CLIENT_LEFT
+    assert metrics.held == {MODEL: 0} and metrics.holds == {(MODEL, "client_left"): 1}
+    await asyncio.sleep(0.05)
+    assert hold.wakes_in_progress == 0
+
+
+async def test_a_gateway_without_a_server_says_it_cannot_wake() -> None:
+    holder = SnapshotHolder(_snap(1, asleep="sleeping"))
+    hold, _ = _hold(holder, None)
+    err = _error(await hold.hold(TENANT, MODEL, _targets(holder)))
+    assert err["code"] == "model_unavailable"
+
+
+def test_outcome_and_branch_labels_stay_bounded() -> None:
+    m = GatewayMetrics()
+    m.woken("chat", "something-new")
+    m.hold_done("chat", "weird", None)
+    assert m.wakes == {("chat", "other"): 1}
+    assert m.holds == {("chat", "other"): 1}
