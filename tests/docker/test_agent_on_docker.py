@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,50 @@ def test_a_container_killed_behind_the_agents_back_fails_the_task(
         20, "the removed container's task to fail",
     )
     assert "container" in t["status_message"]
+
+
+@pytest.mark.feature("E1")
+def test_a_killed_engine_container_is_rebuilt_and_answers_again(
+    dstack: Stack, docker_client: Any
+) -> None:
+    """Issue 13 on the Docker runtime: kill -9 the engine in its container; the recovery
+    loop rebuilds the task in a new container and the same key gets answers again."""
+    g = create(dstack, body("healed"))
+    key = g["api_key"]
+    g = dstack.wait_status(g["id"], "running", 60)
+    first = g["tasks"][0]
+    client = openai.OpenAI(
+        base_url=dstack.server_url + "/v1", api_key=key, max_retries=0, timeout=30
+    )
+
+    def answers() -> bool:
+        try:
+            reply = client.chat.completions.create(
+                model="healed-model", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+        except (openai.APIStatusError, openai.APIConnectionError):
+            return False
+        return bool(reply.choices[0].message.content)
+
+    wait_for(answers, 20, "a first answer")
+    killed = time.monotonic()
+    container(docker_client, first["id"]).kill(signal="SIGKILL")
+    g_id = first["group_id"]
+
+    def rebuilt() -> dict[str, Any] | None:
+        now = dstack.group(g_id)
+        moved = now["tasks"] and now["tasks"][0]["id"] != first["id"]
+        return now if moved and now["status"] == "running" else None
+
+    healed = wait_for(rebuilt, 90, "the rebuilt task to run")
+    assert healed["tasks"][0]["rebuild_count"] == 1
+    wait_for(answers, 30, "an answer from the rebuilt container")
+    print(f"docker: kill -9 -> answers again in {time.monotonic() - killed:.1f} s")
+    old = dstack.api("GET", f"/api/v1/tasks/{first['id']}").json()
+    assert old["status"] == "failed" and old["replaced_by"] == healed["tasks"][0]["id"]
+    kinds = [e["kind"] for e in dstack.api("GET", f"/api/v1/task-groups/{g_id}/events").json()]
+    assert "fault.rebuilt" in kinds
+    assert container(docker_client, healed["tasks"][0]["id"]).status == "running"
 
 
 @pytest.mark.feature("C8")

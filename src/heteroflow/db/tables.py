@@ -173,6 +173,18 @@ class TaskGroup(Base):
     run_timeout_seconds: Mapped[int] = mapped_column(Integer, default=0)
     # F4: the last request the gateway routed to it (the idle timer's start)
     last_request_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # K1: what the schedule window's executor put in effect ("" = none; pause | scale |
+    # stop) and the replica count it saved first, to restore back inside (0012)
+    window_action: Mapped[str] = mapped_column(String(16), default="")
+    window_saved_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # J1/J4: a rollout's execution lease (holder = server instance id, "" = none; TTL
+    # renewed while it runs, held at most a bound), when it began, and what it rolls out
+    rollout_holder: Mapped[str] = mapped_column(String(64), default="")
+    rollout_expires_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    rollout_started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    rollout_spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # I1: the autoscaler's last decision (every decision is also an event)
+    autoscaled_at: Mapped[datetime | None] = mapped_column(nullable=True)
     gpu_memory_utilization: Mapped[int] = mapped_column(Integer)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     # "tenant": the priority ranks only within the tenant's sharing key (a member's);

@@ -231,6 +231,11 @@ class TaskGroupRead(BaseModel):
     desired: str = "running"
     run_timeout_seconds: int = 0  # A10: training / container only; 0 = never
     last_request_at: datetime | None = None  # F4: the gateway's last request for it
+    scale_policy: dict[str, Any] = Field(default_factory=dict)  # I1 (the autoscaler)
+    schedule_window: dict[str, Any] = Field(default_factory=dict)  # K1
+    # K1: the window's action in effect ("" = none) and the replica count it saved
+    window_action: str = ""
+    window_saved_replicas: int | None = None
     health_check: dict[str, Any]
     labels: dict[str, Any]
     status: str
