@@ -372,11 +372,73 @@ def _services(a: argparse.Namespace) -> int:
         remote.start_service(a.id, wait=a.wait, timeout_s=a.timeout)
     elif a.action == "restart":
         remote.restart_service(a.id, wait=a.wait, timeout_s=a.timeout)
+    elif a.action == "update":  # issue 14 (J1, J2)
+        update: dict[str, object] = {"strategy": a.strategy, "batch_size": a.batch_size}
+        if a.image:
+            update["image"] = a.image
+        if a.engine_arg is not None:
+            update["engine_args"] = a.engine_arg
+        if a.env is not None:
+            update["env"] = a.env
+        remote.update_service(
+            a.id, update, wait=a.wait, timeout_s=a.timeout, as_json=a.json
+        )
     elif a.action == "sleep":
         remote.sleep_service(a.id, as_json=a.json)
     elif a.action == "wake":
         remote.wake_service(a.id, wait=a.wait, timeout_s=a.timeout, as_json=a.json)
+    # issue 14 (I1, I2): scale and autoscale
+    elif a.action == "scale":
+        remote.scale_service(
+            a.id, a.replicas, wait=a.wait, timeout_s=a.timeout, as_json=a.json
+        )
+    elif a.action == "autoscale":
+        remote.autoscale_service(a.id, _autoscale_body(a), as_json=a.json)
+    elif a.action == "window":  # issue 14 (K1)
+        mode, changes = _window_changes(a)
+        remote.window_service(a.id, changes, mode, as_json=a.json)
     return 0
+
+
+def _window_changes(a: argparse.Namespace) -> tuple[str, dict[str, object]]:
+    """issue 14 (K1): what `services window` does (show / set / disable / enable /
+    remove) and, to set, the fields given (the others keep their stored values)."""
+    changes: dict[str, object] = {
+        key: value
+        for key, value in (
+            ("start", a.start), ("end", a.end), ("timezone", a.timezone), ("days", a.days),
+            ("action", a.window_action), ("replicas", a.replicas),
+        )
+        if value is not None
+    }
+    modes = [m for m in ("disable", "enable", "remove") if getattr(a, m)]
+    if modes and changes:
+        raise CliError(f"--{modes[0]} takes no other option")
+    if modes:
+        return modes[0], {}
+    return ("set" if changes else "show"), changes
+
+
+def _days(text: str) -> list[str]:
+    """issue 14 (K1): ``mon-fri,sun`` -> the API's list of days."""
+    from heteroflow.core.windows import expand_days
+
+    try:
+        return expand_days(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _autoscale_body(a: argparse.Namespace) -> dict[str, object]:
+    """issue 14 (I1): what `services autoscale` sends; a flag left out keeps its value."""
+    body: dict[str, object] = {"enabled": not a.disable}
+    for key, value in (
+        ("metric", a.metric), ("target", a.target), ("min_replicas", a.min),
+        ("max_replicas", a.max),
+    ):
+        if value is not None:
+            body[key] = value
+    return body
 
 
 def _tasks(a: argparse.Namespace) -> int:
@@ -521,7 +583,7 @@ def _management_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
     sv = sub.add_parser(
         "services",
-        help="create / list / show / delete / stop / start / sleep / wake services",
+        help="create, list, show, delete, stop/start, sleep/wake, scale, update services",
         epilog=SERVICES_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -582,6 +644,47 @@ def _management_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     sr.add_argument("id", help="the service id (tg-...)")
     _wait_flags(sr, "it runs", default=False)
     # --- end issue 13 ---
+    # --- issue 14: a new generation (rolling update or recreate) ---
+    su = svs.add_parser(
+        "update",
+        help="roll a service to a new image / engine arguments / environment",
+        description="Start a new generation of every replica. rolling (default): batch "
+        "by batch, each new replica runs and passes its health check before an old one "
+        "drains and stops; a batch that fails is tried 3 more times, then the update "
+        "rolls back. recreate: stop every replica, then start every new one.",
+    )
+    su.add_argument("id", help="the service id (tg-...)")
+    su.add_argument("--image", default="", help="the new generation's engine image")
+    su.add_argument(
+        "--engine-arg",
+        action="append",
+        default=None,
+        help="the new generation's engine arguments, one per flag (repeat it; "
+        "--engine-arg=-c for dashes); they replace the current ones",
+    )
+    su.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="the new generation's environment (repeat it); it replaces the current one",
+    )
+    su.add_argument(
+        "--strategy",
+        choices=("rolling", "recreate"),
+        default="rolling",
+        help="rolling (default): batch by batch, no downtime; recreate: stop all, start all",
+    )
+    su.add_argument(
+        "--batch-size", type=int, default=1, help="rolling: replicas replaced at a time (1)"
+    )
+    _wait_flags(su, "the update is done", default=False)
+    su.add_argument(
+        "--json",
+        action="store_true",
+        help="print the API's answer unchanged; progress, if waiting, goes to stderr",
+    )
+    # --- end issue 14 ---
     sl = svs.add_parser(
         "sleep", help="put a service to sleep: engines stop, memory is freed, it stays listed"
     )
@@ -591,6 +694,77 @@ def _management_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     wk.add_argument("id", help="the service id (tg-...)")
     _wait_flags(wk, "it runs", default=False)
     _json_flag(wk)
+    # --- issue 14 (I1, I2): scale and autoscale ---
+    sc = svs.add_parser(
+        "scale", help="set a service's replica count (within its min and max replicas)"
+    )
+    sc.add_argument("id", help="the service id (tg-...)")
+    sc.add_argument("replicas", type=int, help="the replica count")
+    _wait_flags(sc, "that many replicas run", default=False)
+    _json_flag(sc)
+    au = svs.add_parser(
+        "autoscale",
+        help="autoscale a service by a load metric, or --disable it; set min / max replicas",
+    )
+    au.add_argument("id", help="the service id (tg-...)")
+    au.add_argument(
+        "--metric",
+        choices=["inflight", "tokens_per_s", "queue", "kv_cache"],
+        default=None,
+        help="inflight: requests in flight per replica; tokens_per_s: tokens answered per "
+        "second per replica; queue: requests waiting in the engines per replica; "
+        "kv_cache: KV-cache use in %% (default: as stored)",
+    )
+    au.add_argument(
+        "--target", type=float, default=None, help="the metric per replica to aim for"
+    )
+    au.add_argument("--min", type=int, default=None, help="min replicas (default: as stored)")
+    au.add_argument("--max", type=int, default=None, help="max replicas (default: as stored)")
+    au.add_argument(
+        "--disable", action="store_true", help="turn autoscaling off (the policy is kept)"
+    )
+    _json_flag(au)
+    # --- end issue 14 ---
+    # --- issue 14 (K1): the schedule window ---
+    wn = svs.add_parser(
+        "window",
+        help="when a service runs: outside its window it is paused, scaled down or stopped",
+        description="Show or set a service's schedule window. Outside the window the "
+        "leader (every 60 s) pauses the service (its engines sleep; it wakes on a "
+        "request), scales it down to --replicas, or stops it; back inside, a pause or "
+        "scale is undone (a stop is not: start the service). Options left out keep their "
+        "stored values. Without options: show the window.",
+    )
+    wn.add_argument("id", help="the service id (tg-...)")
+    wn.add_argument("--start", default=None, metavar="HH:MM", help="local time it opens")
+    wn.add_argument(
+        "--end", default=None, metavar="HH:MM",
+        help="local time it closes (24:00 = midnight; before --start = the next day)",
+    )
+    wn.add_argument(
+        "--timezone", default=None, metavar="ZONE",
+        help="IANA time zone, e.g. Europe/Berlin (default UTC)",
+    )
+    wn.add_argument(
+        "--days", type=_days, default=None, metavar="DAYS",
+        help="days it opens: mon-fri, sat,sun, every (default every day)",
+    )
+    wn.add_argument(
+        "--action", dest="window_action", choices=("pause", "scale", "stop"), default=None,
+        help="outside the window (default pause)",
+    )
+    wn.add_argument(
+        "--replicas", type=int, default=None, help="scale: the replica count outside"
+    )
+    wm = wn.add_mutually_exclusive_group()
+    wm.add_argument(
+        "--disable", action="store_true",
+        help="keep the window but stop acting on it (what it has in effect is undone)",
+    )
+    wm.add_argument("--enable", action="store_true", help="act on the stored window again")
+    wm.add_argument("--remove", action="store_true", help="remove the window")
+    _json_flag(wn)
+    # --- end issue 14 (K1) ---
     sv.set_defaults(fn=_services)
 
     tk = sub.add_parser("tasks", help="one task of a service: show / stop / sleep / wake")

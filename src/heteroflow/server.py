@@ -19,14 +19,17 @@ from typing import Any
 
 from heteroflow.api.app import Dispatcher, create_api
 from heteroflow.api.context import ServerContext
+from heteroflow.controllers.autoscaler import Autoscaler, ScaleDrainer  # issue 14 (I1, I2)
 from heteroflow.controllers.base import run_loop
 from heteroflow.controllers.idle import EmbeddedServerLink, IdleSleeper  # issue 13 (F4, F6)
 from heteroflow.controllers.leadership import Leadership
 from heteroflow.controllers.node_watch import NodeWatch
 from heteroflow.controllers.recovery import Recovery  # issue 13
+from heteroflow.controllers.rollout import Rollouts  # issue 14
 from heteroflow.controllers.scheduler import Scheduler
 from heteroflow.controllers.snapshot import SnapshotPublisher
 from heteroflow.controllers.wakes import WakeRetrier
+from heteroflow.controllers.windows import WindowExecutor  # issue 14 (K1)
 from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.recovery import RecoveryPolicy  # issue 13
 from heteroflow.db.engine import Database, migrate
@@ -42,7 +45,9 @@ from heteroflow.services.auth import (
     shared_secret,
 )
 from heteroflow.services.leadership import DbLeaseStore, InstanceInfo
+from heteroflow.services.rollout import gateway_reports  # issue 14 (J1)
 from heteroflow.services.usage import DbUsageSink
+from heteroflow.services.windows import window_scaler  # issue 14 (K1)
 from heteroflow.serving import http_server
 from heteroflow.settings import ServerSettings
 
@@ -85,7 +90,7 @@ class ServerApp:
             gateway_token=self.gateway_token,
         )
         self.usage = UsageCollector(
-            DbUsageSink(self.db),
+            DbUsageSink(self.db, self.clock),  # issue 14: the clock stamps load reports
             self.clock,
             interval_s=settings.usage_flush_interval_s,
             max_records=settings.usage_flush_max_records,
@@ -93,7 +98,8 @@ class ServerApp:
         self.gateway = GatewayApp.from_settings(
             settings, self.holder, usage=self.usage, clock=self.clock
         )
-        self.asgi = Dispatcher(self.gateway, create_api(self.ctx))
+        api = create_api(self.ctx)
+        self.asgi = Dispatcher(self.gateway, api)
         self.scheduler = Scheduler(
             self.db,
             self.clock,
@@ -120,6 +126,20 @@ class ServerApp:
                 version=_version(),
             ),
         )
+        # --- issue 14: rollouts (J1-J4) are driven by the instance whose PUT .../update
+        # took their execution lease (this instance's id, which the route reads here) ---
+        api.state.instance_id = instance_id
+        self.rollouts = Rollouts(
+            self.db,
+            self.clock,
+            instance_id,
+            interval_s=settings.rollout_interval_s,
+            scan_interval_s=settings.rollout_scan_interval_s,
+            policy=settings.rollout_policy(),
+            # drains end when every gateway reports nothing in flight on the replica
+            in_flight=gateway_reports(self.clock, settings.gateway_load_stale_s),
+        )
+        # --- end issue 14 (rollouts) ---
         self.node_watch = NodeWatch(
             self.db,
             self.clock,
@@ -168,6 +188,34 @@ class ServerApp:
             on_slept=self.publisher.refresh,
         )
         # --- end issue 13 (F4, F6) ---
+        # --- issue 14 (I1, I2): the autoscaler and the end of scale-ins (leader-only) ---
+        self.autoscaler = Autoscaler(
+            self.db,
+            self.clock,
+            self.leadership,
+            interval_s=settings.autoscale_interval_s,
+            min_age_s=settings.autoscale_min_age_s,
+            load_stale_s=settings.gateway_load_stale_s,
+        )
+        self.scale_drainer = ScaleDrainer(
+            self.db,
+            self.clock,
+            self.leadership,
+            interval_s=settings.scale_drain_interval_s,
+            drain_timeout_s=settings.scale_drain_timeout_s,
+            load_stale_s=settings.gateway_load_stale_s,
+        )
+        # --- end issue 14 (scaling) ---
+        # issue 14 (K1): the schedule-window executor (leader-only)
+        self.windows = WindowExecutor(
+            self.db,
+            self.clock,
+            self.leadership,
+            interval_s=settings.schedule_window_interval_s,
+            scaler=window_scaler,
+            offline_after_s=settings.node_offline_after_s,
+            on_change=self.publisher.refresh,
+        )
 
     async def serve(
         self,
@@ -197,6 +245,19 @@ class ServerApp:
         )
         # issue 13 (F4): the idle timer (leader-only)
         loops.append(asyncio.create_task(run_loop(self.idle, self.clock, stop, self.leadership)))
+        # issue 14 (I1, I2): the autoscaler and the end of scale-ins (leader-only)
+        for scaling_loop in (self.autoscaler, self.scale_drainer):
+            loops.append(
+                asyncio.create_task(run_loop(scaling_loop, self.clock, stop, self.leadership))
+            )
+        # issue 14 (K1): schedule windows (leader-only)
+        loops.append(
+            asyncio.create_task(run_loop(self.windows, self.clock, stop, self.leadership))
+        )
+        # issue 14: the rollouts this instance holds, and the expiry scan (every instance)
+        loops.append(
+            asyncio.create_task(run_loop(self.rollouts, self.clock, stop, self.leadership))
+        )
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         extras = [asyncio.create_task(fn(stop)) for fn in (extra or [])]
         await stop.wait()

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from heteroflow.core.containers import DEFAULT_ENV_ALLOW
 from heteroflow.core.placement import Policy, Reservation, parse_scorers
+from heteroflow.core.rollout import RolloutPolicy  # issue 14
 
 
 def default_data_dir() -> Path:
@@ -75,6 +76,31 @@ class ServerSettings(BaseSettings):
     recovery_fallback_after: int = Field(default=2, ge=1, le=100)
     node_migrate_after_s: float = Field(default=60.0, ge=0.0)
     # --- end issue 13 (recovery) ---
+    # --- issue 14: rolling update and recreate (J1-J4; core/rollout.py) ---
+    # A rollout's execution lease (J4): taken by the PUT .../update that starts it (in the
+    # same compare-and-set that bumps current_generation), renewed every rollout_renew_s
+    # by the instance that holds it, lapsing rollout_lease_ttl_s after the last renewal,
+    # held at most rollout_max_hold_s (then the rollout is given up). Each instance drives
+    # the rollouts it holds every rollout_interval_s and, at start and every
+    # rollout_scan_interval_s, fails those whose lease lapsed (their holder died).
+    rollout_lease_ttl_s: float = Field(default=60.0, gt=0.0)
+    rollout_renew_s: float = Field(default=15.0, gt=0.0)
+    rollout_max_hold_s: float = Field(default=960.0, gt=0.0)
+    rollout_interval_s: float = Field(default=1.0, gt=0.0)
+    rollout_scan_interval_s: float = Field(default=30.0, gt=0.0)
+    # A batch's new replicas must be running (first health check passed) within
+    # rollout_ready_timeout_s, else the attempt failed: tried again rollout_batch_retries
+    # times, then the update rolls back. They run rollout_settle_s before the old replicas
+    # drain (the gateways learn the new backends: snapshot_interval_s plus a separate
+    # gateway's poll). A draining replica stops once the gateways report nothing in
+    # flight on it, no sooner than rollout_drain_min_s (every gateway has seen the mark)
+    # and no later than rollout_drain_timeout_s (without any report: that long).
+    rollout_ready_timeout_s: float = Field(default=300.0, gt=0.0)
+    rollout_batch_retries: int = Field(default=3, ge=0, le=10)
+    rollout_settle_s: float = Field(default=2.0, ge=0.0)
+    rollout_drain_min_s: float = Field(default=2.0, ge=0.0)
+    rollout_drain_timeout_s: float = Field(default=30.0, ge=0.0)
+    # --- end issue 14 (rollout) ---
     # VRAM kept free on every card (B3): fixed MB + a share of the card.
     vram_reserve_fixed_mb: int = 500
     vram_reserve_ratio: float = 0.10
@@ -135,6 +161,25 @@ class ServerSettings(BaseSettings):
     gateway_wake_retry_after_s: int = Field(default=10, ge=1, le=3600)
     gateway_wake_poll_s: float = Field(default=0.2, gt=0.0)
 
+    # --- issue 14: scaling (I1, I2; core/autoscale.py, services/scaling.py) ---
+    # The leader's autoscaler decides every autoscale_interval_s for each service whose
+    # scale_policy is enabled; a replica younger than autoscale_min_age_s (from running_at)
+    # is never scaled down. A replica a scale-in takes away drains first (no new request)
+    # and stops once every gateway reports nothing in flight on it, or after
+    # scale_drain_timeout_s; the leader looks every scale_drain_interval_s. Gateways send
+    # their load (in flight, tokens/s, the engines' queue and KV use) with every usage
+    # flush; a report older than gateway_load_stale_s is ignored (that gateway counts as
+    # gone). Gateways scrape the engines' /metrics for it every
+    # gateway_load_scrape_interval_s (0 = never: the queue and kv_cache metrics then
+    # have no data), besides engine_aware routing's own scrapes.
+    autoscale_interval_s: float = Field(default=30.0, gt=0.0)
+    autoscale_min_age_s: float = Field(default=60.0, ge=0.0)
+    scale_drain_timeout_s: float = Field(default=300.0, ge=0.0)
+    scale_drain_interval_s: float = Field(default=1.0, gt=0.0)
+    gateway_load_stale_s: float = Field(default=20.0, gt=0.0)
+    gateway_load_scrape_interval_s: float = Field(default=5.0, ge=0.0)
+    # --- end issue 14 (scaling) ---
+
     # Sleep and wake (F1-F3, services/sleep.py). A wake that cannot happen now (node
     # offline, cards borrowed by training) is recorded as wake_requested; the leader's
     # wake retrier looks at those every wake_retry_interval_s: it wakes the task once it
@@ -144,6 +189,10 @@ class ServerSettings(BaseSettings):
     # wake_ready_timeout_s (HETEROFLOW_AGENT_WAKE_READY_TIMEOUT_S, 120 s, F2).
     wake_retry_interval_s: float = Field(default=2.0, gt=0.0)
     wake_node_lost_after_s: float = Field(default=120.0, gt=0.0)
+    # --- issue 14: schedule windows (K1, services/windows.py; leader-only). Every
+    # schedule_window_interval_s the leader acts on each service's window: outside it,
+    # its action (pause / scale / stop); back inside, or disabled, undone (but a stop). ---
+    schedule_window_interval_s: float = Field(default=60.0, gt=0.0)
 
     # Task logs (C6): the newest bytes kept per task (oldest chunks are trimmed), the
     # most one agent call may append, and the live view's poll interval and duration.
@@ -198,6 +247,18 @@ class ServerSettings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.sqlite_path()}"
+
+    def rollout_policy(self) -> RolloutPolicy:  # issue 14 (J1-J4)
+        return RolloutPolicy(
+            ready_timeout_s=self.rollout_ready_timeout_s,
+            settle_s=self.rollout_settle_s,
+            drain_min_s=self.rollout_drain_min_s,
+            drain_timeout_s=self.rollout_drain_timeout_s,
+            batch_retries=self.rollout_batch_retries,
+            lease_ttl_s=self.rollout_lease_ttl_s,
+            renew_s=self.rollout_renew_s,
+            max_hold_s=self.rollout_max_hold_s,
+        )
 
 
 class AgentSettings(BaseSettings):

@@ -168,8 +168,13 @@ def test_a_busy_host_port_is_never_handed_out(stack: Stack) -> None:
         g = stack.create_service(
             "waits", task={**_task(stack), "ports": [{"container_port": 8000, "host_port": port}]}
         )
-        g = stack.wait_status(g["id"], "pending", 10)
-        assert "requested host port in use" in g["tasks"][0]["status_message"]
+        # pending, with the scheduler's reason once its next round has looked at it
+        wait_for(
+            lambda: "requested host port in use"
+            in stack.group(g["id"])["tasks"][0]["status_message"],
+            15, "the pending reason naming the port",
+        )
+        assert stack.group(g["id"])["status"] == "pending"
     finally:
         busy.close()
     g = stack.wait_status(g["id"], "running", 30)

@@ -161,6 +161,16 @@ def operations(a: World, b: World) -> dict[str, tuple[str, dict[str, Any]]]:
         "POST /api/v1/task-groups/{group_id}/sleep": (OBJECT, {}),
         "POST /api/v1/task-groups/{group_id}/wake": (OBJECT, {}),
         "GET /api/v1/agent/task-life": (OBJECT, {}),
+        # issue 14: fleet operations
+        "PUT /api/v1/task-groups/{group_id}/scale": (OBJECT, {"json": {"replicas": 2}}),
+        "PUT /api/v1/task-groups/{group_id}/scale-policy": (
+            OBJECT, {"json": {"enabled": True, "metric": "inflight", "target": 4}}),
+        "PUT /api/v1/task-groups/{group_id}/update": (
+            OBJECT, {"json": {"image": "ghcr.io/ggml-org/llama.cpp:server-b2"}}),
+        "PUT /api/v1/task-groups/{group_id}/schedule-window": (
+            OBJECT, {"json": {"start": "08:00", "end": "20:00"}}),
+        "GET /api/v1/task-groups/{group_id}/schedule-window": (OBJECT, {}),
+        "DELETE /api/v1/task-groups/{group_id}/schedule-window": (OBJECT, {}),
         "POST /api/v1/gateway/activity": (OBJECT, {"json": {"activity": []}}),
         "POST /api/v1/gateway/wake": (OBJECT, {"json": {"group_ids": [a.group_id]}}),
         "GET /api/v1/task-groups/{group_id}/events": (OBJECT, {}),

@@ -44,6 +44,30 @@ class EventKind(WireEnum):
     # from -> to), and a change of its health check or idle timeout (D4)
     DESIRED = "group.desired"
     CONFIG_CHANGED = "group.config_changed"
+    # schedule windows (K1, services/windows.py): the window's action put in effect
+    # (from_status "" -> to_status pause | scale | stop) or kept (a replica put back to
+    # sleep); the action ended (restored or released: to_status ""); an action that
+    # could not run (written once per distinct reason, retried every round)
+    WINDOW_PAUSE = "window.pause"
+    WINDOW_RESUME = "window.resume"
+    WINDOW_FAILED = "window.failed"
+    # --- issue 14: rolling update / recreate (J1-J4, core/rollout.py): submitted (the
+    # generation and what changes), each batch's steps, a batch tried again, the rollback,
+    # the end (done, or failed: rolled back, or abandoned: lease expired, stopped...) ---
+    ROLLOUT_STARTED = "rollout.started"
+    ROLLOUT_BATCH = "rollout.batch"
+    ROLLOUT_RETRY = "rollout.retry"
+    ROLLOUT_ROLLBACK = "rollout.rollback"
+    ROLLOUT_DONE = "rollout.done"
+    ROLLOUT_FAILED = "rollout.failed"
+    # --- end issue 14 (rollout) ---
+    # --- issue 14: scaling (I1, I2; services/scaling.py): a replica count changed
+    # (from_status -> to_status: the counts; by whom, the tasks added or leaving), and the
+    # autoscaler's decision (the counts, or to_status "skip:<why>"; the metric, target,
+    # formula and why it was clamped or held) ---
+    SCALED = "group.scaled"
+    AUTOSCALE = "group.autoscale"
+    # --- end issue 14 (scaling) ---
 
 
 # The node watch's marks: the latest of these on a node's node-level rows is its state.

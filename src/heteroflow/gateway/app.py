@@ -17,7 +17,10 @@ its path and outcome.
 A model whose service sleeps (F6) is listed and called like any other: the request wakes
 it and is held until it can be answered (``wake``), bounded by ``gateway_wake_hold_s``.
 Each request routed to a group notes the group's last request time in the usage
-collector (F4, the server's idle timer).
+collector (F4, the server's idle timer), and every usage flush carries this gateway's
+load (``load_report``, issue 14): per backend, the requests in flight, the tokens/s it
+answered, the engine's queue and KV use, and whether it drains — what the server's
+autoscaler scales by and what the drains of a scale-in or a rolling update wait for.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -54,6 +58,7 @@ from heteroflow.gateway.limits import Limiter, Ticket
 from heteroflow.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from heteroflow.gateway.metrics import GatewayMetrics, path_label
 from heteroflow.gateway.probes import (
+    DEFAULT_LOAD_SCRAPE_INTERVAL_S,
     DEFAULT_PROBE_INTERVAL_S,
     DEFAULT_PROBE_TIMEOUT_S,
     DEFAULT_SCRAPE_INTERVAL_S,
@@ -81,6 +86,7 @@ from heteroflow.schemas.routing import (
     RoutingSnapshot,
     SnapshotHolder,
 )
+from heteroflow.schemas.usage import BackendLoad, GatewayLoad
 from heteroflow.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -182,8 +188,11 @@ class GatewayApp:
         wake_hold_s: float = DEFAULT_HOLD_S,
         wake_retry_after_s: int = DEFAULT_RETRY_AFTER_S,
         wake_poll_s: float = DEFAULT_POLL_S,
+        load_scrape_interval_s: float = DEFAULT_LOAD_SCRAPE_INTERVAL_S,
     ) -> None:
         self._holder = holder
+        # issue 14: this gateway in the load reports (a new one at every start)
+        self.gateway_id = f"gw-{secrets.token_hex(6)}"
         # How many other backends a request may be sent on to when the connection to its
         # backend failed before anything was sent (gateway.retry); 0 turns failover off.
         self._connect_retries = connect_retries
@@ -221,7 +230,10 @@ class GatewayApp:
             scrape_interval_s=scrape_interval_s,
             snapshot=lambda: holder.current,
             on_snapshot=self._follow,
+            load_scrape_interval_s=load_scrape_interval_s,
         )
+        if usage is not None:  # issue 14: the load goes with every usage flush
+            usage.set_load_source(self.load_report)
         self._auto_long_prompt_tokens = auto_long_prompt_tokens
         self._upstream = Upstream(
             models_cache_ttl_s=models_cache_ttl_s,
@@ -265,6 +277,7 @@ class GatewayApp:
             wake_hold_s=settings.gateway_wake_hold_s,
             wake_retry_after_s=settings.gateway_wake_retry_after_s,
             wake_poll_s=settings.gateway_wake_poll_s,
+            load_scrape_interval_s=settings.gateway_load_scrape_interval_s,
         )
 
     def start(self) -> None:
@@ -541,7 +554,7 @@ class GatewayApp:
                     return
                 self.metrics.failed_over(backend.base_url)
                 balancer.release(backend)  # no await in between: always paired
-                backend = other
+                backend = call.backend = other  # the one that answers (its tokens, issue 14)
                 balancer.acquire(backend)
             answered = resp.status < 300
             if resp.status >= 500:
@@ -554,7 +567,13 @@ class GatewayApp:
             if not ok:
                 self._eject(backend.base_url)
             delivered = ok
-            resp.release()
+            if resp.content_type == "text/event-stream":
+                # llama.cpp's server closes a keep-alive connection after every streamed
+                # answer without saying so: pooled, the next request on it would meet EOF
+                # and answer 502 (never resent). A stream's connection is not reused.
+                resp.close()
+            else:
+                resp.release()
         except asyncio.CancelledError:
             if watch.disconnected:
                 # Our own cancellation (the client left): the upstream request is closed,
@@ -580,6 +599,11 @@ class GatewayApp:
         unknown), the M8 reservation corrected by the real usage, the M9 record."""
         if answered:
             self._account(call.entry, model, usage)
+            if usage is not None and self._usage is not None and call.backend is not None:
+                # issue 14: the backend's tokens/s (the autoscaler's tokens_per_s)
+                self._usage.backend_tokens(
+                    call.backend.task_id, usage.prompt_tokens + usage.completion_tokens
+                )
         if call.ticket is not None:
             used = None if usage is None else usage.prompt_tokens + usage.completion_tokens
             self._limiter.settle(call.ticket, send.status or None, used)
@@ -648,6 +672,35 @@ class GatewayApp:
                 "model_not_found",
             )
         return choice
+
+    def load_report(self) -> GatewayLoad:
+        """Issue 14: every backend of the current snapshot as this gateway sees it —
+        requests in flight through it, whether the snapshot says it drains, the tokens/s
+        it answered (the usage collector's window), the engine's queue and KV use (the
+        latest scrape). Backends without a group (a routes file's) are left out."""
+        snap = self._holder.current
+        rates = self._usage.token_rates if self._usage is not None else {}
+        seen: set[str] = set()
+        out: list[BackendLoad] = []
+        for targets in snap.routes.values():
+            for target in targets:
+                for b in target.backends:
+                    if not b.group_id or b.task_id in seen:
+                        continue
+                    seen.add(b.task_id)
+                    engine = self._monitor.load_of(b.base_url)
+                    out.append(
+                        BackendLoad(
+                            task_id=b.task_id,
+                            group_id=b.group_id,
+                            draining=b.draining,
+                            in_flight=self._balancer.in_flight(b),
+                            tokens_per_s=rates.get(b.task_id, 0.0),
+                            waiting=None if engine is None else engine.waiting,
+                            kv_use=None if engine is None else engine.kv_use,
+                        )
+                    )
+        return GatewayLoad(self.gateway_id, tuple(out))
 
     def _model_load(self, targets: Sequence[RouteTarget]) -> float:
         """Requests in flight through this gateway per usable backend of a model."""

@@ -21,6 +21,12 @@ The gateway calls both lazily, from the first request that sees a new snapshot:
   then falls back to least connections), and a backend without a metrics page (404/501:
   llama.cpp without ``--metrics``) is left alone for ``_NO_METRICS_RETRY_S``.
 
+* load scrapes (issue 14): every ``load_scrape_interval_s`` (5 s; 0 = off), the same
+  ``GET {base}/metrics`` on every other backend, kept apart (``load_of``) for the load
+  report the gateway sends with its usage flush: the engines' own queue and KV-cache
+  use are what the server's autoscaler scales by for the ``queue`` and ``kv_cache``
+  metrics. They never feed the balancer (it keeps its own, fresher scrapes).
+
 Each round runs its requests concurrently and waits for all of them (each has its own
 timeout), so a slow backend delays nothing but its own next look.
 """
@@ -46,6 +52,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_PROBE_INTERVAL_S = 2.0
 DEFAULT_PROBE_TIMEOUT_S = 1.0
 DEFAULT_SCRAPE_INTERVAL_S = 0.25
+DEFAULT_LOAD_SCRAPE_INTERVAL_S = 5.0  # issue 14: the load report's engine figures
 _HEALTH_PATH = "/health"
 _FALLBACK_PATH = "/v1/models"
 _METRICS_PATH = "/metrics"
@@ -66,6 +73,7 @@ class BackendMonitor:
         snapshot: Callable[[], RoutingSnapshot] | None = None,
         on_snapshot: Callable[[RoutingSnapshot], None] | None = None,
         follow_interval_s: float = 0.25,
+        load_scrape_interval_s: float = 0.0,
     ) -> None:
         self._snapshot = snapshot  # where the routing snapshot is read (the holder)
         self._on_snapshot = on_snapshot
@@ -88,6 +96,11 @@ class BackendMonitor:
         self._probe_ejected: set[str] = set()  # ejected by a failed probe, not by traffic
         self._failures: dict[str, int] = {}  # base_url -> probes failed in a row
         self._no_metrics: dict[str, float] = {}  # base_url -> clock() to try again
+        # issue 14: slower scrapes of the other backends, for the load report only
+        self._load_scrape_interval = load_scrape_interval_s
+        self._load_scrape_urls: frozenset[str] = frozenset()
+        self._report_loads: dict[str, EngineLoad] = {}
+        self._report_no_metrics: dict[str, float] = {}
         self._session: aiohttp.ClientSession | None = None
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -112,6 +125,17 @@ class BackendMonitor:
             del self._failures[url]
         for url in [u for u in self._no_metrics if u not in scrape]:
             del self._no_metrics[url]
+        # issue 14: the load report's scrapes take the backends the balancer does not
+        self._load_scrape_urls = frozenset(probe - scrape)
+        for url in [u for u in self._report_loads if u not in self._load_scrape_urls]:
+            del self._report_loads[url]
+        for url in [u for u in self._report_no_metrics if u not in self._load_scrape_urls]:
+            del self._report_no_metrics[url]
+
+    def load_of(self, base_url: str) -> EngineLoad | None:
+        """The latest engine figures of a backend (the balancer's scrape, else the load
+        report's); None when it has not been scraped (or exports no load gauges)."""
+        return self._loads.get(base_url) or self._report_loads.get(base_url)
 
     def follow(self) -> None:
         """Track the current snapshot when its version moved (and tell ``on_snapshot``)."""
@@ -134,6 +158,7 @@ class BackendMonitor:
             return
         self.follow()  # the first rounds already see the current backends
         loops = [(self.probe_once, self._probe_interval), (self.scrape_once, self._scrape_interval)]
+        loops.append((self.load_scrape_once, self._load_scrape_interval))  # issue 14
         if self._snapshot is not None:
             loops.append((self._follow_once, self._follow_interval))
         self._tasks = [asyncio.create_task(self._run(f, s)) for f, s in loops if s > 0]
@@ -246,3 +271,32 @@ class BackendMonitor:
             self._loads[base_url] = load
         else:
             self._loads.pop(base_url, None)
+
+    # -- engine figures for the load report (issue 14) ----------------------------------
+
+    async def load_scrape_once(self) -> None:
+        """Scrape every backend the balancer does not, for the load report."""
+        now = self._clock()
+        urls = [
+            u for u in sorted(self._load_scrape_urls) if self._report_no_metrics.get(u, 0.0) <= now
+        ]
+        if urls:
+            await asyncio.gather(*(self._load_scrape(u) for u in urls))
+
+    async def _load_scrape(self, base_url: str) -> None:
+        load: EngineLoad | None = None
+        try:
+            async with self._http().get(
+                base_url + _METRICS_PATH, timeout=self._probe_timeout
+            ) as resp:
+                text = await resp.text(errors="replace")
+                if resp.status in (404, 501):
+                    self._report_no_metrics[base_url] = self._clock() + _NO_METRICS_RETRY_S
+                elif resp.status == 200:
+                    load = parse_engine_metrics(text)
+        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+            pass
+        if load is not None and base_url in self._load_scrape_urls:
+            self._report_loads[base_url] = load
+        else:
+            self._report_loads.pop(base_url, None)

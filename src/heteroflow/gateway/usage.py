@@ -21,13 +21,24 @@ the server's API) gets them; a group that was quiet for a whole flush interval a
 a request flushes at once, so the server learns of the first request after a quiet spell
 within milliseconds, not seconds — the idle timer cannot put a service to sleep under a
 request it has not heard of yet.
+
+Every flush also carries the gateway's load (issue 14: the autoscaler's figures and the
+drains of a scale-in or a rolling update) when the sink takes it (``ReportSink``: the
+database and the server's API) and the gateway gave a ``load_source``: per backend of
+its routing snapshot, the requests in flight, whether it drains, the engine's queue and
+KV use, and the tokens/s it answered — counted here per backend (``backend_tokens``)
+and averaged over the last ``TOKEN_WINDOW_S``. The load is sent every flush whether or
+not anything happened (it is a state, not a sum: the server keeps each gateway's latest
+report and ignores reports older than ``gateway_load_stale_s``); a failed write is not
+retried, the next flush carries a newer one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -38,7 +49,7 @@ import orjson
 
 from heteroflow.core.clock import Clock
 from heteroflow.schemas.routing import activity_to_wire
-from heteroflow.schemas.usage import UsageRow
+from heteroflow.schemas.usage import GatewayLoad, UsageRow, activity_report_to_wire
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +63,9 @@ _USAGE_OBJ = b'"usage":{'
 _USAGE_OBJ_SPACED = b'"usage": {'
 _CLOSE_ATTEMPTS = 3
 _CLOSE_RETRY_S = 1.0
+# tokens/s per backend are averaged over this long (issue 14: the autoscaler's
+# tokens_per_s; it decides every 30 s by default)
+TOKEN_WINDOW_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +85,15 @@ class ActivitySink(Protocol):
     async def write_activity(self, activity: dict[str, datetime]) -> None:
         """Store each group's last request time (group id -> time), or raise: the
         collector keeps them and retries."""
+        ...
+
+
+@runtime_checkable
+class ReportSink(Protocol):
+    async def write_report(self, activity: dict[str, datetime], load: GatewayLoad) -> None:
+        """Store the groups' last request times (as ``write_activity``) and the
+        gateway's load in one go, or raise: the times are kept and retried, the load is
+        not (the next flush has a newer one)."""
         ...
 
 
@@ -242,6 +265,51 @@ class UsageCollector:
         self._failing = False
         self._activity: dict[str, datetime] = {}  # group id -> last request, not yet written
         self._recent: set[str] = set()  # groups written by the last flush
+        # --- issue 14: the gateway's load, sent with the activity ---
+        self._load_source: Callable[[], GatewayLoad] | None = None
+        self._tokens: dict[str, int] = {}  # task id -> tokens answered since the last roll
+        # task id -> (monotonic time of a roll, tokens counted in the interval before it)
+        self._token_window: dict[str, deque[tuple[float, int]]] = {}
+        self._rates: dict[str, float] = {}  # task id -> tokens/s, as of the last roll
+        self._started = clock.monotonic()
+        self._load_failing = False
+
+    # --- issue 14: load (in flight, tokens/s per backend) ---
+
+    def set_load_source(self, source: Callable[[], GatewayLoad] | None) -> None:
+        """What the gateway's load is, asked at every flush (the ``GatewayApp``)."""
+        self._load_source = source
+
+    def backend_tokens(self, task_id: str, tokens: int) -> None:
+        """A backend (task) answered a request with ``tokens`` (prompt + completion)."""
+        if task_id and tokens > 0:
+            self._tokens[task_id] = self._tokens.get(task_id, 0) + tokens
+
+    @property
+    def token_rates(self) -> Mapping[str, float]:
+        """Tokens/s per backend over the last ``TOKEN_WINDOW_S``, as of the last flush."""
+        return self._rates
+
+    def roll_tokens(self) -> dict[str, float]:
+        """Close the current interval: tokens/s per backend over the window up to now."""
+        now = self._clock.monotonic()
+        counted, self._tokens = self._tokens, {}
+        for task_id, n in counted.items():
+            self._token_window.setdefault(task_id, deque()).append((now, n))
+        span = max(min(TOKEN_WINDOW_S, now - self._started), 1e-3)
+        rates: dict[str, float] = {}
+        for task_id in list(self._token_window):
+            window = self._token_window[task_id]
+            while window and window[0][0] <= now - TOKEN_WINDOW_S:
+                window.popleft()
+            if not window:
+                del self._token_window[task_id]
+                continue
+            rates[task_id] = sum(n for _, n in window) / span
+        self._rates = rates
+        return rates
+
+    # --- end issue 14 (load) ---
 
     @property
     def sink(self) -> UsageSink:
@@ -330,24 +398,41 @@ class UsageCollector:
 
     async def _flush_activity(self) -> bool:
         sink = self._activity_sink
-        if sink is None or not self._activity:
+        # issue 14: the load goes with the activity, every flush, to a sink that takes it
+        load: GatewayLoad | None = None
+        if self._load_source is not None and isinstance(sink, ReportSink):
+            self.roll_tokens()
+            try:
+                load = self._load_source()
+            except Exception:  # a bug there must not stop the activity (F4)
+                logger.exception("load: building the gateway's load report failed")
+        if sink is None or (not self._activity and load is None):
             self._recent = set()
             return True
         batch, self._activity = self._activity, {}
         try:
-            await sink.write_activity(batch)
+            if load is not None and isinstance(sink, ReportSink):
+                await sink.write_report(batch, load)
+            else:
+                await sink.write_activity(batch)
         except Exception as exc:  # keep the times (the newer one wins), retry later
             for gid, at in batch.items():
                 newer = self._activity.get(gid)
                 if newer is None or newer < at:
                     self._activity[gid] = at
-            logger.warning(
-                "activity: writing %d groups' last request times failed (%s); kept for "
-                "the next flush",
-                len(batch),
-                type(exc).__name__,
-            )
+            if batch or not self._load_failing:
+                logger.warning(
+                    "activity: writing %d groups' last request times%s failed (%s); "
+                    "kept for the next flush",
+                    len(batch),
+                    " and the gateway's load" if load is not None else "",
+                    type(exc).__name__,
+                )
+            self._load_failing = load is not None
             return False
+        if self._load_failing:
+            logger.info("activity: writing the gateway's load works again")
+            self._load_failing = False
         self._recent = set(batch)
         return True
 
@@ -402,6 +487,11 @@ class HttpUsageSink:
     async def write_activity(self, activity: dict[str, datetime]) -> None:
         """F4: the groups' last request times (``POST /api/v1/gateway/activity``)."""
         await self._post(self._activity_url, orjson.dumps(activity_to_wire(activity)))
+
+    async def write_report(self, activity: dict[str, datetime], load: GatewayLoad) -> None:
+        """F4 and issue 14: the times and the gateway's load, in one POST."""
+        body = orjson.dumps(activity_report_to_wire(activity, load))
+        await self._post(self._activity_url, body)
 
     async def _post(self, url: str, body: bytes) -> None:
         try:

@@ -14,7 +14,14 @@ from pydantic import (
     field_validator,
 )
 
+from heteroflow.core.autoscale import (  # issue 14 (scaling)
+    MAX_REPLICAS,
+    create_bounds,
+    scalable_problem,
+    target_problem,
+)
 from heteroflow.core.engines import ENGINES, resolve_engine
+from heteroflow.core.errors import ValidationFailed  # issue 14 (scaling)
 from heteroflow.schemas.common import (
     NAME_PATTERN,
     Labels,
@@ -24,6 +31,7 @@ from heteroflow.schemas.common import (
     TextItem,
     no_nul,
 )
+from heteroflow.schemas.windows import ScheduleWindowIn  # issue 14 (K1)
 
 # What callers put in "model": no spaces or commas (engines read comma lists of aliases).
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$"
@@ -101,6 +109,75 @@ class TaskSpec(Strict):
         return v
 
 
+# --- issue 14: scaling (A1, I1, I2; core/autoscale.py) ---
+class ScalePolicyIn(Strict):
+    """``PUT /api/v1/task-groups/{id}/scale-policy`` (and ``scale_policy`` at create).
+    A field left out keeps its stored value; enabling needs a metric and a target
+    (given now or stored). ``min_replicas`` / ``max_replicas`` set the group's bounds."""
+
+    enabled: bool = True
+    metric: Literal["inflight", "tokens_per_s", "queue", "kv_cache"] | None = Field(
+        default=None,
+        description="inflight: requests in flight per replica (the gateways); "
+        "tokens_per_s: tokens answered per second per replica; queue: requests waiting "
+        "in the engines per replica; kv_cache: KV-cache use in percent (mean)",
+    )
+    target: float | None = Field(
+        default=None, gt=0, le=1e9, strict=False,
+        description="the metric's value per replica to aim for (kv_cache: 1-100 %)",
+    )
+    min_replicas: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
+    max_replicas: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
+
+    @field_validator("target")
+    @classmethod
+    def _target_fits_metric(cls, v: float | None, info: ValidationInfo) -> float | None:
+        metric = info.data.get("metric")
+        if v is not None and metric is not None:
+            problem = target_problem(metric, v)
+            if problem:
+                raise ValueError(problem)
+        return v
+
+    @field_validator("max_replicas")
+    @classmethod
+    def _max_not_below_min(cls, v: int | None, info: ValidationInfo) -> int | None:
+        lo = info.data.get("min_replicas")
+        if v is not None and lo is not None and v < lo:
+            raise ValueError(f"max_replicas {v} is below min_replicas {lo}")
+        return v
+
+
+class ScaleRequest(Strict):
+    """``PUT /api/v1/task-groups/{id}/scale``: the replica count, within [min, max]."""
+
+    replicas: int = Field(ge=1, le=MAX_REPLICAS)
+
+
+def _planned_replicas(data: dict[str, Any]) -> int | None:
+    """The replica count create derives from the fields validated so far (the plan
+    checks it again): split and pipeline run ``world_size`` tasks, the others one."""
+    parallelism, world_size = data.get("parallelism"), data.get("world_size")
+    if parallelism is None or world_size is None:
+        return None  # invalid already: that error is the one reported
+    return int(world_size) if parallelism in ("split", "pipeline") else 1
+
+
+def _check_bounds(data: dict[str, Any], lo: int | None, hi: int | None, prefix: str = "") -> None:
+    planned = _planned_replicas(data)
+    if planned is None:
+        return
+    task_type = "inference" if _is_inference(data) else (data.get("task_type") or "container")
+    try:
+        create_bounds(
+            replicas=planned, task_type=task_type, parallelism=str(data["parallelism"]),
+            min_replicas=lo, max_replicas=hi, prefix=prefix,
+        )
+    except ValidationFailed as exc:
+        raise ValueError(exc.message) from None
+# --- end issue 14 (scaling) ---
+
+
 class TaskGroupCreate(Strict):
     name: SafeStr = Field(max_length=63, pattern=NAME_PATTERN)
     model_name: ModelNameStr | None = None
@@ -130,6 +207,61 @@ class TaskGroupCreate(Strict):
         description="training / container only: a task running longer is stopped and "
         "fails with the reason; 0 = no limit. Inference services are exempt (400)",
     )
+    # issue 14 (K1): when it serves; outside, the window's action holds
+    schedule_window: ScheduleWindowIn | None = None
+    # --- issue 14 (A1, I1, I2): the replica bounds and the autoscaler's policy; after
+    # `task`, `parallelism` and `world_size`, so their checks see the planned count ---
+    min_replicas: int | None = Field(
+        default=None, ge=1, le=MAX_REPLICAS,
+        description="default: the replica count the group starts with (split: "
+        "world_size; single, tensor_parallel: 1)",
+    )
+    max_replicas: int | None = Field(
+        default=None, ge=1, le=MAX_REPLICAS,
+        description="default: the replica count the group starts with (at least min)",
+    )
+    scale_policy: ScalePolicyIn | None = None
+
+    @field_validator("min_replicas")
+    @classmethod
+    def _min_fits(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None:
+            _check_bounds(info.data, v, None)
+        return v
+
+    @field_validator("max_replicas")
+    @classmethod
+    def _max_fits(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None:
+            _check_bounds(info.data, info.data.get("min_replicas"), v)
+        return v
+
+    @field_validator("scale_policy")
+    @classmethod
+    def _policy_fits(cls, v: ScalePolicyIn | None, info: ValidationInfo) -> ScalePolicyIn | None:
+        if v is None:
+            return v
+        data = info.data
+        if v.enabled and (v.metric is None or v.target is None):
+            raise ValueError("an enabled scale_policy needs a metric and a target")
+        if v.enabled and _planned_replicas(data) is not None:
+            problem = scalable_problem(
+                "inference" if _is_inference(data) else str(data.get("task_type") or "container"),
+                str(data.get("parallelism")),
+            )
+            if problem:
+                raise ValueError(problem)
+        for name in ("min_replicas", "max_replicas"):
+            given, top = getattr(v, name), data.get(name)
+            if given is not None and top is not None and given != top:
+                raise ValueError(f"{name} {given} differs from the group's {name} {top}")
+        _check_bounds(
+            data,
+            v.min_replicas if v.min_replicas is not None else data.get("min_replicas"),
+            v.max_replicas if v.max_replicas is not None else data.get("max_replicas"),
+        )
+        return v
+    # --- end issue 14 (scaling) ---
 
     @field_validator("run_timeout_seconds")
     @classmethod
@@ -163,6 +295,34 @@ class TaskGroupPatch(Strict):
     health_check: HealthCheckIn | None = None
     idle_timeout_minutes: int | None = Field(default=None, ge=0, le=525600)
 # --- end issue 13 (recovery) ---
+
+
+# --- issue 14: rolling update / recreate (J1-J4) ---
+class TaskGroupUpdate(Strict):
+    """``PUT /api/v1/task-groups/{id}/update``: a new generation of every replica with the
+    given task intent changed (what is left out is inherited from the current one). At
+    least one of ``image``, ``engine_args``, ``env``, ``command``, ``kv_offload_gb``."""
+
+    strategy: Literal["rolling", "recreate"] = Field(
+        default="rolling",
+        description="rolling: batch by batch, the old replicas drain before they stop "
+        "(inference services); recreate: stop all, then create all",
+    )
+    image: SafeStr | None = Field(
+        default=None, max_length=512, pattern=IMAGE_PATTERN,
+        description="the engine image of the new generation (tag or name@sha256:digest)",
+    )
+    engine_args: list[TextItem] | None = Field(default=None, max_length=256)
+    env: list[TextItem] | None = Field(default=None, max_length=256)
+    command: list[TextItem] | None = Field(default=None, max_length=256)
+    kv_offload_gb: int | None = Field(
+        default=None, ge=0, le=4096,
+        description="C12: changes only together with a new image (vLLM only)",
+    )
+    batch_size: int = Field(
+        default=1, ge=1, le=64, description="rolling: replicas replaced at a time"
+    )
+# --- end issue 14 (rollout) ---
 
 
 class TaskRead(BaseModel):

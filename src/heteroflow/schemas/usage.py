@@ -1,4 +1,12 @@
-"""Wire schemas of token usage (M7, N4): gateway batches in, usage reports out."""
+"""Wire schemas of token usage (M7, N4): gateway batches in, usage reports out.
+
+A gateway's activity report also carries its load (I1, I2, J1): per backend it routes
+to, the requests in flight on it through this gateway, the tokens/s it answered, the
+engine's own queue and KV-cache use when scraped, and whether the gateway's routing
+snapshot already says the backend drains (``GatewayLoad``). The server keeps the latest
+report of each gateway (``services.usage.write_load``); the autoscaler and the drains
+of a scale-in or a rolling update read them (``services.usage.read_load``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, Field
 
-from heteroflow.schemas.common import ID_PATTERN, MAX_INT32, SafeStr, Strict, to_utc
+from heteroflow.schemas.common import ID_PATTERN, MAX_INT32, IdStr, SafeStr, Strict, to_utc
+from heteroflow.schemas.routing import MAX_ACTIVITY_GROUPS, ActivityBatch, ActivityIn
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +93,95 @@ class UsageReport(BaseModel):
     group_by: list[str]
     rows: list[UsageRowRead]
     total: UsageSums
+
+
+# ---- the gateway's load (issue 14: I1 autoscaler, I2 scale-in drains, J1 drains) ----
+
+MAX_LOAD_BACKENDS = 100_000
+# a gateway id: "gw-" + 12 hex digits (a new one at every gateway start)
+GATEWAY_ID_PATTERN = r"^[A-Za-z0-9._-]{1,48}$"
+
+
+@dataclass(frozen=True, slots=True)
+class BackendLoad:
+    """One backend (a running task) as one gateway sees it."""
+
+    task_id: str
+    group_id: str
+    draining: bool  # the gateway's snapshot marks it draining: it gets no new request
+    in_flight: int  # requests through this gateway on it now
+    tokens_per_s: float  # tokens (prompt + completion) it answered, over the last 30 s
+    waiting: float | None = None  # the engine's queue (its /metrics), when scraped
+    kv_use: float | None = None  # the engine's KV-cache use 0..1, when it exports it
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "group_id": self.group_id,
+            "draining": self.draining,
+            "in_flight": self.in_flight,
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "waiting": self.waiting,
+            "kv_use": self.kv_use,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayLoad:
+    """A gateway's load report: every backend of its current routing snapshot."""
+
+    gateway_id: str
+    backends: tuple[BackendLoad, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"gateway_id": self.gateway_id, "backends": [b.to_wire() for b in self.backends]}
+
+
+class BackendLoadIn(Strict):
+    task_id: IdStr
+    group_id: IdStr
+    draining: bool = False
+    in_flight: int = Field(ge=0, le=MAX_INT32)
+    tokens_per_s: float = Field(default=0.0, ge=0.0, le=1e12, strict=False)
+    waiting: float | None = Field(default=None, ge=0.0, le=1e9, strict=False)
+    kv_use: float | None = Field(default=None, ge=0.0, le=1.0, strict=False)
+
+    def to_load(self) -> BackendLoad:
+        return BackendLoad(
+            task_id=self.task_id,
+            group_id=self.group_id,
+            draining=self.draining,
+            in_flight=self.in_flight,
+            tokens_per_s=self.tokens_per_s,
+            waiting=self.waiting,
+            kv_use=self.kv_use,
+        )
+
+
+class GatewayLoadIn(Strict):
+    gateway_id: SafeStr = Field(max_length=48, pattern=GATEWAY_ID_PATTERN)
+    backends: list[BackendLoadIn] = Field(default_factory=list, max_length=MAX_LOAD_BACKENDS)
+
+    def to_load(self) -> GatewayLoad:
+        return GatewayLoad(self.gateway_id, tuple(b.to_load() for b in self.backends))
+
+
+class ActivityReport(ActivityBatch):
+    """``POST /api/v1/gateway/activity``: the groups' last request times (F4) and, from
+    gateways that send it, their load (issue 14)."""
+
+    activity: list[ActivityIn] = Field(default_factory=list, max_length=MAX_ACTIVITY_GROUPS)
+    load: GatewayLoadIn | None = None
+
+
+def activity_report_to_wire(
+    activity: dict[str, datetime], load: GatewayLoad | None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "activity": [
+            {"group_id": g, "last_request_at": t.isoformat()} for g, t in activity.items()
+        ]
+    }
+    if load is not None:
+        out["load"] = load.to_wire()
+    return out

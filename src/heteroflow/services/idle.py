@@ -108,6 +108,7 @@ def idle_groups(
         TaskGroup.idle_timeout_minutes > 0,
         TaskGroup.desired == "running",
         TaskGroup.task_type == "inference",
+        TaskGroup.rollout_holder == "",  # an update in progress: its own driver decides
     )
     only = list(group_ids)
     if only:

@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session
 from heteroflow.core.clock import Clock
 from heteroflow.core.events import EventKind
 from heteroflow.core.ids import new_id
-from heteroflow.core.ports import ports_from_dicts, ports_to_dicts
+from heteroflow.core.ports import ports_from_dicts
 from heteroflow.core.recovery import (
     LOST_HARDWARE,
     Attempt,
@@ -60,6 +60,7 @@ from heteroflow.core.recovery import (
 from heteroflow.core.states import AGENT_OWNED, ENGINE_UP, TaskStatus
 from heteroflow.db.tables import Event, Node, Task, TaskGroup
 from heteroflow.services import faults
+from heteroflow.services.replicas import new_replica  # issue 14: the shared copy rule
 from heteroflow.services.transitions import TaskUpdate, refresh_group_status, transition
 
 log = logging.getLogger(__name__)
@@ -321,6 +322,9 @@ def _candidates(s: Session) -> list[tuple[Task, TaskGroup]]:
             TaskGroup.deleted_at.is_(None),
             TaskGroup.desired == RUNNING,
             TaskGroup.parallelism != "pipeline",
+            # issue 14: a rollout holding its lease owns the group's replicas (it retries
+            # or rolls back its own new ones); the loop takes over again once it ended
+            TaskGroup.rollout_holder == "",
             ~gave_up,
             or_(Task.task_type == "inference", and_(Task.task_type != "inference", lost)),
         )
@@ -438,44 +442,16 @@ def replace(
     )
     if res.rowcount != 1:  # type: ignore[attr-defined]
         return None
-    fallback = rebuild is not None and rebuild.engine != old.engine
-    now = clock.now()
-    new = Task(
-        id=nid,
-        group_id=old.group_id,
-        tenant_id=old.tenant_id,
-        name=old.name,
-        rank=old.rank,
-        generation=old.generation,
-        task_type=old.task_type,
-        status=TaskStatus.PENDING.value,
-        status_message=message,
-        gpu_required=old.gpu_required,
-        gpu_type=old.gpu_type,
-        gpu_ids=[],
-        node_id=None,
-        model_path=old.model_path,
-        model_name=old.model_name,
-        image=rebuild.image if rebuild is not None and fallback else old.image,
-        engine=rebuild.engine if rebuild is not None and fallback else old.engine,
-        engine_reason=(
-            rebuild.engine_reason if rebuild is not None and fallback else old.engine_reason
-        ),
-        command=list(old.command),
-        engine_args=[] if fallback else list(old.engine_args),
-        env=list(old.env),
-        ports=ports_to_dicts(p.released() for p in ports_from_dicts(old.ports)),
-        estimated_gpu_memory_mb=old.estimated_gpu_memory_mb,
-        estimate_detail=old.estimate_detail,
-        memory_mb=old.memory_mb,
-        kv_offload_gb=old.kv_offload_gb,
-        gpu_memory_utilization=old.gpu_memory_utilization,
-        priority=old.priority,
-        priority_class=old.priority_class,
-        health_check=health_check,
-        rebuild_count=count,
-        created_at=now,
-        updated_at=now,
+    # issue 14: the one rule for a copy of a task's intent (services/replicas.py)
+    changes: dict[str, Any] = {}
+    if rebuild is not None and rebuild.engine != old.engine:  # E3 fallback
+        changes = {
+            "image": rebuild.image, "engine": rebuild.engine,
+            "engine_reason": rebuild.engine_reason, "engine_args": [],
+        }
+    new = new_replica(
+        old, rank=old.rank, message=message, health_check=health_check, now=clock.now(),
+        task_id=nid, rebuild_count=count, changes=changes,
     )
     s.add(new)
     s.flush()

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from heteroflow.core.autoscale import ScalePolicy, create_bounds  # issue 14 (scaling)
 from heteroflow.core.clock import Clock
 from heteroflow.core.containers import DEFAULT_ENV_ALLOW
 from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
@@ -34,6 +35,7 @@ from heteroflow.schemas.task_groups import (
     TaskGroupRead,
     TaskRead,
 )
+from heteroflow.schemas.windows import check_for_group  # issue 14 (K1)
 from heteroflow.services.access import visible_task
 from heteroflow.services.auth import Principal
 from heteroflow.services.fleet import read_fleet
@@ -73,6 +75,20 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
     req, spec = plan.req, plan.req.task
     now = clock.now()
     model_name = plan.model_name
+    # --- issue 14 (A1, I1): the replica bounds and the scale policy, checked again on
+    # the plan's own replica count (one-click may have made the group split) ---
+    sp = req.scale_policy
+    min_r, max_r = create_bounds(
+        replicas=plan.replicas, task_type=plan.task_type, parallelism=req.parallelism,
+        min_replicas=req.min_replicas if sp is None or sp.min_replicas is None
+        else sp.min_replicas,
+        max_replicas=req.max_replicas if sp is None or sp.max_replicas is None
+        else sp.max_replicas,
+    )
+    policy: dict[str, Any] = {}
+    if sp is not None and sp.metric is not None and sp.target is not None:
+        policy = ScalePolicy(sp.enabled, sp.metric, sp.target).to_json()
+    # --- end issue 14 (scaling) ---
     group = TaskGroup(
         id=new_id("tg"),
         tenant_id=who.tenant_id,
@@ -83,8 +99,8 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
         parallelism=req.parallelism,
         world_size=plan.world_size,
         current_replicas=plan.replicas,
-        min_replicas=plan.replicas,
-        max_replicas=plan.replicas,
+        min_replicas=min_r,  # issue 14 (A1)
+        max_replicas=max_r,
         enable_api=plan.enable_api,
         endpoint_id=None,
         inference_templates=list(plan.templates),
@@ -96,7 +112,7 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
         priority=req.priority,
         priority_class=req.priority_class,
         health_check=plan.health,
-        scale_policy={},
+        scale_policy=policy,  # issue 14 (I1)
         schedule_window={},
         labels=dict(req.labels),
         status=GroupStatus.PENDING.value,
@@ -104,6 +120,13 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
         created_at=now,
         updated_at=now,
     )
+    if req.schedule_window is not None:  # K1: its rules checked against the group as built
+        check_for_group(
+            req.schedule_window, task_type=group.task_type, parallelism=group.parallelism,
+            min_replicas=group.min_replicas, max_replicas=group.max_replicas,
+            current_replicas=group.current_replicas,
+        )
+        group.schedule_window = req.schedule_window.stored()
     s.add(group)
     s.flush()
     tasks = [
@@ -248,6 +271,11 @@ def _stop(s: Session, clock: Clock, task: Task, reason: str) -> None:
     raise Conflict(f"task {task.id} kept changing state; retry")
 
 
+def ask_stop(s: Session, clock: Clock, task: Task, reason: str) -> None:
+    """``_stop`` for other services (issue 14: a rollout retires replicas through it)."""
+    _stop(s, clock, task, reason)
+
+
 def delete_group(s: Session, who: Principal, clock: Clock, group_id: str) -> None:
     g = _visible_group(s, who, group_id)
     g.deleted_at = clock.now()
@@ -328,15 +356,20 @@ def stop_group(s: Session, who: Principal, clock: Clock, group_id: str) -> TaskG
     """The owner stops the service: ``desired`` stopped, every current task to stopping
     (engine up) or stopped, through the state door. Idempotent."""
     g = _visible_group(s, who, group_id)
+    stop_group_row(s, clock, g, f"stopped by {who.username}")
+    return _fresh(s, who, g.id)
+
+
+def stop_group_row(s: Session, clock: Clock, g: TaskGroup, why: str) -> None:
+    """Stop ``g`` saying ``why``: the owner's stop above, and a schedule window's
+    ``stop`` (K1, services/windows.py: the platform acting on its owner's rule)."""
     old, g.desired, g.updated_at = g.desired, STOPPED, clock.now()
     s.flush()  # before any task moves: the recovery loop reads it
-    why = f"stopped by {who.username}"
     for t in _current(s, g.id):
         _stop(s, clock, t, why)
     if old != STOPPED:
         _desired_event(s, clock, g, old, why)
     refresh_group_status(s, clock, g.id, why)
-    return _fresh(s, who, g.id)
 
 
 def start_group(s: Session, who: Principal, clock: Clock, group_id: str) -> TaskGroupRead:

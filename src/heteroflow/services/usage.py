@@ -5,22 +5,44 @@ member is the one who created the endpoint's key, looked up here; a key deleted 
 the request and the flush (at most a flush interval, 5 s) keeps its tenant and gets an
 empty member. Reports sum the rows of a time range by any of tenant / member / endpoint
 / model; members see their own tenant only, operators any.
+
+**The gateways' load (issue 14).** Each gateway sends, with its activity, its view of
+every backend (``schemas.usage.GatewayLoad``: in flight, tokens/s, engine queue and KV
+use, draining). Only its latest report matters, so each gateway has one row, replaced at
+every flush and stamped with the server's time of receipt (no gateway clock is trusted):
+a ``platform_settings`` row named ``gateway-load:<gateway id>`` holding the report as
+JSON — the table every instance already shares for cluster-wide values, so the leader
+reads what any instance received and no schema change was needed. ``read_load`` reads
+the reports younger than ``gateway_load_stale_s`` into a ``core.autoscale.LoadView``
+(what the autoscaler scales by, what the drains of a scale-in and a rolling update wait
+for); ``prune_load`` deletes the rows of gateways gone for a long while.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from datetime import UTC, datetime
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, insert, select
+from sqlalchemy import ColumnElement, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from heteroflow.core.autoscale import LoadView, Sample
+from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.errors import NotFound, ValidationFailed
 from heteroflow.db.engine import Database
-from heteroflow.db.tables import InferenceEndpoint, UsageRecord
-from heteroflow.schemas.usage import UsageReport, UsageRow, UsageRowRead, UsageSums
+from heteroflow.db.tables import InferenceEndpoint, PlatformSetting, UsageRecord
+from heteroflow.schemas.usage import (
+    GatewayLoad,
+    UsageReport,
+    UsageRow,
+    UsageRowRead,
+    UsageSums,
+)
 from heteroflow.services.auth import Principal
 from heteroflow.services.idle import record_activity
 
@@ -64,12 +86,17 @@ def write_batch(s: Session, rows: Sequence[UsageRow]) -> int:
     return len(values)
 
 
+log = logging.getLogger(__name__)
+
+
 class DbUsageSink:
     """The all-in-one server's ``UsageSink`` (and the gateway's ``ActivitySink``: each
-    group's last request time, F4): writes in a worker thread."""
+    group's last request time, F4; and its ``ReportSink``: the same with the gateway's
+    load, issue 14): writes in a worker thread."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, clock: Clock | None = None) -> None:
         self._db = db
+        self._clock: Clock = clock or SystemClock()
 
     async def write(self, rows: Sequence[UsageRow]) -> None:
         await asyncio.to_thread(self._write, rows)
@@ -84,6 +111,15 @@ class DbUsageSink:
     def _write_activity(self, activity: dict[str, datetime]) -> None:
         with self._db.session() as s:
             record_activity(s, activity)
+
+    async def write_report(self, activity: dict[str, datetime], load: GatewayLoad) -> None:
+        await asyncio.to_thread(self._write_report, activity, load)
+
+    def _write_report(self, activity: dict[str, datetime], load: GatewayLoad) -> None:
+        with self._db.session() as s:
+            if activity:
+                record_activity(s, activity)
+            write_load(s, load, self._clock.now())
 
 
 def parse_group_by(raw: str) -> list[str]:
@@ -173,3 +209,98 @@ def _utc(t: datetime | None) -> datetime | None:
     if t is None:
         return None
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+# ---- the gateways' load (issue 14) --------------------------------------------------
+
+LOAD_KEY_PREFIX = "gateway-load:"
+# a gateway silent this many staleness windows is gone: its row is deleted
+_PRUNE_AFTER_WINDOWS = 10
+
+
+def write_load(s: Session, load: GatewayLoad, now: datetime) -> None:
+    """Replace ``load``'s gateway's report with this one, received ``now``."""
+    key = LOAD_KEY_PREFIX + load.gateway_id
+    value = json.dumps(
+        {"at": now.isoformat(), "backends": [b.to_wire() for b in load.backends]},
+        separators=(",", ":"),
+    )
+    res = s.execute(
+        update(PlatformSetting)
+        .where(PlatformSetting.key == key)
+        .values(value=value)
+        .execution_options(synchronize_session=False)
+    )
+    if not res.rowcount:  # type: ignore[attr-defined]
+        # only this gateway writes its key, one flush at a time: no concurrent insert
+        s.execute(insert(PlatformSetting).values(key=key, value=value))
+
+
+def _parse(value: str) -> tuple[datetime, list[dict[str, Any]]] | None:
+    try:
+        data = json.loads(value)
+        at = datetime.fromisoformat(data["at"])
+        backends = data["backends"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(backends, list):
+        return None
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)), backends
+
+
+def _sample(b: Mapping[str, Any]) -> Sample:
+    def number(key: str) -> float | None:
+        v = b.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    return Sample(
+        in_flight=int(b.get("in_flight") or 0),
+        tokens_per_s=number("tokens_per_s") or 0.0,
+        waiting=number("waiting"),
+        kv_use=number("kv_use"),
+        draining=b.get("draining") is True,
+    )
+
+
+def read_load(s: Session, now: datetime, stale_s: float) -> LoadView:
+    """The reports received within ``stale_s`` of ``now``, as one view."""
+    cutoff = now - timedelta(seconds=stale_s)
+    gateways, oldest = 0, None
+    samples: dict[str, list[Sample]] = defaultdict(list)
+    rows = s.scalars(
+        select(PlatformSetting).where(PlatformSetting.key.startswith(LOAD_KEY_PREFIX))
+    )
+    for row in rows:
+        parsed = _parse(row.value)
+        if parsed is None:
+            log.warning("gateway load %s: unreadable; ignored", row.key)
+            continue
+        at, backends = parsed
+        if at < cutoff:
+            continue
+        gateways += 1
+        oldest = at if oldest is None else min(oldest, at)
+        for b in backends:
+            if isinstance(b, dict) and isinstance(b.get("task_id"), str):
+                samples[b["task_id"]].append(_sample(b))
+    return LoadView(
+        gateways=gateways,
+        as_of=oldest,
+        samples={task_id: tuple(v) for task_id, v in samples.items()},
+    )
+
+
+def prune_load(s: Session, now: datetime, stale_s: float) -> int:
+    """Delete the reports of gateways silent for ``_PRUNE_AFTER_WINDOWS`` windows."""
+    cutoff = now - timedelta(seconds=stale_s * _PRUNE_AFTER_WINDOWS)
+    gone = []
+    for row in s.scalars(
+        select(PlatformSetting).where(PlatformSetting.key.startswith(LOAD_KEY_PREFIX))
+    ):
+        parsed = _parse(row.value)
+        if parsed is None or parsed[0] < cutoff:
+            gone.append(row.key)
+    if gone:
+        s.execute(delete(PlatformSetting).where(PlatformSetting.key.in_(gone)))
+    return len(gone)
+

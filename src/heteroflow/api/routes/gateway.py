@@ -1,7 +1,8 @@
 """Endpoints, model routes and the routing snapshot (/api/v1/gateway, /api/v1/model-routes).
 
 A separate gateway also reports its groups' last request times here (F4,
-``POST /gateway/activity``) and asks for sleeping services to be woken when a request
+``POST /gateway/activity``; with its load since issue 14: in flight, tokens/s, the
+engines' queue and KV use, per backend) and asks for sleeping services to be woken when a request
 names them (F6, ``POST /gateway/wake``), both with the gateway token; each commits
 before answering, so a 2xx means stored.
 """
@@ -25,12 +26,12 @@ from heteroflow.schemas.gateway import (
 )
 from heteroflow.schemas.routing import (
     ActivityAccepted,
-    ActivityBatch,
     WakeAnswer,
     WakeOutcomeRead,
     WakeRequest,
 )
-from heteroflow.services import endpoints, idle
+from heteroflow.schemas.usage import ActivityReport
+from heteroflow.services import endpoints, idle, usage
 
 router = APIRouter(prefix="/api/v1", tags=["gateway"])
 
@@ -101,15 +102,19 @@ def snapshot(
     response_model=ActivityAccepted,
     dependencies=[Depends(require_gateway)],
 )
-def report_activity(batch: ActivityBatch, ctx: Ctx) -> ActivityAccepted:
+def report_activity(batch: ActivityReport, ctx: Ctx) -> ActivityAccepted:
     """F4: each group's last routed request, as a gateway saw it (the idle timer's input).
-    Times only move forward; unknown groups are ignored."""
+    Times only move forward; unknown groups are ignored. With ``load`` (issue 14), the
+    gateway's view of its backends replaces its previous one, stamped with the time it
+    arrived here (the autoscaler's figures; what drains wait for)."""
     latest: dict[str, Any] = {}
     for a in batch.activity:
         if a.group_id not in latest or latest[a.group_id] < a.last_request_at:
             latest[a.group_id] = a.last_request_at
     with ctx.db.session() as s:
         updated = idle.record_activity(s, latest)
+        if batch.load is not None:
+            usage.write_load(s, batch.load.to_load(), ctx.clock.now())
     return ActivityAccepted(updated=updated)
 
 
