@@ -47,7 +47,7 @@ def test_a_killed_engine_comes_back_and_answers_again(stack: Stack) -> None:
     key, model, group_id, endpoint = g["api_key"], "phoenix-model", g["id"], g["endpoint"]
     g = stack.wait_status(group_id, "running")
     old = g["tasks"][0]
-    wait_for(lambda: answers(stack, key, model), 10, "the service to answer")
+    wait_for(lambda: answers(stack, key, model), 30, "the service to answer")
     pid = engine_pid(old["ports"][0]["host_port"])
     assert pid is not None
 
@@ -59,10 +59,14 @@ def test_a_killed_engine_comes_back_and_answers_again(stack: Stack) -> None:
     recovery_s = time.monotonic() - killed
     print(f"recovery_s (kill -9 -> first answer through the SDK): {recovery_s:.1f}")
 
-    g = stack.group(group_id)
+    # the group's derived status follows the task's report (a busy machine: a moment)
+    g = wait_for(
+        lambda: (g := stack.group(group_id))["status"] == "running" and g,
+        15, "the group to read running",
+    )
     (new,) = g["tasks"]
     assert new["id"] != old["id"] and new["rebuild_count"] == 1 and new["rank"] == 0
-    assert g["status"] == "running" and g["endpoint"] == endpoint
+    assert g["endpoint"] == endpoint
     was = stack.api("GET", f"/api/v1/tasks/{old['id']}").json()
     assert (was["status"], was["replaced_by"]) == ("failed", new["id"])
     assert "exited with code -9" in was["status_message"]
@@ -86,7 +90,7 @@ def test_a_restarted_agent_brings_its_services_back_with_the_same_key(stack: Sta
     g = stack.create_service("survivor")
     key, model, group_id = g["api_key"], "survivor-model", g["id"]
     stack.wait_status(group_id, "running")
-    wait_for(lambda: answers(stack, key, model), 10, "the service to answer")
+    wait_for(lambda: answers(stack, key, model), 30, "the service to answer")
     agent = next(p for p in stack.procs if p.name == "agent")
     assert agent.stop() == 0  # its engines stop with it (process runtime)
     wait_for(lambda: not answers(stack, key, model), 10, "the service to go away")

@@ -340,6 +340,10 @@ class _TakesRequestsThenDies:
                     )
                     await writer.drain()
                     continue
+                if head.startswith(b"GET "):  # the gateway's load scrape of /metrics
+                    writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
                 self.posts += 1
                 if self.partial:
                     writer.write(b"HTTP/1.1 2")

@@ -308,8 +308,10 @@ class TaskGroupUpdate(Strict):
         description="rolling: batch by batch, the old replicas drain before they stop "
         "(inference services); recreate: stop all, then create all",
     )
-    image: SafeStr | None = Field(
-        default=None, max_length=512, pattern=IMAGE_PATTERN,
+    image: Annotated[
+        str, StringConstraints(max_length=512, pattern=IMAGE_PATTERN), AfterValidator(no_nul)
+    ] | None = Field(
+        default=None,
         description="the engine image of the new generation (tag or name@sha256:digest)",
     )
     engine_args: list[TextItem] | None = Field(default=None, max_length=256)

@@ -9,9 +9,17 @@ that need the group (``check_for_group``) are checked by the service.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from heteroflow.core.autoscale import scalable_problem
 from heteroflow.core.errors import ValidationFailed
@@ -23,10 +31,16 @@ from heteroflow.core.windows import (
     parse_clock,
     zone,
 )
-from heteroflow.schemas.common import MAX_INT32, SafeStr, Strict
+from heteroflow.schemas.common import MAX_INT32, SafeStr, Strict, no_nul
 
 FIELD = "schedule_window"  # what every error's field starts with
 DayName = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+
+
+# HH:MM, NUL-checked inside the optional (constraints on ``X | None`` wrap the str alone)
+ClockText = Annotated[
+    str, StringConstraints(max_length=5, pattern=CLOCK_PATTERN), AfterValidator(no_nul)
+]
 
 
 class ScheduleWindowIn(Strict):
@@ -49,17 +63,13 @@ class ScheduleWindowIn(Strict):
         description="the days a window opens (an overnight window belongs to the day it "
         "starts); empty = every day",
     )
-    start: SafeStr | None = Field(
+    start: ClockText | None = Field(
         default=None,
-        max_length=5,
-        pattern=CLOCK_PATTERN,
         validate_default=True,
         description="local time it opens, HH:MM (required while enabled)",
     )
-    end: SafeStr | None = Field(
+    end: ClockText | None = Field(
         default=None,
-        max_length=5,
-        pattern=CLOCK_PATTERN,
         validate_default=True,
         description="local time it closes, HH:MM; 24:00 = midnight; at or before start = "
         "the next day (overnight); not equal to start",
