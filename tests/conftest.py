@@ -107,8 +107,14 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'hf.db'}"
         return
     url: str = request.getfixturevalue("pg_database")
+    # each test starts from an empty schema on the shared session database, whatever
+    # used it before (an e2e test's servers write it directly, without this fixture)
+    _empty_schema(url)
     yield url
-    # each test starts from an empty schema on the shared session database
+    _empty_schema(url)
+
+
+def _empty_schema(url: str) -> None:
     from sqlalchemy import create_engine, text
 
     eng = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
