@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,9 +146,18 @@ def pid_gone(pid: int) -> bool:
         return True
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("e2e")
+@contextmanager
+def launch_stack(
+    tmp: Path,
+    *,
+    node_name: str = "e2e-node",
+    server_env: dict[str, str] | None = None,
+    agent_env: dict[str, str] | None = None,
+    gateway_env: dict[str, str] | None = None,
+) -> Iterator[Stack]:
+    """A real server, process-runtime agent and separate gateway serving the tiny model,
+    logged in as admin, its node registered; stopped (reverse order) on exit. The extra
+    environments add to (or override) the fast defaults every e2e stack shares."""
     models = tmp / "models"
     models.mkdir()
     model_file = write_tiny_gguf(models / "tiny.gguf")
@@ -158,7 +168,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     (tmp / "node.json").write_text(
         json.dumps({"allowed_volume_prefixes": [str(models)], "model_scan_dirs": [str(models)]})
     )
-    server_env = {
+    server = {
         "HETEROFLOW_DATA_DIR": str(tmp / "server"),
         "HETEROFLOW_ADMIN_PASSWORD": ADMIN_PASSWORD,
         "HETEROFLOW_NODE_TOKEN": NODE_TOKEN,
@@ -167,44 +177,31 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "HETEROFLOW_PORT_POOL_END": str(pool + 40),
         "HETEROFLOW_SCHEDULER_INTERVAL_S": "0.2",
         "HETEROFLOW_SNAPSHOT_INTERVAL_S": "0.2",
-        "HETEROFLOW_DATABASE_URL": os.environ.get("HETEROFLOW_E2E_DATABASE_URL", ""),
+        **(server_env or {}),
     }
-    agent_env = {
+    agent = {
         "HETEROFLOW_AGENT_SERVER_URL": server_url,
         "HETEROFLOW_AGENT_NODE_TOKEN": NODE_TOKEN,
-        "HETEROFLOW_AGENT_NODE_NAME": "e2e-node",
+        "HETEROFLOW_AGENT_NODE_NAME": node_name,
         "HETEROFLOW_AGENT_CONFIG_FILE": str(tmp / "node.json"),
         "HETEROFLOW_AGENT_WORK_DIR": str(tmp / "agent"),
         "HETEROFLOW_AGENT_HEARTBEAT_INTERVAL_S": "0.3",
         "HETEROFLOW_AGENT_CPU_THREADS": "1",
         "HETEROFLOW_AGENT_RUNTIME": "process",
-        "HETEROFLOW_AGENT_LOG_SHIP_INTERVAL_S": "0.5",
-        "HETEROFLOW_AGENT_PORT_RETRY_TOTAL_S": "6",
+        **(agent_env or {}),
     }
     try:
-        st.procs.append(spawn("server", ["server", "--port", str(server_port)], server_env, tmp))
+        st.procs.append(spawn("server", ["server", "--port", str(server_port)], server, tmp))
         wait_for(
             lambda: httpx.get(server_url + "/healthz", timeout=1).status_code == 200,
             30,
             "server /healthz",
         )
-        st.procs.append(spawn("agent", ["agent"], agent_env, tmp))
+        st.procs.append(spawn("agent", ["agent"], agent, tmp))
         wait_for(lambda: "process runtime" in st.procs[-1].log.read_text(), 30, "agent start")
+        args = ["gateway", "--server", server_url, "--token", GATEWAY_TOKEN]
         st.procs.append(
-            spawn(
-                "gateway",
-                [
-                    "gateway",
-                    "--server",
-                    server_url,
-                    "--token",
-                    GATEWAY_TOKEN,
-                    "--port",
-                    str(gateway_port),
-                ],
-                {},
-                tmp,
-            )
+            spawn("gateway", [*args, "--port", str(gateway_port)], gateway_env or {}, tmp)
         )
         wait_for(
             lambda: httpx.get(st.gateway_url + "/v1/models", timeout=1).status_code == 401,
@@ -222,6 +219,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     finally:
         for p in reversed(st.procs):
             p.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with launch_stack(
+        tmp_path_factory.mktemp("e2e"),
+        server_env={"HETEROFLOW_DATABASE_URL": os.environ.get("HETEROFLOW_E2E_DATABASE_URL", "")},
+        agent_env={
+            "HETEROFLOW_AGENT_LOG_SHIP_INTERVAL_S": "0.5",
+            "HETEROFLOW_AGENT_PORT_RETRY_TOTAL_S": "6",
+        },
+    ) as st:
+        yield st
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import threading
@@ -28,16 +27,11 @@ import httpx
 import openai
 import pytest
 
-from heteroflow.models.tiny_gguf import write_tiny_gguf
-from tests.conftest import free_port
-
 from .conftest import (
     ADMIN_PASSWORD,
-    GATEWAY_TOKEN,
-    NODE_TOKEN,
     Stack,
     engine_pid,
-    spawn,
+    launch_stack,
     wait_for,
 )
 
@@ -52,67 +46,19 @@ FAST = {
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("autoscale")
-    models = tmp / "models"
-    models.mkdir()
-    model_file = write_tiny_gguf(models / "tiny.gguf")
-    server_port, gateway_port = free_port(), free_port()
-    pool = random.randint(22000, 31000)
-    server_url = f"http://127.0.0.1:{server_port}"
-    st = Stack(tmp, models, model_file, server_url, f"http://127.0.0.1:{gateway_port}")
-    (tmp / "node.json").write_text(
-        json.dumps({"allowed_volume_prefixes": [str(models)], "model_scan_dirs": [str(models)]})
-    )
-    server_env = {
-        "HETEROFLOW_DATA_DIR": str(tmp / "server"),
-        "HETEROFLOW_ADMIN_PASSWORD": ADMIN_PASSWORD,
-        "HETEROFLOW_NODE_TOKEN": NODE_TOKEN,
-        "HETEROFLOW_GATEWAY_TOKEN": GATEWAY_TOKEN,
-        "HETEROFLOW_PORT_POOL_START": str(pool),
-        "HETEROFLOW_PORT_POOL_END": str(pool + 40),
-        "HETEROFLOW_SCHEDULER_INTERVAL_S": "0.2",
-        "HETEROFLOW_SNAPSHOT_INTERVAL_S": "0.2",
-        "HETEROFLOW_LEADER_RENEW_INTERVAL_S": "0.5",
-        "HETEROFLOW_AUTOSCALE_INTERVAL_S": "0.5",
-        "HETEROFLOW_AUTOSCALE_MIN_AGE_S": "3",
-        "HETEROFLOW_SCALE_DRAIN_INTERVAL_S": "0.3",
-        **FAST,
-    }
-    agent_env = {
-        "HETEROFLOW_AGENT_SERVER_URL": server_url,
-        "HETEROFLOW_AGENT_NODE_TOKEN": NODE_TOKEN,
-        "HETEROFLOW_AGENT_NODE_NAME": "autoscale-node",
-        "HETEROFLOW_AGENT_CONFIG_FILE": str(tmp / "node.json"),
-        "HETEROFLOW_AGENT_WORK_DIR": str(tmp / "agent"),
-        "HETEROFLOW_AGENT_HEARTBEAT_INTERVAL_S": "0.3",
-        "HETEROFLOW_AGENT_CPU_THREADS": "1",
-        "HETEROFLOW_AGENT_RUNTIME": "process",
-    }
-    try:
-        st.procs.append(spawn("server", ["server", "--port", str(server_port)], server_env, tmp))
-        wait_for(
-            lambda: httpx.get(server_url + "/healthz", timeout=1).status_code == 200,
-            30,
-            "server /healthz",
-        )
-        st.procs.append(spawn("agent", ["agent"], agent_env, tmp))
-        args = ["gateway", "--server", server_url, "--token", GATEWAY_TOKEN]
-        st.procs.append(spawn("gateway", [*args, "--port", str(gateway_port)], FAST, tmp))
-        wait_for(
-            lambda: httpx.get(st.gateway_url + "/v1/models", timeout=1).status_code == 401,
-            30,
-            "gateway up",
-        )
-        r = httpx.post(
-            server_url + "/api/v1/auth/login",
-            json={"username": "admin", "password": ADMIN_PASSWORD},
-        )
-        st.token = r.json()["access_token"]
-        wait_for(lambda: st.api("GET", "/api/v1/nodes").json(), 30, "node registered")
+    with launch_stack(
+        tmp_path_factory.mktemp("autoscale"),
+        node_name="autoscale-node",
+        server_env={
+            "HETEROFLOW_LEADER_RENEW_INTERVAL_S": "0.5",
+            "HETEROFLOW_AUTOSCALE_INTERVAL_S": "0.5",
+            "HETEROFLOW_AUTOSCALE_MIN_AGE_S": "3",
+            "HETEROFLOW_SCALE_DRAIN_INTERVAL_S": "0.3",
+            **FAST,
+        },
+        gateway_env=FAST,
+    ) as st:
         yield st
-    finally:
-        for p in reversed(st.procs):
-            p.stop()
 
 
 class Load:
