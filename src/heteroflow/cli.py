@@ -246,6 +246,17 @@ def _server_database(settings: ServerSettings) -> Database | None:
     return Database.from_url(settings.resolved_database_url())
 
 
+def _database_write_failed(exc: Exception) -> int:
+    """One line naming the error's type: its message would carry the statement's
+    parameters (a password hash, a secret)."""
+    print(
+        f"could not write the database ({type(exc).__name__}); is its schema up to "
+        "date (heteroflow migrate)?",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def _rotate_jwt_secret(_: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -266,13 +277,8 @@ def _rotate_jwt_secret(_: argparse.Namespace) -> int:
         return 1
     try:
         rotate_jwt_secret(db)
-    except SQLAlchemyError as exc:  # the message would carry the statement's parameters
-        print(
-            f"could not write the database ({type(exc).__name__}); is its schema up to "
-            "date (heteroflow migrate)?",
-            file=sys.stderr,
-        )
-        return 1
+    except SQLAlchemyError as exc:
+        return _database_write_failed(exc)
     finally:
         db.dispose()
     print(
@@ -315,13 +321,8 @@ def _reset_password(a: argparse.Namespace) -> int:
     except ValidationFailed as exc:
         print(exc.message, file=sys.stderr)
         return 2
-    except SQLAlchemyError as exc:  # the message would carry the statement's parameters
-        print(
-            f"could not write the database ({type(exc).__name__}); is its schema up to "
-            "date (heteroflow migrate)?",
-            file=sys.stderr,
-        )
-        return 1
+    except SQLAlchemyError as exc:
+        return _database_write_failed(exc)
     finally:
         db.dispose()
     print(f"password of {a.username} reset: the tokens issued to them so far no longer work")

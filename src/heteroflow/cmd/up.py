@@ -35,6 +35,7 @@ from heteroflow.agent.factory import RuntimeUnavailable, make_launcher
 from heteroflow.cmd import remote
 from heteroflow.core.errors import Conflict, Unauthorized
 from heteroflow.core.ids import new_api_key
+from heteroflow.core.states import AGENT_OWNED
 from heteroflow.db.tables import InferenceEndpoint, Node, Task, TaskGroup, User
 from heteroflow.models.demo import GEMMA_CHAT_TEMPLATE, DemoModelUnavailable, ensure_demo_model
 from heteroflow.private_files import private_file
@@ -52,7 +53,8 @@ DEMO_KEY_FILE = "demo-api-key"
 # The CLI token `up` writes: long-lived (a demo machine is left running for days), yet
 # revoked like any other by `rotate-jwt-secret` or a reset of the admin's password.
 CLI_TOKEN_TTL_S = 30 * 24 * 3600.0
-AGENT_OWNED = frozenset({"starting", "running"})
+# tasks an agent runs an engine for: the one definition (core/states.py)
+ENGINE_OWNED = frozenset(st.value for st in AGENT_OWNED)
 DONE = frozenset({"running", "failed", "stopped", "missing"})
 
 
@@ -210,7 +212,7 @@ def _deploy_demo(app: ServerApp, req: TaskGroupCreate, key: str, *, keep: bool) 
                     # Conflict: the recovery loop brought it back meanwhile
                     with contextlib.suppress(Conflict):
                         task_groups.start_group(s, who, app.clock, old.id)
-                owned = any(t.status in AGENT_OWNED for t in tasks)
+                owned = any(t.status in ENGINE_OWNED for t in tasks)
                 return Demo(old.id, old.model_name, kept=True, agent_owned=owned)
             task_groups.delete_group(s, who, app.clock, old.id)
     with app.db.session() as s:
