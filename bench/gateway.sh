@@ -5,11 +5,13 @@
 # limits in a Redis of its own, usage accounting and least_connections all on.
 # Prints the harness's tables, then (last line) one JSON object of figures
 # (bench/gateway_summary.py): cpu_ms_per_req, cpu_ms_per_stream, litellm_/nginx_cpu_ms_per_req,
-# errors_c450, added_p50_ms_c1 (median of RUNS), redis_cpu_ms_per_req, soak_rss_growth_pct.
+# errors_c450, added_p50_ms_c1, added_p99_ms_c32 and added_p99_ms_c450 (our p99 minus the
+# direct call's under wrk, same run; median of RUNS), redis_cpu_ms_per_req, soak_rss_growth_pct.
 #
 # Knobs: RUNS (harness runs, default 1; the issue's target is the median of 3),
 #   SOAK_S (0 = no soak; 600 = the 10-minute soak at SOAK_C=450 streams, after the runs),
-#   REDIS_PORT (16379), and the harness's own (DUR, TARGETS, CONCS, CPU_GW, ...).
+#   REDIS_PORT (16379), GATEWAY_PORT (18090), and the harness's own (DUR, TARGETS, CONCS,
+#   CPU_GW, BACKEND_PORT, NGINX_PORT, ...).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 HARNESS="${HARNESS:-$ROOT/../shared/bench/gateway}"
@@ -23,6 +25,7 @@ RUNS="${RUNS:-1}"
 SOAK_S="${SOAK_S:-0}"
 SOAK_C="${SOAK_C:-450}"
 REDIS_PORT="${REDIS_PORT:-16379}"
+GATEWAY_PORT="${GATEWAY_PORT:-18090}"
 OUT="${RESDIR:-$ROOT/bench/results/gateway-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 
@@ -42,14 +45,14 @@ redis_stats() {  # "cpu_seconds commands"
     END {printf "%.6f %d\n", cpu, cmd}'
 }
 export HETEROFLOW_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
-export GATEWAY_NAME=heteroflow GATEWAY_URL=http://127.0.0.1:18090 GATEWAY_KEY=sk-bench-heteroflow
+export GATEWAY_NAME=heteroflow GATEWAY_URL="http://127.0.0.1:$GATEWAY_PORT" GATEWAY_KEY=sk-bench-heteroflow
 
 runs=()
 for i in $(seq "$RUNS"); do
   run="$OUT/run$i"
   mkdir -p "$run"
   export RESDIR="$run"
-  export GATEWAY_CMD="exec $PY $ROOT/bench/gateway_slot.py --port 18090 --upstream \"\$BENCH_BACKEND_URL\" --key $GATEWAY_KEY --workdir $run"
+  export GATEWAY_CMD="exec $PY $ROOT/bench/gateway_slot.py --port $GATEWAY_PORT --upstream \"\$BENCH_BACKEND_URL\" --key $GATEWAY_KEY --workdir $run"
   read -r cpu0 cmd0 < <(redis_stats)
   bash "$HARNESS/run.sh"
   read -r cpu1 cmd1 < <(redis_stats)

@@ -4,7 +4,10 @@
 
 Each RUN_DIR holds one harness run: ``results.jsonl``, the gateway's ``usage.jsonl`` and
 ``redis.json`` (Redis CPU seconds and commands during the run, from gateway.sh). Figures
-are the median over the runs; errors are summed. Last line: one JSON object.
+are the median over the runs; errors are summed. ``added_p99_ms_c32`` / ``_c450``: our p99
+minus the direct call's p99 under wrk at that concurrency, in the same run (wrk's
+percentiles are corrected for coordinated omission: a stall of the event loop shows).
+Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -46,6 +49,13 @@ def _get(
     for k in keys:
         v = v.get(k) if isinstance(v, dict) else None
     return v
+
+
+def _added_p99(by: dict[tuple[str, str], dict[str, Any]], conc: int) -> float | None:
+    """Our p99 minus the direct call's under wrk at ``conc``, same run (the tail we add)."""
+    cell = f"nonstream/c{conc}/wrk"
+    ours, direct = _get(by, OURS, cell, "lat_ms", "p99"), _get(by, "direct", cell, "lat_ms", "p99")
+    return None if ours is None or direct is None else round(ours - direct, 3)
 
 
 def _median(values: list[Any]) -> float | None:
@@ -91,6 +101,8 @@ def summarize(runs: list[Path], soak: Path | None) -> dict[str, Any]:
                 "added_p50_ms_c1": (
                     None if ours_p50 is None or direct_p50 is None else ours_p50 - direct_p50
                 ),
+                "added_p99_ms_c32": _added_p99(by, 32),
+                "added_p99_ms_c450": _added_p99(by, 450),
                 "errors_c450": sum(
                     int(_get(by, OURS, c, "errors") or 0)
                     for n, c in _cells(by, "nonstream") + streams

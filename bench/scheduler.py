@@ -36,12 +36,10 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 from sqlalchemy import BindParameter, bindparam, insert, text
 
 from heteroflow.controllers.scheduler import Scheduler
@@ -51,11 +49,8 @@ from heteroflow.core.placement import Policy
 from heteroflow.db.engine import Database, migrate
 from heteroflow.db.tables import SharingGroup, Task, TaskGroup, Tenant
 from heteroflow.testing import clusters
+from heteroflow.testing.bench import fresh_database, percentile
 
-ADMIN_URL = os.environ.get(
-    "HETEROFLOW_BENCH_PG",
-    os.environ.get("HETEROFLOW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"),
-)
 PORT_POOL = range(20000, 40000)
 OFFLINE_AFTER_S = 24 * 3600.0  # nodes are inserted once; none may age out mid-run
 HELD = ("scheduled", "starting", "running", "stopping")
@@ -115,28 +110,6 @@ class Scale:
     @property
     def per_s_all_rounds(self) -> float:
         return self.placed / self.sched_s if self.sched_s else 0.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
-
-
-@contextmanager
-def fresh_database() -> Iterator[str]:
-    """CREATE DATABASE hf_bench_<random>; yields its URL; dropped on the way out."""
-    admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5)
-    name = f"hf_bench_{secrets.token_hex(4)}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{ADMIN_URL.rsplit('/', 1)[0]}/{name}"
-    finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
 
 def fleet_counts(nodes: int) -> dict[str, int]:

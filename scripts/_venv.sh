@@ -56,3 +56,25 @@ ensure_venv() {  # $1: pip extras, e.g. "test" or "demo"
     say "  done in $((SECONDS - started)) s"
   fi
 }
+
+ensure_node() {  # tests/clients runs the OpenAI Node SDK on Debian's node (npm ci fetches the SDK)
+  if command -v node >/dev/null && command -v npm >/dev/null; then return 0; fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing nodejs and npm (apt-get) for tests/clients …"
+    apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null ||
+      say "could not install nodejs/npm: tests/clients/test_openai_node.py will be skipped"
+  else
+    say "node/npm missing and not root: tests/clients/test_openai_node.py will be skipped"
+  fi
+}
+
+ensure_chromium() {  # tests/console drive Debian's chromium with Playwright (no browser download)
+  if [ -x /usr/bin/chromium ]; then return 0; fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing chromium (apt-get) for the console's browser tests (tests/console) …"
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null ||
+      say "could not install chromium: tests/console will be skipped"
+  else
+    say "chromium missing and not root: tests/console will be skipped (apt-get install chromium)"
+  fi
+}

@@ -13,23 +13,30 @@ import os
 import signal
 import socket
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from heteroflow.cmd.errors import CliError
 from heteroflow.private_files import PRIVATE_UMASK
 from heteroflow.serving import PortBusy
-from heteroflow.settings import AgentSettings, ServerSettings, default_data_dir
+from heteroflow.settings import AgentSettings, LogSettings, ServerSettings, default_data_dir
 
 if TYPE_CHECKING:
     from heteroflow.db.engine import Database
 
 
 def _logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from pydantic import ValidationError
+
+    from heteroflow.logs import configure
+
+    try:  # issue 18 (P3): text (as before) or JSON lines; secrets redacted in both
+        fmt = LogSettings().log_format
+    except ValidationError:
+        print("HETEROFLOW_LOG_FORMAT must be text or json", file=sys.stderr)
+        raise SystemExit(2) from None
+    configure(logging.DEBUG if verbose else logging.INFO, fmt)
     for noisy in ("httpx", "alembic", "gguf"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
 
@@ -69,35 +76,53 @@ def port_range(text: str) -> tuple[int, int]:
 
 async def _serve_server(settings: ServerSettings) -> None:
     from heteroflow.server import ServerApp
-    from heteroflow.serving import bind, install_stop_signals
+    from heteroflow.serving import bind, install_stop_signals, settle_heap
 
     app = ServerApp(settings)
     if app.bootstrap.admin_password_generated:
         print(f"admin password (shown once): {app.bootstrap.admin_password_generated}")
     if not settings.node_token:
-        print("node token: set HETEROFLOW_NODE_TOKEN to choose it; agents need the same value")
+        print(
+            "node token: kept in the database (`heteroflow rotate-node-token --show` prints "
+            "it; or set HETEROFLOW_NODE_TOKEN); agents need the same value"
+        )
     sock = bind(settings.host, settings.port)
+    scheme = "https" if settings.tls_cert_file is not None else "http"  # issue 18
     print(
-        f"HeteroFlow server listening on http://{settings.host}:{sock.getsockname()[1]}", flush=True
+        f"HeteroFlow server listening on {scheme}://{settings.host}:{sock.getsockname()[1]}",
+        flush=True,
     )
     stop = asyncio.Event()
     install_stop_signals(stop)
+    settle_heap()  # the server's gateway serves on this loop too
     await app.serve(stop, sock)
 
 
 def _server(a: argparse.Namespace) -> int:
-    overrides = {k: v for k, v in {"host": a.host, "port": a.port}.items() if v is not None}
-    asyncio.run(_serve_server(ServerSettings(**overrides)))
+    from heteroflow.server import TlsFilesUnusable
+
+    given = {"host": a.host, "port": a.port, "tls_cert_file": a.tls_cert, "tls_key_file": a.tls_key}
+    overrides = {k: v for k, v in given.items() if v is not None}
+    try:
+        asyncio.run(_serve_server(ServerSettings(**overrides)))
+    except TlsFilesUnusable as exc:  # issue 18: one line, not a traceback
+        print(f"heteroflow server: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
 async def _run_agent(settings: AgentSettings) -> None:
+    from heteroflow.agent.client import tls_context
     from heteroflow.agent.config import NodeConfig
     from heteroflow.agent.daemon import Agent
     from heteroflow.agent.factory import RuntimeUnavailable, make_launcher
     from heteroflow.core.clock import SystemClock
     from heteroflow.serving import install_stop_signals
 
+    try:
+        tls_context(settings.ca_file)  # issue 18: an unreadable CA bundle stops the start
+    except ValueError as exc:
+        raise SystemExit(f"heteroflow agent: {exc}") from exc
     config = NodeConfig.load(settings.config_file)
     name = settings.node_name or socket.gethostname()
     try:
@@ -133,7 +158,7 @@ async def _run_gateway(a: argparse.Namespace, token: str) -> int:
         UsageSink,
     )
     from heteroflow.schemas.routing import SnapshotHolder
-    from heteroflow.serving import bind, http_server, install_stop_signals
+    from heteroflow.serving import bind, http_server, install_stop_signals, settle_heap
 
     settings = ServerSettings()
     holder = SnapshotHolder()
@@ -176,6 +201,7 @@ async def _run_gateway(a: argparse.Namespace, token: str) -> int:
     background = [asyncio.create_task(source(stop))]
     if usage is not None:
         background.append(asyncio.create_task(usage.run(stop)))
+    settle_heap()  # start-up is done: no GC pass walks its objects again
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     print(f"HeteroFlow gateway listening on http://{a.host}:{sock.getsockname()[1]}", flush=True)
     await stop.wait()
@@ -200,6 +226,9 @@ def _gateway(a: argparse.Namespace) -> int:
         if not token:
             print("a gateway token is needed: --token or HETEROFLOW_GATEWAY_TOKEN", file=sys.stderr)
             return 2
+        from heteroflow.logs import register_secrets
+
+        register_secrets(token)  # issue 18 (P3): never in a log line
     return asyncio.run(_run_gateway(a, token))
 
 
@@ -221,13 +250,21 @@ def _hash_key(a: argparse.Namespace) -> int:
     return 0
 
 
-def _migrate(_: argparse.Namespace) -> int:
-    from heteroflow.db.engine import make_engine, migrate
+def _migrate(a: argparse.Namespace) -> int:
+    from heteroflow.db.engine import downgrade, make_engine, migrate
 
     settings = ServerSettings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    migrate(make_engine(settings.resolved_database_url()))
-    print("database is at the newest schema")
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        if a.down_to:
+            downgrade(engine, a.down_to)
+            print(f"database schema is at revision {a.down_to}")
+        else:
+            migrate(engine)
+            print("database is at the newest schema")
+    finally:
+        engine.dispose()
     return 0
 
 
@@ -286,6 +323,126 @@ def _rotate_jwt_secret(_: argparse.Namespace) -> int:
         f"instance within {settings.jwt_secret_cache_s:g} s); everyone must log in again"
     )
     return 0
+
+
+# --- issue 18: rotating the node token without downtime ---
+def _rotate_node_token(a: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    settings = ServerSettings()
+    if settings.node_token and not a.status:
+        print(
+            "HETEROFLOW_NODE_TOKEN is set: the servers take the node token from the "
+            "environment, not from the database, so it is not rotated here. Rotate it in "
+            "the environment: on every server set HETEROFLOW_NODE_TOKEN to the new value and "
+            "HETEROFLOW_NODE_TOKEN_PREVIOUS to the old one and restart them one at a time, "
+            "switch the agents, then unset HETEROFLOW_NODE_TOKEN_PREVIOUS and restart the "
+            "servers again (or unset both to use the database's token, which this command "
+            "rotates).",
+            file=sys.stderr,
+        )
+        return 2
+    if a.force and not a.finish:
+        print("--force goes with --finish", file=sys.stderr)
+        return 2
+    db = _server_database(settings)
+    if db is None:
+        return 1
+    try:
+        return _node_token_action(a, db, settings)
+    except SQLAlchemyError as exc:
+        return _database_write_failed(exc)
+    finally:
+        db.dispose()
+
+
+def _node_token_action(a: argparse.Namespace, db: Database, settings: ServerSettings) -> int:
+    from heteroflow.core.clock import SystemClock
+    from heteroflow.core.errors import Conflict
+    from heteroflow.services.auth import (
+        NODE_TOKEN_SEEN_WINDOW_S,
+        finish_node_token_rotation,
+        load_node_tokens,
+        nodes_on_previous_token,
+        rotate_node_token,
+    )
+
+    now = SystemClock().now()
+    if a.show:
+        print(load_node_tokens(db).current)
+        return 0
+    on_previous = nodes_on_previous_token(db, now)
+    listing = [
+        f"  {n.node_id}  {n.name or '(not registered)'}  seen {_utc(n.seen_at)}"
+        for n in on_previous
+    ]
+    window = f"{NODE_TOKEN_SEEN_WINDOW_S:g} s"
+    if a.status:
+        state = load_node_tokens(db) if not settings.node_token else None
+        if state is not None and state.previous and state.previous_until is not None:
+            live = state.previous_live(now)
+            print(
+                f"rotation in progress: the previous node token works until "
+                f"{_utc(state.previous_until)}"
+                if live
+                else f"the previous node token expired at {_utc(state.previous_until)}: "
+                "end the rotation with --finish"
+            )
+        elif settings.node_token_previous:
+            print("rotation in progress (HETEROFLOW_NODE_TOKEN_PREVIOUS is set)")
+        else:
+            print("no rotation in progress")
+        print(f"nodes that used the previous node token in the last {window}: {len(on_previous)}")
+        for line in listing:
+            print(line)
+        return 0
+    if a.finish:
+        if on_previous and not a.force:
+            print(
+                f"these nodes used the previous node token in the last {window}: give them "
+                "the new one first (or --force):\n" + "\n".join(listing),
+                file=sys.stderr,
+            )
+            return 1
+        if finish_node_token_rotation(db):
+            print(
+                "node token rotation finished: only the current token works now (on every "
+                f"server instance within {settings.node_token_cache_s:g} s)"
+            )
+        else:
+            print("no rotation in progress")
+        return 0
+    try:
+        state = rotate_node_token(db, SystemClock(), a.previous_valid_hours * 3600.0)
+    except Conflict as exc:
+        print(exc.message, file=sys.stderr)
+        return 1
+    print(f"new node token: {state.current}")
+    if state.previous_until is not None:
+        print(
+            f"the previous node token works until {_utc(state.previous_until)}. Give every "
+            "agent the new one (HETEROFLOW_AGENT_NODE_TOKEN) and restart it; "
+            "`heteroflow rotate-node-token --status` lists the nodes still on the previous "
+            "token; `heteroflow rotate-node-token --finish` ends the rotation."
+        )
+    else:
+        print("the previous node token no longer works: agents need the new one now")
+    return 0
+
+
+def _hours(text: str) -> float:
+    """A number of hours, 0 or more (``rotate-node-token --previous-valid-hours``)."""
+    try:
+        hours = float(text)
+    except ValueError:
+        hours = -1.0
+    if not 0.0 <= hours <= 24.0 * 366:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of hours from 0 to 8784")
+    return hours
+
+
+def _utc(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _read_new_password(a: argparse.Namespace) -> str | None:
@@ -482,15 +639,43 @@ def _tenants(a: argparse.Namespace) -> int:
     if a.action == "list":
         remote.get_list("/api/v1/tenants", tables.tenants_table, a.json, "tenants")
         return 0
+    if a.action == "quota":
+        remote.get(f"/api/v1/tenants/{a.id}/quota", tables.quota_block, a.json)
+        return 0
     body: dict[str, object] = {"name": a.name} if a.action == "create" else {}
     if a.priority_ceiling is not None:
         body["priority_ceiling"] = a.priority_ceiling
+    for name in ("quota_cards", "quota_services", "quota_replicas", "quota_cpu_memory_mb",
+                 "quota_tokens", "quota_token_period", "members_see_own"):
+        if getattr(a, name, None) is not None:
+            body[name] = getattr(a, name)
     if a.sharing_group is not None:
         body["sharing_group_id"] = None if a.sharing_group == "none" else a.sharing_group
     if a.action == "create":
         remote.post("/api/v1/tenants", body, tables.tenant_block, a.json)
     else:
         remote.patch(f"/api/v1/tenants/{a.id}", body, tables.tenant_block, a.json)
+    return 0
+
+
+def _platform(a: argparse.Namespace) -> int:
+    from heteroflow.cmd import remote
+
+    path = "/api/v1/platform-settings"
+    if a.action == "show":
+        remote.get(path, as_json=a.json)
+        return 0
+    body = {
+        name: value == "on"
+        for name, value in (
+            ("inference_dedup_enabled", a.inference_dedup),
+            ("cross_tenant_dedup_enabled", a.cross_tenant_dedup),
+        )
+        if value is not None
+    }
+    if not body:
+        raise CliError("nothing to set: give --inference-dedup and/or --cross-tenant-dedup")
+    remote.put(path, body, as_json=a.json)
     return 0
 
 
@@ -790,7 +975,7 @@ def _management_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     _json_flag(tns.add_parser("list", help="the tenants you may see"))
     tc = tns.add_parser("create", help="operators: a new tenant")
     tc.add_argument("name", help="the tenant's name")
-    tu = tns.add_parser("update", help="operators: priority ceiling, sharing group")
+    tu = tns.add_parser("update", help="operators: priority ceiling, sharing group, quotas")
     tu.add_argument("id", help="the tenant id")
     for t in (tc, tu):
         t.add_argument("--priority-ceiling", type=int, default=None, help="0-1000 (default 100)")
@@ -798,7 +983,42 @@ def _management_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
             "--sharing-group", default=None, metavar="ID", help="a sharing group id; none: no group"
         )
         _json_flag(t)
+    for flag, text in (
+        ("--quota-cards", "whole GPU cards by commitment (a card at 50%% counts 0.5)"),
+        ("--quota-services", "live services"),
+        ("--quota-replicas", "tasks of those services"),
+        ("--quota-cpu-memory-mb", "MB booked by CPU work"),
+    ):
+        tu.add_argument(flag, type=int, default=None, metavar="N", help=f"{text}; 0: no limit")
+    tu.add_argument(
+        "--quota-tokens", type=int, default=None, metavar="N",
+        help="gateway tokens per --quota-token-period, all keys together; 0: no limit",
+    )
+    tu.add_argument("--quota-token-period", choices=("day", "month"), default=None,
+                    help="the UTC day or month of --quota-tokens")
+    tu.add_argument(
+        "--members-see-own", action=argparse.BooleanOptionalAction, default=None,
+        help="members see and manage only the services and keys they created (N5)",
+    )
+    tq = tns.add_parser("quota", help="a tenant's quotas and what it holds (members: their own)")
+    tq.add_argument("id", help="the tenant id")
+    _json_flag(tq)
     tn.set_defaults(fn=_tenants)
+
+    pf = sub.add_parser("platform", help="platform switches: inference dedup (operators only)")
+    pfs = pf.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _json_flag(pfs.add_parser("show", help="the switches and their values"))
+    pset = pfs.add_parser("set", help="turn switches on or off (the others keep their value)")
+    pset.add_argument(
+        "--inference-dedup", choices=["on", "off"], default=None,
+        help="a create of a model already served (same model path and image) reuses it",
+    )
+    pset.add_argument(
+        "--cross-tenant-dedup", choices=["on", "off"], default=None,
+        help="dedup also reuses services of tenants in the caller's sharing group",
+    )
+    _json_flag(pset)
+    pf.set_defaults(fn=_platform)
 
     sg = sub.add_parser("sharing-groups", help="tenants that may share GPU cards (operators only)")
     sgs = sg.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -889,6 +1109,15 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--port", type=int, default=None, help="listen port (default: $HETEROFLOW_PORT or 3333)"
     )
+    # issue 18: TLS on the server's own port (else put a TLS proxy in front of it)
+    srv.add_argument(
+        "--tls-cert", default=None, metavar="PEM",
+        help="serve https with this certificate (chain) (default: $HETEROFLOW_TLS_CERT_FILE)",
+    )
+    srv.add_argument(
+        "--tls-key", default=None, metavar="PEM",
+        help="the certificate's private key (default: $HETEROFLOW_TLS_KEY_FILE)",
+    )
     srv.set_defaults(fn=_server)
 
     ag = sub.add_parser("agent", help="node agent (HETEROFLOW_AGENT_* env)")
@@ -924,13 +1153,47 @@ def build_parser() -> argparse.ArgumentParser:
     hk.add_argument("--new", action="store_true", help="make a new key and print both")
     hk.set_defaults(fn=_hash_key)
 
-    sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(fn=_migrate)
+    mg = sub.add_parser("migrate", help="bring the database schema up to date")
+    mg.add_argument(
+        "--down-to", metavar="REVISION", default=None,
+        help="take the schema down to REVISION instead (e.g. 0013; before running an older "
+        "release — stop the servers first)",
+    )
+    mg.set_defaults(fn=_migrate)
 
     rj = sub.add_parser(
         "rotate-jwt-secret",
         help="new JWT secret in the servers' database: every issued token stops working",
     )
     rj.set_defaults(fn=_rotate_jwt_secret)
+
+    # --- issue 18 ---
+    rn = sub.add_parser(
+        "rotate-node-token",
+        help="new node token in the servers' database; the previous one works for a while",
+        description="Rotate the node token agents present, without downtime: the new token "
+        "works at once, the previous one until --previous-valid-hours pass or --finish. "
+        "Run it where the servers' settings are (HETEROFLOW_DATABASE_URL).",
+    )
+    rn_mode = rn.add_mutually_exclusive_group()
+    rn_mode.add_argument(
+        "--status", action="store_true",
+        help="whether a rotation is in progress, and the nodes still on the previous token",
+    )
+    rn_mode.add_argument(
+        "--finish", action="store_true",
+        help="end the rotation: only the current token works (refused while a node still "
+        "uses the previous one, unless --force)",
+    )
+    rn_mode.add_argument(
+        "--show", action="store_true", help="print the current node token (for a new agent)"
+    )
+    rn.add_argument(
+        "--previous-valid-hours", type=_hours, default=24.0, metavar="HOURS",
+        help="how long the previous token keeps working (default: %(default)g; 0: not at all)",
+    )
+    rn.add_argument("--force", action="store_true", help="--finish even if nodes still use it")
+    rn.set_defaults(fn=_rotate_node_token)
 
     rp = sub.add_parser(
         "reset-password",

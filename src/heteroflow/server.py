@@ -12,15 +12,19 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 from collections.abc import Callable, Coroutine
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from heteroflow.api import heartbeat_fast
 from heteroflow.api.app import Dispatcher, create_api
 from heteroflow.api.context import ServerContext
+from heteroflow.api.heartbeat_fast import HeartbeatFastPath
+from heteroflow.api.routes import nodes as nodes_routes
 from heteroflow.controllers.autoscaler import Autoscaler, ScaleDrainer  # issue 14 (I1, I2)
-from heteroflow.controllers.base import run_loop
+from heteroflow.controllers.base import Controller, run_loop
 from heteroflow.controllers.idle import EmbeddedServerLink, IdleSleeper  # issue 13 (F4, F6)
 from heteroflow.controllers.leadership import Leadership
 from heteroflow.controllers.node_watch import NodeWatch
@@ -35,16 +39,19 @@ from heteroflow.core.recovery import RecoveryPolicy  # issue 13
 from heteroflow.db.engine import Database, migrate
 from heteroflow.gateway.app import GatewayApp
 from heteroflow.gateway.usage import UsageCollector
+from heteroflow.logs import register_secrets
 from heteroflow.private_files import private_dir
 from heteroflow.schemas.routing import SnapshotHolder
 from heteroflow.services.auth import (
     JWT_SECRET_KEY,
     Bootstrap,
+    NodeTokens,
     Tokens,
     bootstrap,
     shared_secret,
 )
 from heteroflow.services.leadership import DbLeaseStore, InstanceInfo
+from heteroflow.services.metrics import LeaderState, ServerMetrics, read_fleet_counts
 from heteroflow.services.rollout import gateway_reports  # issue 14 (J1)
 from heteroflow.services.usage import DbUsageSink
 from heteroflow.services.windows import window_scaler  # issue 14 (K1)
@@ -61,6 +68,10 @@ def _version() -> str:
         return ""
 
 
+class TlsFilesUnusable(ValueError):
+    """The server's TLS certificate or key cannot be read or do not match (issue 18)."""
+
+
 class ServerApp:
     def __init__(self, settings: ServerSettings, clock: Clock | None = None) -> None:
         self.settings = settings
@@ -69,8 +80,22 @@ class ServerApp:
         self.db = Database.from_url(settings.resolved_database_url())
         migrate(self.db.engine)
         self.bootstrap: Bootstrap = bootstrap(self.db, self.clock, settings.admin_password)
-        self.node_token = shared_secret(self.db, "node_token", settings.node_token)
+        # issue 18: the node tokens agents may present (the previous one too, during a
+        # rotation: `heteroflow rotate-node-token`); the API's agent routes check them
+        self.node_tokens = NodeTokens(
+            self.db,
+            self.clock,
+            preset=settings.node_token,
+            preset_previous=settings.node_token_previous,
+            cache_s=settings.node_token_cache_s,
+        )
+        self.node_token = self.node_tokens.current
         self.gateway_token = shared_secret(self.db, "gateway_token", settings.gateway_token)
+        register_secrets(  # issue 18 (P3): never in a log line, wherever they appear
+            self.node_token, settings.node_token, settings.node_token_previous,
+            self.gateway_token, settings.jwt_secret, settings.admin_password,
+            self.bootstrap.admin_password_generated or "",
+        )
         # A preset secret (HETEROFLOW_JWT_SECRET) is fixed; else the stored one is re-read
         # every jwt_secret_cache_s, so `heteroflow rotate-jwt-secret` reaches this instance.
         tokens = Tokens(
@@ -98,8 +123,19 @@ class ServerApp:
         self.gateway = GatewayApp.from_settings(
             settings, self.holder, usage=self.usage, clock=self.clock
         )
-        api = create_api(self.ctx)
-        self.asgi = Dispatcher(self.gateway, api)
+        # issue 18 (P3): the server's metrics, on /metrics after the gateway's
+        self.metrics = ServerMetrics(
+            fleet=partial(read_fleet_counts, self.db, self.clock, settings.node_offline_after_s),
+            leader=self._leader_state,
+            refresh_s=settings.metrics_fleet_refresh_s,
+            monotonic=self.clock.monotonic,
+        )
+        api = create_api(self.ctx, self.metrics)
+        heartbeat = HeartbeatFastPath(api, self.ctx, nodes_routes.heartbeat_work, self.metrics)
+        self.asgi = Dispatcher(
+            self.gateway, api, metrics=self._metrics_text,
+            fast={("POST", heartbeat_fast.PATH): heartbeat},
+        )
         self.scheduler = Scheduler(
             self.db,
             self.clock,
@@ -110,6 +146,7 @@ class ServerApp:
             policy=settings.placement_policy(),
             workers=settings.scheduler_workers,
         )
+        self.scheduler.on_round = self.metrics.scheduler_round  # issue 18 (P3)
         # The elector: this instance's row in server_instances and its bid for the
         # lease the leader-only loops run under (a new id at every start).
         instance_id = f"srv-{secrets.token_hex(6)}"
@@ -129,6 +166,7 @@ class ServerApp:
         # --- issue 14: rollouts (J1-J4) are driven by the instance whose PUT .../update
         # took their execution lease (this instance's id, which the route reads here) ---
         api.state.instance_id = instance_id
+        api.state.node_tokens = self.node_tokens  # issue 18 (api/deps.get_node_id)
         self.rollouts = Rollouts(
             self.db,
             self.clock,
@@ -157,6 +195,7 @@ class ServerApp:
                 max_rebuilds=settings.recovery_max_rebuilds,
                 stable_s=settings.recovery_stable_s,
                 fallback_after=settings.recovery_fallback_after,
+                disruption_threshold=settings.node_disruption_threshold,
             ),
             offline_after_s=settings.node_offline_after_s,
             migrate_after_s=settings.node_migrate_after_s,
@@ -217,6 +256,18 @@ class ServerApp:
             on_change=self.publisher.refresh,
         )
 
+    def _leader_state(self) -> LeaderState:  # issue 18 (P3)
+        return self.leadership.epoch(self.clock.now()), self.leadership.holder
+
+    def _loop(self, controller: Controller, stop: asyncio.Event) -> asyncio.Task[None]:
+        """A controller's loop, its rounds counted in the metrics (issue 18, P3)."""
+        return asyncio.create_task(
+            run_loop(controller, self.clock, stop, self.leadership, self.metrics)
+        )
+
+    async def _metrics_text(self) -> bytes:  # issue 18 (P3): GET /metrics on this port
+        return self.gateway.metrics.render() + await asyncio.to_thread(self.metrics.render)
+
     async def serve(
         self,
         stop: asyncio.Event,
@@ -225,6 +276,15 @@ class ServerApp:
         extra: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] | None = None,
     ) -> None:
         server = http_server(self.asgi)
+        if self.settings.tls_cert_file is not None:  # issue 18: https on this port
+            server.config.ssl_certfile = str(self.settings.tls_cert_file)
+            server.config.ssl_keyfile = str(self.settings.tls_key_file or "")
+            try:
+                server.config.load()  # reads them now: a bad file stops the start
+            except (OSError, ssl.SSLError) as exc:
+                raise TlsFilesUnusable(
+                    f"HETEROFLOW_TLS_CERT_FILE / HETEROFLOW_TLS_KEY_FILE: {exc}"
+                ) from exc
         self.gateway.start()  # probes and scrapes follow the snapshot from now on
         host, port = sock.getsockname()[:2]
         self.leadership.listening_on(str(host), int(port))
@@ -233,31 +293,20 @@ class ServerApp:
             self.leadership, self.scheduler, self.node_watch, self.publisher, self.wakes,
         )
         loops = [
-            *(
-                asyncio.create_task(run_loop(c, self.clock, stop, self.leadership))
-                for c in controllers
-            ),
+            *(self._loop(c, stop) for c in controllers),
             asyncio.create_task(self.usage.run(stop)),  # periodic usage batches (M7)
         ]
         # issue 13: the recovery loop, beside the other controllers
-        loops.append(
-            asyncio.create_task(run_loop(self.recovery, self.clock, stop, self.leadership))
-        )
+        loops.append(self._loop(self.recovery, stop))
         # issue 13 (F4): the idle timer (leader-only)
-        loops.append(asyncio.create_task(run_loop(self.idle, self.clock, stop, self.leadership)))
+        loops.append(self._loop(self.idle, stop))
         # issue 14 (I1, I2): the autoscaler and the end of scale-ins (leader-only)
         for scaling_loop in (self.autoscaler, self.scale_drainer):
-            loops.append(
-                asyncio.create_task(run_loop(scaling_loop, self.clock, stop, self.leadership))
-            )
+            loops.append(self._loop(scaling_loop, stop))
         # issue 14 (K1): schedule windows (leader-only)
-        loops.append(
-            asyncio.create_task(run_loop(self.windows, self.clock, stop, self.leadership))
-        )
+        loops.append(self._loop(self.windows, stop))
         # issue 14: the rollouts this instance holds, and the expiry scan (every instance)
-        loops.append(
-            asyncio.create_task(run_loop(self.rollouts, self.clock, stop, self.leadership))
-        )
+        loops.append(self._loop(self.rollouts, stop))
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         extras = [asyncio.create_task(fn(stop)) for fn in (extra or [])]
         await stop.wait()

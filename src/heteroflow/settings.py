@@ -7,10 +7,10 @@ the tests; nothing else in the code hard-codes a duration.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from heteroflow.core.containers import DEFAULT_ENV_ALLOW
 from heteroflow.core.placement import Policy, Reservation, parse_scorers
@@ -19,6 +19,14 @@ from heteroflow.core.rollout import RolloutPolicy  # issue 14
 
 def default_data_dir() -> Path:
     return Path.home() / ".heteroflow"
+
+
+class LogSettings(BaseSettings):
+    """How every process logs (issue 18, P3): HETEROFLOW_LOG_FORMAT=text (default) | json."""
+
+    model_config = SettingsConfigDict(env_prefix="HETEROFLOW_", extra="ignore")
+
+    log_format: Literal["text", "json"] = "text"
 
 
 class ServerSettings(BaseSettings):
@@ -36,8 +44,17 @@ class ServerSettings(BaseSettings):
     jwt_secret: str = ""
     jwt_ttl_s: float = 12 * 3600
     admin_password: str = ""
-    # Shared secret an agent presents to register and heartbeat (the node token).
+    # Shared secret an agent presents to register and heartbeat (the node token); empty =
+    # generated once and kept in the database, rotated by `heteroflow rotate-node-token`.
     node_token: str = ""
+    # issue 18: during a rotation of a node token set here, the previous value (still
+    # accepted until it is unset); the stored tokens' copy is re-read this often.
+    node_token_previous: str = ""
+    node_token_cache_s: float = Field(default=2.0, ge=0.0)
+    # issue 18: TLS on the server's own port (API, agents, /v1): a PEM certificate
+    # (chain) and its key; both or neither. Else plain HTTP (TLS in front of it).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
     # Token a separate gateway presents to read the routing snapshot.
     gateway_token: str = ""
     # Login throttling, per user name and per client address, shared by every instance
@@ -52,6 +69,9 @@ class ServerSettings(BaseSettings):
     jwt_secret_cache_s: float = Field(default=2.0, ge=0.0)
 
     scheduler_interval_s: float = 1.0
+    # issue 18 (P3): /metrics reads nodes and tasks by status from the database at most
+    # this often (scrapes in between get the last counts).
+    metrics_fleet_refresh_s: float = Field(default=5.0, ge=0.0)
     snapshot_interval_s: float = 0.5
     node_offline_after_s: float = 20.0
     # Leader election (services/leadership.py): the leader-only loops run on the instance
@@ -75,6 +95,10 @@ class ServerSettings(BaseSettings):
     recovery_stable_s: float = Field(default=60.0, ge=0.0)
     recovery_fallback_after: int = Field(default=2, ge=1, le=100)
     node_migrate_after_s: float = Field(default=60.0, ge=0.0)
+    # When no node heartbeats, or this share of them (and at least two) is lost at once,
+    # the loss is taken for the control plane's (a stalled server, a network split) and
+    # work is not moved off the lost nodes until the share drops (core.recovery).
+    node_disruption_threshold: float = Field(default=0.55, gt=0.0, le=1.0)
     # --- end issue 13 (recovery) ---
     # --- issue 14: rolling update and recreate (J1-J4; core/rollout.py) ---
     # A rollout's execution lease (J4): taken by the PUT .../update that starts it (in the
@@ -140,6 +164,10 @@ class ServerSettings(BaseSettings):
     # A request whose backend connection could not be made (nothing was sent) goes to
     # this many other healthy backends of its route; never after a byte was sent.
     gateway_connect_retries: int = Field(default=1, ge=0, le=3)
+    # Browser origins that may call /v1 (CORS, issue 15): empty = CORS off (browsers
+    # block cross-origin calls), "*" = any origin. From the environment as a
+    # comma-separated list: HETEROFLOW_GATEWAY_CORS_ORIGINS=https://app.example.com,...
+    gateway_cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Token usage (M7): the gateway writes its sums every usage_flush_interval_s, or
     # sooner once usage_flush_max_records requests were counted.
     usage_flush_interval_s: float = 5.0
@@ -228,6 +256,27 @@ class ServerSettings(BaseSettings):
         parse_scorers(v)  # ValueError names the bad scorer
         return v
 
+    @field_validator("gateway_cors_origins", mode="before")
+    @classmethod
+    def _origin_list(cls, v: object) -> object:
+        """A comma-separated string (the environment's form) as a list of origins."""
+        if isinstance(v, str):
+            return [o.strip() for o in v.split(",") if o.strip()]
+        return v
+
+    @field_validator("tls_cert_file", "tls_key_file", mode="before")
+    @classmethod
+    def _no_empty_path(cls, v: object) -> object:  # issue 18: FILE= in an env file
+        return None if v == "" else v
+
+    @model_validator(mode="after")
+    def _pairs(self) -> ServerSettings:  # issue 18
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("HETEROFLOW_TLS_CERT_FILE and HETEROFLOW_TLS_KEY_FILE go together")
+        if self.node_token_previous and not self.node_token:
+            raise ValueError("HETEROFLOW_NODE_TOKEN_PREVIOUS needs HETEROFLOW_NODE_TOKEN")
+        return self
+
     def placement_policy(self) -> Policy:
         return Policy(
             self.load_threshold_pct,
@@ -268,6 +317,9 @@ class AgentSettings(BaseSettings):
 
     server_url: str = "http://127.0.0.1:3333"
     node_token: str = ""
+    # issue 18: a CA bundle (PEM) an https server_url's certificate is verified against
+    # (instead of the default bundle); empty = the default (certifi's, or SSL_CERT_FILE).
+    ca_file: Path | None = None
     node_name: str = ""
     # Address the gateway uses to reach engines on this node; 127.0.0.1 on a single node.
     address: str = "127.0.0.1"
@@ -310,3 +362,12 @@ class AgentSettings(BaseSettings):
     vllm_sleep_timeout_s: float = Field(default=5.0, gt=0.0)
     wake_ready_timeout_s: float = Field(default=120.0, gt=0.0)
     wake_probe_interval_s: float = Field(default=0.2, gt=0.0)
+    # issue 18 (P3): GET /metrics (cards, engines, launches, heartbeats) on this port; unset
+    # = off (0 = any free port). Loopback by default: a node's Prometheus, or a tunnel.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+
+    @field_validator("ca_file", mode="before")
+    @classmethod
+    def _no_empty_path(cls, v: object) -> object:  # issue 18: FILE= in an env file
+        return None if v == "" else v

@@ -67,11 +67,15 @@ class Proc:
         return int(self.popen.returncode)
 
 
-def spawn(name: str, args: list[str], env: dict[str, str], workdir: Path) -> Proc:
+def spawn(
+    name: str, args: list[str], env: dict[str, str], workdir: Path, prefix: tuple[str, ...] = ()
+) -> Proc:
+    """``heteroflow ARGS`` logging to ``workdir/NAME.log``; ``prefix`` runs it through
+    another command first (``ip netns exec NS``: on another simulated host)."""
     log = workdir / f"{name}.log"
     out = open(log, "wb")  # noqa: SIM115 - owned by the child for its lifetime
     popen = subprocess.Popen(
-        [sys.executable, "-m", "heteroflow.cli", *args],
+        [*prefix, sys.executable, "-m", "heteroflow.cli", *args],
         env={**os.environ, **env},
         stdout=out,
         stderr=subprocess.STDOUT,

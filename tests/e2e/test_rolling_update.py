@@ -313,7 +313,7 @@ def test_an_update_that_never_gets_healthy_rolls_back_and_the_old_serves(
 
 @pytest.mark.feature("J4")
 def test_a_killed_holder_fails_the_update_within_the_lease_ttl_and_it_can_be_resubmitted(
-    tmp_path: Any, pg_database: str
+    tmp_path: Any, pg_empty_url: str
 ) -> None:
     """Servers A (the leader, started first) and B share one PostgreSQL database; the
     agent and the gateway talk to B. The update is submitted to A, which takes its lease
@@ -331,7 +331,7 @@ def test_a_killed_holder_fails_the_update_within_the_lease_ttl_and_it_can_be_res
     )
     pool = random.randint(22000, 31000)
     common = {
-        "HETEROFLOW_DATABASE_URL": pg_database,
+        "HETEROFLOW_DATABASE_URL": pg_empty_url,
         "HETEROFLOW_ADMIN_PASSWORD": ADMIN_PASSWORD,
         "HETEROFLOW_NODE_TOKEN": NODE_TOKEN,
         "HETEROFLOW_GATEWAY_TOKEN": GATEWAY_TOKEN,

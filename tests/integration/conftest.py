@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
+from redis.exceptions import RedisError
 
 from heteroflow.core.clock import FakeClock
 from heteroflow.server import ServerApp
@@ -19,6 +23,7 @@ ADMIN_PASSWORD = "admin-pass-for-tests"
 # is a relative name, which needs no node (the agent looks it up under /data/models).
 TEST_PREFIXES = ("/models", "/m", "/data/models")
 NODE_TOKEN = "node-token-for-tests"
+REDIS_URL = os.environ.get("HETEROFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 @dataclass
@@ -119,3 +124,25 @@ def api(db_url: str, tmp_path: Path) -> Iterator[Api]:
     with TestClient(app.asgi) as client:
         yield Api(app=app, client=client, clock=clock, tmp=tmp_path)
     app.db.dispose()
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    """A fresh key prefix on a reachable Redis; its keys are deleted afterwards."""
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=0.5, socket_timeout=2.0)
+    try:
+        client.ping()
+    except (RedisError, OSError) as exc:
+        client.close()
+        reason = f"Redis at {REDIS_URL} is unreachable ({type(exc).__name__})"
+        if os.environ.get("HETEROFLOW_REQUIRE_REDIS") == "1":
+            pytest.fail(f"{reason} and HETEROFLOW_REQUIRE_REDIS=1")
+        pytest.skip(f"{reason}; HETEROFLOW_REQUIRE_REDIS=1 makes this a failure")
+    p = f"hf-test-{uuid4().hex}:"
+    try:
+        yield p
+    finally:
+        keys = list(client.scan_iter(match=p + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()

@@ -149,6 +149,7 @@ def test_the_management_hints_name_user_password_login_and_docs(tmp_path: Path) 
     later = up.management_hints(base, tmp_path, "heteroflow", "CLI: …", password_shown=False)
     for text in (first, later):
         assert f"{base}/api/v1/docs" in text and "admin user: admin" in text
+        assert f"Web console: {base}/" in text
         assert f"heteroflow login --server {base}" in text
         # reset-password finds the database through the environment, as the server does
         assert f"HETEROFLOW_DATA_DIR={tmp_path} heteroflow reset-password admin" in text

@@ -9,6 +9,7 @@ agent's own engine may still be leaving is retried with back-off, each retry not
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import sys
 from collections.abc import Iterator
@@ -64,9 +65,17 @@ def report(api: Api, node_id: str, task_id: str, body: dict[str, Any]) -> httpx.
 
 @pytest.fixture
 def held() -> Iterator[socket.socket]:
-    """A port some other program listens on."""
+    """A port some other program listens on, below the kernel's ephemeral range (a test
+    pool starting there must not meet the suite's own outgoing connections)."""
     s = socket.socket()
-    s.bind(("127.0.0.1", 0))
+    for port in random.sample(range(12000, 19000), 200):
+        try:
+            s.bind(("127.0.0.1", port))
+            break
+        except OSError:
+            continue
+    else:
+        s.bind(("127.0.0.1", 0))
     s.listen(1)
     yield s
     s.close()

@@ -3,9 +3,10 @@
 Schemathesis generates requests for every operation in ``/api/v1/openapi.json`` —
 valid ones (positive) and ones that break the schema (negative: wrong types, values past
 the bounds, missing fields) — and a sweep sends boundary and 64-bit values to every path
-and query parameter. They run in process against the real app (the TestClient's ASGI
-transport, no network) as an operator, as a member, and with the node and gateway tokens
-where an operation is the agents' or the gateways'. Not one answer may be a 5xx.
+and query parameter (as the operator, who gets past every lookup). They run in process
+against the real app (the TestClient's ASGI transport, no network) as an operator, as a
+member, and with the node and gateway tokens where an operation is the agents' or the
+gateways'. Not one answer may be a 5xx.
 
 Deterministic (``derandomize=True``, no example database) and small: a few examples per
 operation and identity. It runs on both databases — PostgreSQL is where a NUL or a
@@ -28,7 +29,7 @@ from .conftest import NODE_TOKEN, Api
 from .test_tenant_isolation_walk import World, build_world
 
 GATEWAY_TOKEN = "gw-token-for-tests"  # the api fixture's
-EXAMPLES = 4  # per operation, identity and generation mode
+EXAMPLES = 3  # per operation, identity and generation mode
 # Every path and query parameter gets each of these (as text, the way a URL carries it).
 BOUNDARY = (
     "0", "-1", str(2**31 - 1), str(2**31), str(2**63 - 1), str(2**63), str(2**64),
@@ -195,7 +196,8 @@ def test_no_request_from_the_openapi_document_is_answered_5xx(api: Api) -> None:
             auth = _auth_for(op.path, world.who, node_id)
             if auth is not world.who and who == "member":
                 continue  # agent and gateway operations: their own token, once
-            _sweep(api, op, auth, world, failures)
+            if who == "operator":  # a member's values meet the same code, behind 404s
+                _sweep(api, op, auth, world, failures)
             for mode in _modes(op):
                 _fuzz(api, op, mode, auth, world, failures)
     assert failures == []

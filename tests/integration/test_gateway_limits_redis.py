@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import threading
 import time
@@ -18,13 +17,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
-from uuid import uuid4
 
 import openai
 import pytest
 import redis
 from openai.types.chat import ChatCompletionMessageParam
-from redis.exceptions import RedisError
 
 from heteroflow.core.clock import FakeClock
 from heteroflow.gateway.app import GatewayApp
@@ -48,32 +45,11 @@ from heteroflow.schemas.routing import (
 )
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 
-REDIS_URL = os.environ.get("HETEROFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+from .conftest import REDIS_URL
+
 KEY = "sk-shared-limit-key"
 TENANT = "tenant-shared"
 MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    """A fresh key prefix on a reachable Redis; its keys are deleted afterwards."""
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=0.5, socket_timeout=2.0)
-    try:
-        client.ping()
-    except (RedisError, OSError) as exc:
-        client.close()
-        reason = f"Redis at {REDIS_URL} is unreachable ({type(exc).__name__})"
-        if os.environ.get("HETEROFLOW_REQUIRE_REDIS") == "1":
-            pytest.fail(f"{reason} and HETEROFLOW_REQUIRE_REDIS=1")
-        pytest.skip(f"{reason}; HETEROFLOW_REQUIRE_REDIS=1 makes this a failure")
-    p = f"hf-test-{uuid4().hex}:"
-    try:
-        yield p
-    finally:
-        keys = list(client.scan_iter(match=p + "*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
 
 
 def _wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:

@@ -57,8 +57,10 @@ class Attempts:
         upstream = gateway._upstream
         original = upstream.open
 
-        async def open_logged(url: str, body: bytes, backend: Backend) -> Any:
-            resp = await original(url, body, backend)
+        async def open_logged(
+            url: str, body: bytes, backend: Backend, request_id: str = "", stream: bool = False
+        ) -> Any:
+            resp = await original(url, body, backend, request_id, stream)
             tag = orjson.loads(body)["messages"][0]["content"]
             self.log.append((tag, backend.base_url, isinstance(resp, UpstreamFailure)))
             return resp

@@ -42,6 +42,7 @@ KEY_MODELS = frozenset(
 )
 _versions = itertools.count(1)
 MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+CHAT_RAW = orjson.dumps({"model": "chat-model", "messages": MSG})
 
 
 def _target(
@@ -187,7 +188,9 @@ def test_completion_stream_and_non_stream(gw: Env) -> None:
 @pytest.mark.feature("M6")
 def test_embeddings(gw: Env) -> None:
     resp = gw.client().embeddings.create(model="embed-model", input=["one", "two"])
-    assert [d.embedding for d in resp.data] == [[0.1, 0.2, 0.3]] * 2
+    # The SDK asks for base64 (float32, as OpenAI answers it); the fake engine answers
+    # floats and the gateway encodes them (issue 15): float32 precision.
+    assert [d.embedding for d in resp.data] == [pytest.approx([0.1, 0.2, 0.3])] * 2
     assert gw.b.received_models[-1] == "engine-b"
 
 
@@ -354,7 +357,7 @@ def test_client_disconnect_cancels_the_upstream_stream(gw: Env) -> None:
             "stream": True,
             "fake_chunks": 200,
             "fake_delay_ms": 20,
-            "messages": [],
+            "messages": MSG,
         }
     )
     with (
@@ -468,7 +471,7 @@ def test_a_stale_pooled_connection_is_never_resent_and_the_sdk_retries(gw: Env) 
     gw.holder.publish(_snapshot(routes))
     try:
         # The /v1/models lookup leaves a pooled connection that the chat request reuses.
-        resp = _post(gw, "/chat/completions", b'{"model": "chat-model", "messages": []}')
+        resp = _post(gw, "/chat/completions", CHAT_RAW)
         assert resp.status_code == 502, resp.text
         assert resp.json()["error"]["code"] == "upstream_error"
         assert srv.dropped == 1  # it saw the request once: nothing was sent twice
@@ -543,7 +546,7 @@ def test_unreachable_and_slow_backends_give_502_and_504(gw: Env) -> None:
     routes = gw.base_routes()
     routes["chat-model"] = (_target("dead", f"http://127.0.0.1:{dead_port}"),)
     gw.holder.publish(_snapshot(routes))
-    resp = _post(gw, "/chat/completions", b'{"model": "chat-model", "messages": []}')
+    resp = _post(gw, "/chat/completions", CHAT_RAW)
     assert resp.status_code == 502
     assert resp.json()["error"]["code"] == "upstream_error"
 
@@ -555,7 +558,7 @@ def test_unreachable_and_slow_backends_give_502_and_504(gw: Env) -> None:
             f"http://127.0.0.1:{port}/v1/chat/completions",
             headers={"authorization": f"Bearer {KEY}"},
             timeout=10.0,
-            content=b'{"model":"chat-model","messages":[],"fake_delay_ms":1000}',
+            content=orjson.dumps({"model": "chat-model", "messages": MSG, "fake_delay_ms": 1000}),
         )
         assert resp.status_code == 504
         assert resp.json()["error"]["code"] == "upstream_timeout"

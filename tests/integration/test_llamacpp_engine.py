@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -17,45 +14,9 @@ import pytest
 
 from heteroflow.engines.llamacpp_server import READY_PREFIX
 from heteroflow.models.tiny_gguf import write_tiny_gguf
+from tests.gateway_stack import ALIAS, LAUNCHER, Engine, start_engine
 
-LAUNCHER = [sys.executable, "-m", "heteroflow.engines.llamacpp_server"]
-ALIAS = "heteroflow-tiny"
 CHAT = {"messages": [{"role": "user", "content": "Hello"}], "temperature": 0, "max_tokens": 8}
-
-
-@dataclass
-class Engine:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _start(model: Path, log: Path, *extra: str) -> Engine:
-    port = _free_port()
-    argv = [*LAUNCHER, "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--alias", ALIAS, "-np", "2", "-t", "1", *extra]
-    # stderr goes to a file: llama.cpp logs every request and a full pipe would stall it.
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=sink)
-    engine = Engine(proc, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"launcher exited with {proc.returncode}: {log.read_text()}")
-        try:
-            if httpx.get(f"{engine.url}/health", timeout=1).status_code == 200:
-                return engine
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    pytest.fail(f"launcher not ready within 30 s: {log.read_text()}")
 
 
 def _stop(engine: Engine, sig: signal.Signals = signal.SIGTERM) -> int:
@@ -71,11 +32,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     log = tmp_path_factory.mktemp("logs") / "engine.log"
-    running = _start(tiny_model, log, "--embeddings", "--metrics")
-    yield running
-    if running.proc.poll() is None:
-        running.proc.kill()
-        running.proc.wait()
+    with start_engine(tiny_model, log, "--embeddings", "--metrics") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +111,7 @@ def test_metrics_endpoint(client: httpx.Client) -> None:
 def test_signal_stops_promptly_with_status_0(
     tiny_model: Path, tmp_path: Path, sig: signal.Signals
 ) -> None:
-    engine = _start(tiny_model, tmp_path / "engine.log")
+    engine = start_engine(tiny_model, tmp_path / "engine.log")
     # Without --embeddings the route exists but refuses, as llama-server does.
     assert httpx.post(f"{engine.url}/v1/embeddings", json={"input": "x"}).status_code == 501
     started = time.monotonic()

@@ -103,7 +103,9 @@ def test_every_v1_request_is_counted_by_path_and_status(env: Env) -> None:
         "one model": (env.get(f"{models}/chat"), _series("/v1/models/{model}", "", 200)),
         "no such model": (env.get(f"{models}/nope"), _series("/v1/models/{model}", "", 404)),
         "not JSON": (env.post(chat, "not an object"), _series(chat, "", 400)),
-        "unknown model": (env.post(chat, {"model": "made-up"}), _series(chat, "", 404)),
+        "unknown model": (
+            env.post(chat, {"model": "made-up", "messages": MSG}), _series(chat, "", 404)
+        ),
         "wrong method": (env.get(chat), _series(chat, "", 405)),
         "unknown path": (env.get("/v1/no/such/path"), _series("other", "", 404)),
         "chat": (env.post(chat, {"model": "chat", "messages": MSG}), _series(chat, "chat", 200)),

@@ -7,8 +7,8 @@ from sqlalchemy import text
 from heteroflow.db.engine import make_engine, migrate
 
 
-def test_upgrade_from_the_first_schema_keeps_rows_and_fills_defaults(db_url: str) -> None:
-    engine = make_engine(db_url)
+def test_upgrade_from_the_first_schema_keeps_rows_and_fills_defaults(empty_db_url: str) -> None:
+    engine = make_engine(empty_db_url)
     try:
         migrate(engine, "0001")
         with engine.begin() as c:

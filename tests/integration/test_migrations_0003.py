@@ -12,8 +12,8 @@ from heteroflow.db.tables import Base
 NEW_TABLES = {"task_logs", "file_requests", "file_request_chunks"}
 
 
-def test_upgrade_from_0002_adds_the_tables_and_keeps_rows(db_url: str) -> None:
-    engine = make_engine(db_url)
+def test_upgrade_from_0002_adds_the_tables_and_keeps_rows(empty_db_url: str) -> None:
+    engine = make_engine(empty_db_url)
     try:
         migrate(engine, "0002")
         with engine.begin() as c:

@@ -1,6 +1,6 @@
 """Routes added for a tenant (A3, M3): every key of the tenant may call their model; a
 second group under one model name is a canary; operators can share a group's model
-with another tenant."""
+with another tenant of its sharing group."""
 
 from __future__ import annotations
 
@@ -87,6 +87,12 @@ def test_an_operator_shares_a_model_with_another_tenant(api: Api) -> None:
     one = api.member(admin, "one", "u1")
     two = api.member(admin, "two", "u2")
     provider, consumer = group(api, one, "provider"), group(api, two, "consumer")
+    # issue 16 (L4): only between tenants of one sharing group (test_dedup.py: refusals)
+    sg = api.client.post("/api/v1/sharing-groups", json={"name": "pool"}, headers=admin)
+    for tenant in (provider["tenant_id"], consumer["tenant_id"]):
+        joined = api.client.post(f"/api/v1/sharing-groups/{sg.json()['id']}/tenants",
+                                 json={"tenant_id": tenant}, headers=admin)
+        assert joined.status_code == 200, joined.text
     r = api.client.post("/api/v1/model-routes", headers=admin, json={
         "model_name": "platform-llm", "group_id": provider["id"],
         "tenant_id": consumer["tenant_id"]})

@@ -251,6 +251,46 @@ def test_a_lost_nodes_tasks_move_to_another_node_after_the_delay(api: Api) -> No
 
 
 @pytest.mark.feature("E4")
+def test_nodes_lost_all_at_once_keep_their_work_until_most_are_heard_again(api: Api) -> None:
+    """A control-plane fault (the server the agents reach stalled, a split) looks like
+    every node lost at once: failing every healthy replica would make it an outage."""
+    admin = api.login()
+    settings = api.app.settings
+    offline, lost_after = (
+        settings.node_offline_after_s,
+        settings.node_offline_after_s + settings.node_migrate_after_s,
+    )
+    a = api.heartbeat("node-a")
+    one, on_a = create(api, admin, service_body(name="one"))
+    assert api.app.scheduler.run_round().placed == 1
+    start(api, a, on_a)
+    api.clock.advance(offline + 1)  # node-a is offline: the next one lands on node-b
+    b = api.heartbeat("node-b")
+    two, on_b = create(api, admin, service_body(name="two"))
+    assert api.app.scheduler.run_round().placed == 1
+    start(api, b, on_b)
+    api.heartbeat("node-a")
+    api.heartbeat("node-c")  # idle
+
+    api.clock.advance(lost_after + 1)  # nobody is heard from: every node lost at once
+    result = recovery_round(api)
+    assert (result.held, result.evacuated) == (["node-a", "node-b"], [])
+    api.heartbeat("node-c")  # 2 of 3 still lost: still more than the threshold
+    assert recovery_round(api).held == ["node-a", "node-b"]
+    for t in (on_a, on_b):
+        assert task(api, admin, t)["status"] == "running"
+    # each group's timeline says why its lost node's work did not move, once
+    for gid, node in ((one, "node-a"), (two, "node-b")):
+        held = [e for e in faults(api, admin, gid) if e["kind"] == "fault.evacuation_held"]
+        assert len(held) == 1 and f"node {node} lost" in held[0]["message"], held
+
+    api.heartbeat("node-b")  # now 1 of 3: a node's own loss, its work moves
+    result = recovery_round(api)
+    assert (result.held, result.evacuated) == ([], [on_a])
+    assert task(api, admin, on_b)["status"] == "running"
+
+
+@pytest.mark.feature("E4")
 def test_a_lost_cards_task_is_rebuilt_on_another_card(api: Api) -> None:
     admin = api.login()
     cards = [A10, {**A10, "index": 1, "uuid": "GPU-b"}]

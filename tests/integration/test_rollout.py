@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -88,17 +89,24 @@ def rollout_events(api: Api, admin: dict[str, str], group_id: str) -> list[dict[
 
 
 def roll_one_batch(
-    api: Api, admin: dict[str, str], node_id: str, group_id: str, old: str
+    api: Api, admin: dict[str, str], node_id: str, group_id: str, old: str,
+    seen: Callable[[str], None] = lambda phase: None,
 ) -> str:
-    """One batch of one rank through every phase; the new replica's id."""
+    """One batch of one rank through every phase; the new replica's id.
+
+    `seen(phase)` is called while each phase holds, so a watcher (the CLI's poll)
+    can be waited for instead of raced.
+    """
     drive(api)  # the candidate is created
     assert "new generation starting" in state(api, admin, group_id)[1]
+    seen("new generation starting")
     new = bring_up(api, admin, node_id, group_id)
     drive(api)  # running, settling: the old one still serves undrained
     assert task(api, admin, old)["draining"] is False
     drive(api, 2.5)  # settled: the old replica drains
     assert task(api, admin, old)["draining"] is True
     assert "old generation draining" in state(api, admin, group_id)[1]
+    seen("old generation draining")
     drive(api, 5)  # no gateway report: it waits out the drain timeout
     assert task(api, admin, old)["status"] == "running"
     drive(api, 26)
@@ -345,12 +353,22 @@ def test_cli_update_follows_the_batches(
     while group(api, admin, group_id)["current_generation"] != 2:
         assert time.monotonic() < deadline
         time.sleep(0.02)
+    printed: list[str] = []
+
+    def cli_printed(phase: str) -> None:
+        """Hold the phase until the CLI's poll has printed it (no race with its timer)."""
+        mark, deadline = len(printed), time.monotonic() + 10
+        while phase not in "".join(printed[mark:]):
+            assert time.monotonic() < deadline, "".join(printed)
+            time.sleep(0.02)
+            printed.append(capsys.readouterr().out)
+
     for old in (old0, old1):
-        roll_one_batch(api, admin, node_id, group_id, old)
-        time.sleep(0.2)  # the CLI sees every phase's line
+        roll_one_batch(api, admin, node_id, group_id, old, seen=cli_printed)
     drive(api)
     waiting.join(15)
-    out = capsys.readouterr().out
+    printed.append(capsys.readouterr().out)
+    out = "".join(printed)
     assert codes == [0], out
     assert f"updating {group_id} to generation 2 (rolling)" in out
     assert "] batch 1/2 (rank 0): new generation starting (attempt 1 of 4)" in out

@@ -1,4 +1,4 @@
-"""GET / says what this server is: an HTML page for a browser, JSON for anything else."""
+"""GET / says what this server is: the web console for a browser, JSON for anything else."""
 
 from __future__ import annotations
 
@@ -10,19 +10,26 @@ from tests.integration.conftest import Api
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
 
 
-def test_a_browser_gets_a_page_with_the_ways_in(api: Api) -> None:
+def test_a_browser_gets_the_console_with_the_ways_in(api: Api) -> None:
     r = api.client.get("/", headers={"Accept": BROWSER_ACCEPT})
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/html")
+    assert r.headers["cache-control"] == "no-cache"  # a new release's page at once
+    assert r.headers["vary"] == "Accept"
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
     page = r.text
     assert "HeteroFlow" in page and version("heteroflow") in page
-    links = set(re.findall(r'href="([^"]+)"', page))
-    assert {"/api/v1/docs", "/metrics", "/v1/models"} <= links
-    assert "http://testserver/v1" in page  # the OpenAI base URL as this client reaches it
+    # the console's script and style, their URLs versioned with the release
+    assets = re.findall(r'(?:src|href)="(/console/[^"]+)"', page)
+    assert f"/console/js/app.js?v={version('heteroflow')}-" in " ".join(assets)
+    links = set(re.findall(r'href="(/[^"]+)"', page)) - set(assets)
+    assert {"/api/v1/docs", "/metrics", "/healthz"} <= links
+    assert 'id="openai-base"' in page  # the OpenAI base URL (the page writes its origin)
     assert "docs/" in page  # where the guides are
-    # every link on the page answers (the model list asks for a key: 401, not 404)
-    statuses = {link: api.client.get(link).status_code for link in links}
-    assert statuses == {link: 401 if link == "/v1/models" else 200 for link in links}
+    # every link and asset on the page answers
+    statuses = {link: api.client.get(link).status_code for link in links | set(assets)}
+    assert statuses == dict.fromkeys(links | set(assets), 200)
 
 
 def test_other_clients_get_json(api: Api) -> None:

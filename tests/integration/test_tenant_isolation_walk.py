@@ -138,6 +138,8 @@ def operations(a: World, b: World) -> dict[str, tuple[str, dict[str, Any]]]:
         "GET /api/v1/tenants": (GLOBAL, {}),
         "POST /api/v1/tenants": (GLOBAL, {"json": {"name": "mine-now"}}),
         "PATCH /api/v1/tenants/{tenant_id}": (OBJECT, {"json": {"priority_ceiling": 1000}}),
+        # issue 16 (N2): a tenant's quotas and usage; members read their own only
+        "GET /api/v1/tenants/{tenant_id}/quota": (OBJECT, {}),
         "GET /api/v1/users": (GLOBAL, {}),
         "POST /api/v1/users": (BODY_REF, {"json": {
             "username": "mole", "password": "mole-pass-1", "tenant_id": a.tenant_id}}),
@@ -209,6 +211,9 @@ def operations(a: World, b: World) -> dict[str, tuple[str, dict[str, Any]]]:
             OBJECT, {"json": {"status": "done"}}),
         "GET /api/v1/audit": (GLOBAL, {"params": {"tenant_id": a.tenant_id}}),
         "GET /api/v1/servers": (GLOBAL, {}),  # server instances: operators only
+        # issue 16 (L1): the platform switches, operators only (403 for members)
+        "GET /api/v1/platform-settings": (GLOBAL, {}),
+        "PUT /api/v1/platform-settings": (GLOBAL, {"json": {"inference_dedup_enabled": True}}),
         "GET /api/v1/openapi.json": (GLOBAL, {}),
         "GET /api/v1/docs": (GLOBAL, {}),
     }

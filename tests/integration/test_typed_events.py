@@ -132,10 +132,10 @@ def test_faults_carry_their_node(api: Api) -> None:
         assert set(changes) == {None}
 
 
-def test_migration_0009_backfills_node_id_on_old_rows(db_url: str) -> None:
+def test_migration_0009_backfills_node_id_on_old_rows(empty_db_url: str) -> None:
     """Rows written by the 0008 code (the node only in the message) get their node_id,
     and the node watch then finishes the story they started."""
-    engine = make_engine(db_url)
+    engine = make_engine(empty_db_url)
     try:
         migrate(engine, "0008")
         with engine.begin() as c:

@@ -82,7 +82,10 @@ def test_sdk_usage_is_attributed_to_endpoint_tenant_and_member(
     admin = api.login()
     alice = api.member(admin, "team-a", "alice")
     g = api.client.post(
-        "/api/v1/task-groups", json=service_body(name="chat-u"), headers=alice
+        "/api/v1/task-groups",
+        # served with embeddings too: a model without them is refused at the gateway
+        json=service_body(name="chat-u", task={"engine_args": ["--embeddings"]}),
+        headers=alice,
     ).json()
     route_all_to(api.app, url)
     client = openai.OpenAI(

@@ -158,6 +158,7 @@ def test_build_launch_llamacpp_argv(config: NodeConfig, model_dir: Path, tmp_pat
         "-ngl",
         "0",  # a CPU task offloads no layer
         "--metrics",
+        "--jinja",
         "-c",
         "2048",
         "--embeddings",
@@ -365,3 +366,18 @@ def test_engine_args_cannot_override_agent_owned_flags(
         "port": 30001,
     }
     assert getattr(parsed, field) == expected[field]
+
+
+def test_an_engine_listens_on_loopback_by_default(config: NodeConfig, tmp_path: Path) -> None:
+    spec = build_launch(assignment(), config, cpu_threads=0, log_dir=tmp_path)
+    argv = list(spec.argv)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and spec.host == "127.0.0.1"
+
+
+def test_on_a_node_of_a_cluster_it_listens_on_the_nodes_address(
+    config: NodeConfig, tmp_path: Path
+) -> None:
+    """Where the gateways reach it from other machines; its ports are checked there."""
+    spec = build_launch(assignment(), config, cpu_threads=0, log_dir=tmp_path, host="10.9.8.7")
+    argv = list(spec.argv)
+    assert argv[argv.index("--host") + 1] == "10.9.8.7" and spec.host == "10.9.8.7"

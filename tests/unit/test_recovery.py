@@ -15,6 +15,7 @@ from heteroflow.core.recovery import (
     RecoveryPolicy,
     Skip,
     decide,
+    evacuation_paused,
     missing_cards,
     next_count,
     next_template,
@@ -146,3 +147,17 @@ def test_missing_cards() -> None:
     assert missing_cards([0, 1], [0]) == [1]
     assert missing_cards([3], []) == [3]
     assert missing_cards([], []) == []
+
+
+@pytest.mark.feature("E4")
+def test_work_moves_off_a_node_lost_alone_but_not_off_most_lost_at_once() -> None:
+    assert not evacuation_paused(0, 0, 0.55)  # nothing lost
+    assert not evacuation_paused(1, 1, 0.55)  # one of two: that node's own loss
+    assert not evacuation_paused(1, 2, 0.55)  # one of three (the cluster test's kill)
+    assert evacuation_paused(2, 1, 0.55)  # two of three at once: more than the share
+    assert not evacuation_paused(5, 10, 0.55)  # a third of the fleet still moves
+    assert evacuation_paused(6, 4, 0.55)
+    assert evacuation_paused(1, 0, 0.55)  # nobody heard from: nowhere to move anyway
+    assert evacuation_paused(3, 0, 1.0)  # the threshold at 1: only a full disruption
+    assert not evacuation_paused(9, 1, 1.0)
+

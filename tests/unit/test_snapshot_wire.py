@@ -183,3 +183,23 @@ def test_route_algorithm_travels_over_the_wire_and_defaults_to_round_robin() -> 
     wire = snap.to_wire()
     del wire["routes"][0]["targets"][0]["algorithm"]  # a server from before the field
     assert RoutingSnapshot.from_wire(wire).routes[("tn-1", "m")][0].algorithm == "round_robin"
+
+
+@pytest.mark.feature("M13")
+def test_capabilities_travel_over_the_wire_and_default_to_unknown() -> None:
+    from heteroflow.core.engines.capabilities import UNKNOWN, Capabilities
+
+    caps = Capabilities(
+        chat=True, tools=False, vision=None, embeddings=True, json_schema=True,
+        context_length=4096, embedding_dimensions=64,
+    )  # fmt: skip
+    t = RouteTarget("mr-1", "tg-1", 0, 100, (Backend("task-1", "http://127.0.0.1:1"),),
+                    capabilities=caps)  # fmt: skip
+    snap = RoutingSnapshot(version=3, routes={("tn-1", "m"): (t,)})
+    back = roundtrip_orjson(snap)
+    assert back.routes[("tn-1", "m")][0].capabilities == caps
+    wire = snap.to_wire()
+    del wire["routes"][0]["targets"][0]["capabilities"]  # a server from before the field
+    assert RoutingSnapshot.from_wire(wire).routes[("tn-1", "m")][0].capabilities == UNKNOWN
+    wire["routes"][0]["targets"][0]["capabilities"] = {"tools": "yes", "context_length": True}
+    assert RoutingSnapshot.from_wire(wire).routes[("tn-1", "m")][0].capabilities == UNKNOWN

@@ -1,7 +1,14 @@
-"""The agent's HTTP client for the server's agent protocol (node token auth)."""
+"""The agent's HTTP client for the server's agent protocol (node token auth).
+
+An https server is verified against ``ca_file`` (HETEROFLOW_AGENT_CA_FILE, a PEM CA
+bundle) when given, else against the default bundle; a certificate that does not verify
+is one clear error naming the setting (issue 18).
+"""
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +24,31 @@ class ServerError(Exception):
         self.status = status
 
 
+class ServerTlsError(httpx.ConnectError):
+    """The server's certificate did not verify: what to set, in one line."""
+
+
+def tls_context(ca_file: Path | None) -> ssl.SSLContext | bool:
+    """What httpx verifies an https server with: the CA bundle, or the default (True)."""
+    if ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(ca_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(
+            f"HETEROFLOW_AGENT_CA_FILE {ca_file}: not a readable PEM CA bundle ({exc})"
+        ) from exc
+
+
+def _verify_failure(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _checked(r: httpx.Response) -> Any:
     if r.status_code >= 400:
         try:
@@ -28,23 +60,56 @@ def _checked(r: httpx.Response) -> Any:
 
 
 class ServerClient:
-    def __init__(self, server_url: str, node_token: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        server_url: str,
+        node_token: str,
+        timeout_s: float,
+        *,
+        ca_file: Path | None = None,
+    ) -> None:
+        self._base = server_url.rstrip("/")
+        self._ca_file = ca_file
         self._http = httpx.AsyncClient(
-            base_url=server_url.rstrip("/"),
+            base_url=self._base,
             timeout=timeout_s,
             headers={"Authorization": f"Bearer {node_token}"},
+            verify=tls_context(ca_file),
         )
         self.node_id = ""
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {"X-Heteroflow-Node": self.node_id, **kwargs.pop("headers", {})}
+        try:
+            return await self._http.request(method, path, headers=headers, **kwargs)
+        except httpx.ConnectError as exc:
+            failure = _verify_failure(exc)
+            if failure is None:
+                raise
+            reason = failure.verify_message or str(failure)
+            if self._ca_file is None:
+                advice = (
+                    "set HETEROFLOW_AGENT_CA_FILE to the CA bundle (PEM) that signed the "
+                    "server's certificate"
+                )
+            else:
+                advice = (
+                    f"the server's certificate is not signed by a CA in "
+                    f"HETEROFLOW_AGENT_CA_FILE ({self._ca_file}), or does not name this host"
+                )
+            raise ServerTlsError(
+                f"{self._base}: certificate verify failed ({reason}): {advice}",
+                request=exc.request,
+            ) from exc
+
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
-        r = await self._http.post(path, json=body, headers={"X-Heteroflow-Node": self.node_id})
-        return _checked(r)
+        return _checked(await self._send("POST", path, json=body))
 
     async def _get(self, path: str) -> Any:
-        return _checked(await self._http.get(path, headers={"X-Heteroflow-Node": self.node_id}))
+        return _checked(await self._send("GET", path))
 
     async def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
         reply = HeartbeatReply.model_validate(
@@ -94,14 +159,11 @@ class ServerClient:
         return [AgentFileRequest.model_validate(d) for d in data]
 
     async def file_chunk(self, request_id: str, seq: int, data: bytes) -> None:
-        r = await self._http.post(
+        r = await self._send(
+            "POST",
             f"/api/v1/agent/file-requests/{request_id}/chunks",
             content=data,
-            headers={
-                "X-Heteroflow-Node": self.node_id,
-                "X-Chunk-Seq": str(seq),
-                "Content-Type": "application/octet-stream",
-            },
+            headers={"X-Chunk-Seq": str(seq), "Content-Type": "application/octet-stream"},
         )
         _checked(r)
 

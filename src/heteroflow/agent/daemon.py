@@ -46,6 +46,7 @@ from heteroflow.agent.inventory import (
 )
 from heteroflow.agent.launch import Launcher, host_port_for
 from heteroflow.agent.log_shipper import LogShipper
+from heteroflow.agent.metrics import AgentMetrics, engine_counts, nvml_utilisation, serve_metrics
 from heteroflow.agent.model_scan import ModelScanner, default_cache_dir, scan_dirs
 from heteroflow.agent.runtime.protocol import ContainerGone, LaunchFailed, PortInUse
 from heteroflow.core.clock import Clock, interruptible_sleep
@@ -53,6 +54,7 @@ from heteroflow.core.containers import VLLM_FAMILY
 from heteroflow.core.health import HealthCheckConfig, HealthTracker, HealthVerdict
 from heteroflow.core.ports import host_ports, ports_from_dicts
 from heteroflow.core.retry import Backoff
+from heteroflow.logs import register_secrets
 from heteroflow.schemas.nodes import (
     GpuCardWire,
     Heartbeat,
@@ -118,9 +120,15 @@ class Agent:
         self.nvml = nvml if nvml is not None else NvmlDiscovery()
         self.labels = node_labels(self.config.labels)
         self.client = ServerClient(
-            settings.server_url, settings.node_token, settings.request_timeout_s
+            settings.server_url, settings.node_token, settings.request_timeout_s,
+            ca_file=settings.ca_file,
         )
         self.name = settings.node_name or socket.gethostname()
+        register_secrets(settings.node_token)  # issue 18 (P3): never in a log line
+        # issue 18 (P3): served on HETEROFLOW_AGENT_METRICS_PORT when set (agent/metrics.py)
+        served = settings.metrics_port is not None
+        self.metrics = AgentMetrics(self.name, nvml_utilisation if served else None)
+        self.metrics_port: int | None = None  # the port it was bound to, once served
         self.local: dict[str, Local] = {}
         self.stopping: set[str] = set()  # being stopped right now: neither adopt nor reap
         # F1: tasks asleep here (engine stopped; Docker: container kept), health paused
@@ -168,11 +176,13 @@ class Agent:
         inv = await asyncio.to_thread(collect_inventory, list(self.config.gpus), self.nvml)
         self.host_ports = await asyncio.to_thread(listening_ports)
         self.launcher.observe(inv)
+        if self.settings.metrics_port is not None:
+            await asyncio.to_thread(self.metrics.observe_inventory, inv)
         if self.beats % MODEL_SCAN_EVERY == 0:  # full at start, by mtime every 12 beats
             scan = self.scanner.full if self.beats == 0 else self.scanner.incremental
             self.models = [m.to_dict() for m in await asyncio.to_thread(scan)]
         self.beats += 1
-        reply = await self.client.heartbeat(self._heartbeat_body(inv))
+        reply = await self.metrics.heartbeat(self.client.heartbeat(self._heartbeat_body(inv)))
         await self._flush_outbox()
         desired = {t.id: t for t in reply.tasks}
         managed = await asyncio.to_thread(self.runtime.managed)
@@ -433,11 +443,14 @@ class Agent:
             else:
                 argv = await asyncio.to_thread(self.launcher.launch, t)
         except PortInUse as exc:
+            self.metrics.launched("port_busy")
             await self._port_taken(t, exc, attempt, first_try)
             return
         except (LaunchFailed, ValueError) as exc:
+            self.metrics.launched("failed")
             await self._report(t.id, "failed", f"launch failed: {exc}")
             return
+        self.metrics.launched("started")
         tracker = HealthTracker(health, started_at=self.clock.monotonic())
         self.local[t.id] = Local(task=t, tracker=tracker, health=health, port=port, argv=argv)
 
@@ -623,6 +636,7 @@ class Agent:
         watcher = asyncio.create_task(self._watch_loop(stop))
         aux = asyncio.create_task(self._aux_loop(stop))
         life = asyncio.create_task(self._life_loop(stop))
+        served = asyncio.create_task(self._serve_metrics(stop))  # issue 18 (P3)
         try:
             while not stop.is_set():
                 self._nudge.clear()
@@ -636,8 +650,24 @@ class Agent:
             watcher.cancel()
             aux.cancel()
             life.cancel()
-            await asyncio.gather(watcher, aux, life, return_exceptions=True)
+            served.cancel()
+            await asyncio.gather(watcher, aux, life, served, return_exceptions=True)
             await self.shutdown()
+
+    async def _serve_metrics(self, stop: asyncio.Event) -> None:
+        """GET /metrics on HETEROFLOW_AGENT_METRICS_PORT, when set (issue 18, P3)."""
+        port = self.settings.metrics_port
+        if port is not None:
+            host = self.settings.metrics_host
+            await serve_metrics(self.metrics_text, host, port, stop, self._metrics_bound)
+
+    def _metrics_bound(self, port: int) -> None:
+        self.metrics_port = port
+
+    def metrics_text(self) -> bytes:
+        running = [(loc.task.engine, loc.reported_running) for loc in self.local.values()]
+        asleep = [loc.task.engine for loc in self.asleep.values()]
+        return self.metrics.render(engine_counts(running, asleep))
 
     async def _aux_loop(self, stop: asyncio.Event) -> None:
         """Log shipping (C6) and file requests (C7), apart from the heartbeat."""

@@ -23,6 +23,7 @@ def make_launcher(settings: AgentSettings, config: NodeConfig, node_name: str) -
             config,
             cpu_threads=settings.cpu_threads,
             log_dir=logs,
+            address=settings.address,
         )
     return _docker(settings, config, node_name)
 

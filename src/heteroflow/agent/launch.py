@@ -2,8 +2,10 @@
 
 Under the process runtime ``image`` is recorded but the engine's local launcher runs:
 llama.cpp through ``heteroflow.engines.llamacpp_server``, with the argv built by the
-same command builder as containers (``core.engines.commands``), listening on 127.0.0.1
-on the allocated host port that stands for the container port. Engines that exist only
+same command builder as containers (``core.engines.commands``), listening on the node's
+address (``HETEROFLOW_AGENT_ADDRESS``: 127.0.0.1 on one machine; the address the gateways
+reach on several, as a container's published port would be) on the allocated host port
+that stands for the container port. Engines that exist only
 as container images (vLLM, SGLang, ...) need the Docker runtime and fail here with that
 reason rather than pretending.
 
@@ -111,7 +113,8 @@ def host_port_for(t: TaskAssignment, container_port: int | None = None) -> int:
 
 
 def build_launch(
-    t: TaskAssignment, config: NodeConfig, *, cpu_threads: int, log_dir: Path
+    t: TaskAssignment, config: NodeConfig, *, cpu_threads: int, log_dir: Path,
+    host: str = "127.0.0.1",
 ) -> LaunchSpec:
     env = task_env(t)
     host_ports = mapped_host_ports(ports_from_dicts(t.ports), chosen_only=True)
@@ -144,7 +147,7 @@ def build_launch(
         model_path=str(model),
         served_model_name=t.model_name,
         port=port,
-        host="127.0.0.1",  # the process runtime has no container network: loopback only
+        host=host,  # no container network: the node's address (loopback on one machine)
         gpus=t.gpu_required,
         extra_args=tuple(extra),
     )
@@ -152,17 +155,17 @@ def build_launch(
         argv = process_argv(shape, sys.executable)
     except CommandError as exc:
         raise LaunchFailed(str(exc)) from exc
-    return LaunchSpec(t.id, tuple(argv), env, host_ports, log_path)
+    return LaunchSpec(t.id, tuple(argv), env, host_ports, log_path, host)
 
 
 class ProcessLauncher:
     """Engines as child processes on this host (no Docker): llama.cpp only."""
 
-    probe_host = "127.0.0.1"
-
     def __init__(
-        self, runtime: ProcessRuntime, config: NodeConfig, *, cpu_threads: int, log_dir: Path
+        self, runtime: ProcessRuntime, config: NodeConfig, *, cpu_threads: int, log_dir: Path,
+        address: str = "127.0.0.1",
     ) -> None:
+        self.probe_host = address  # engines listen there: the gateways and the probes
         self.runtime = runtime
         self._process = runtime
         self.config = config
@@ -171,7 +174,10 @@ class ProcessLauncher:
         self._logs = file_source(lambda task_id: log_dir / f"{task_id}.log")
 
     def launch(self, t: TaskAssignment) -> tuple[str, ...]:
-        spec = build_launch(t, self.config, cpu_threads=self.cpu_threads, log_dir=self.log_dir)
+        spec = build_launch(
+            t, self.config, cpu_threads=self.cpu_threads, log_dir=self.log_dir,
+            host=self.probe_host,
+        )
         spec = replace(spec, env={**spec.env, "HOME": str(self.runtime.work_dir)})
         self._process.start(spec)
         return spec.argv

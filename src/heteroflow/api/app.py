@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -10,14 +10,17 @@ from fastapi import FastAPI
 from heteroflow.api import errors
 from heteroflow.api.audit_middleware import AuditMiddleware
 from heteroflow.api.context import ServerContext
+from heteroflow.api.observe import ObserveMiddleware  # issue 18 (P3)
 from heteroflow.api.routes import (
     audit,
     auth,
+    console,  # issue 17: the web console's assets
     drain,
     files,
     gateway,
     logs,
     nodes,
+    platform_settings,  # issue 16 (L1)
     root,
     servers,
     sharing_groups,
@@ -26,9 +29,11 @@ from heteroflow.api.routes import (
     tenants,
     usage,
 )
+from heteroflow.core.prometheus import CONTENT_TYPE
+from heteroflow.services.metrics import ServerMetrics
 
 
-def create_api(ctx: ServerContext) -> FastAPI:
+def create_api(ctx: ServerContext, metrics: ServerMetrics | None = None) -> FastAPI:
     app = FastAPI(
         title="HeteroFlow",
         version=root.package_version() or "0.0.0",
@@ -42,21 +47,30 @@ def create_api(ctx: ServerContext) -> FastAPI:
     # Every management write -> one audit_log row, after the answer is sent (not the
     # agents' and gateways' own high-frequency calls; see the module).
     app.add_middleware(AuditMiddleware, ctx=ctx)
+    # issue 18 (P3), outermost: the request id (echoed, in every log line) and latency
+    app.add_middleware(ObserveMiddleware, metrics=metrics)
+    # The agents' router first: FastAPI matches a request against every route of every
+    # router included before the one that answers (twice: to match, then to handle), and
+    # the agents' heartbeat is the request a fleet sends most (bench/control_plane.py:
+    # matching was 43 % of a heartbeat's server time with it tenth). No path of the
+    # others is one of its paths, so the order changes no answer.
     for r in (
+        nodes.router,
         auth.router,
         tenants.router,
         sharing_groups.router,
+        platform_settings.router,  # issue 16 (L1)
         task_groups.router,
         drain.router,
         task_life.router,  # sleep / wake (F1-F3)
         gateway.router,
         usage.router,
-        nodes.router,
         logs.router,
         files.router,
         audit.router,
         servers.router,
         root.router,  # GET /: what this is, for a browser (HTML) or a client (JSON)
+        console.router,  # /console/{path}: the web console's files (issue 17)
     ):
         app.include_router(r)
 
@@ -72,16 +86,41 @@ ASGIApp = Any
 
 class Dispatcher:
     """/v1 (and the gateway's /metrics) go straight to the gateway (no framework on the hot
-    path); the rest to the API."""
+    path); the rest to the API. With ``metrics`` (issue 18), ``GET /metrics`` answers what
+    it renders: the gateway's series and the server's."""
 
-    def __init__(self, gateway: ASGIApp, api: ASGIApp) -> None:
+    def __init__(
+        self,
+        gateway: ASGIApp,
+        api: ASGIApp,
+        metrics: Callable[[], Awaitable[bytes]] | None = None,
+        fast: Mapping[tuple[str, str], ASGIApp] | None = None,
+    ) -> None:
         self.gateway = gateway
         self.api = api
+        self.metrics = metrics
+        # (method, exact path) -> an app that answers it before the API's framework
+        # (the agents' heartbeat: api/heartbeat_fast.py)
+        self.fast = dict(fast or {})
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and (
-            scope["path"].startswith("/v1") or scope["path"] == "/metrics"
-        ):
-            await self.gateway(scope, receive, send)
+        if scope["type"] != "http":
+            await self.api(scope, receive, send)  # lifespan, websockets
+            return
+        path = scope["path"]
+        if path.startswith("/v1") or path == "/metrics":
+            metrics = self.metrics
+            if metrics is not None and path == "/metrics" and scope["method"] == "GET":
+                await self._send_metrics(send, await metrics())  # the gateway's + the server's
+            else:
+                await self.gateway(scope, receive, send)
+        elif self.fast and (app := self.fast.get((scope["method"], path))):
+            await app(scope, receive, send)
         else:
             await self.api(scope, receive, send)
+
+    @staticmethod
+    async def _send_metrics(send: Any, body: bytes) -> None:
+        headers = [(b"content-type", CONTENT_TYPE), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from heteroflow.api.context import ServerContext
 from heteroflow.core.errors import Unauthorized
-from heteroflow.services.auth import Principal, authenticate
+from heteroflow.services.auth import NodeTokens, Principal, authenticate
 
 
 def get_ctx(request: Request) -> ServerContext:
@@ -65,8 +65,19 @@ def get_node_id(
     authorization: Annotated[str | None, Header()] = None,
     x_heteroflow_node: Annotated[str | None, Header()] = None,
 ) -> str:
-    """Agents authenticate with the node token and name their node id in a header."""
-    if not hmac.compare_digest(_bearer(authorization).encode(), ctx.node_token.encode()):
+    """Agents authenticate with the node token and name their node id in a header.
+
+    During a rotation the previous token works too, until it expires or the rotation is
+    finished (``NodeTokens``, built by the composition root; an API built without one
+    checks its context's fixed token).
+    """
+    token = _bearer(authorization)
+    node_tokens: NodeTokens | None = getattr(request.app.state, "node_tokens", None)
+    if node_tokens is not None:
+        ok = node_tokens.check(token, x_heteroflow_node or "") is not None
+    else:
+        ok = hmac.compare_digest(token.encode(), ctx.node_token.encode())
+    if not ok:
         raise Unauthorized("invalid node token")
     request.state.actor = "agent"  # the audit log skips the agent's own calls
     return x_heteroflow_node or ""

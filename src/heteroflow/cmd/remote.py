@@ -175,8 +175,18 @@ def post(
 def patch(
     path: str, body: dict[str, Any], render: Render = tables.generic_block, as_json: bool = False
 ) -> Any:
+    return _send("PATCH", path, body, render, as_json)
+
+
+def put(
+    path: str, body: dict[str, Any], render: Render = tables.generic_block, as_json: bool = False
+) -> Any:
+    return _send("PUT", path, body, render, as_json)
+
+
+def _send(method: str, path: str, body: dict[str, Any], render: Render, as_json: bool) -> Any:
     with session() as c:
-        answer = check(c.patch(path, json=body))
+        answer = check(c.request(method, path, json=body))
     show(answer, render, as_json)
     return answer
 

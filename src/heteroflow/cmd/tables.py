@@ -150,6 +150,28 @@ def _pending_reasons(tasks: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+_CAPABILITY_NAMES = ("chat", "tools", "vision", "embeddings", "json_schema")
+
+
+def capabilities_line(caps: object) -> str:
+    """Issue 15: e.g. ``chat tools json_schema ctx=4096; no: vision embeddings; unknown: -``."""
+    if not isinstance(caps, Mapping):
+        return EMPTY
+    has = [n for n in _CAPABILITY_NAMES if caps.get(n) is True]
+    if caps.get("context_length"):
+        has.append(f"ctx={caps['context_length']}")
+    if caps.get("embedding_dimensions"):
+        has.append(f"dims={caps['embedding_dimensions']}")
+    lacks = [n for n in _CAPABILITY_NAMES if caps.get(n) is False]
+    unknown = [n for n in _CAPABILITY_NAMES if caps.get(n) is None]
+    parts = [" ".join(has) or EMPTY]
+    if lacks:
+        parts.append("no: " + " ".join(lacks))
+    if unknown:
+        parts.append("unknown: " + " ".join(unknown))
+    return "; ".join(parts)
+
+
 def service_block(group: Mapping[str, Any]) -> str:
     tasks = _tasks(group)
     pairs: list[tuple[str, Any]] = [
@@ -161,6 +183,7 @@ def service_block(group: Mapping[str, Any]) -> str:
         ("replicas", f"{replicas(group)} running"),
         ("endpoint", group.get("endpoint")),
         ("priority", group.get("priority")),
+        ("can", capabilities_line(group.get("capabilities"))),
         ("reason", group_reason(group)),
         ("created", when(group.get("created_at"))),
     ]
@@ -249,9 +272,38 @@ def tenant_block(tenant: Mapping[str, Any]) -> str:
             ("name", tenant.get("name")),
             ("priority ceiling", tenant.get("priority_ceiling")),
             ("sharing group", tenant.get("sharing_group_id")),
+            *[
+                (f"quota {what}", tenant.get(f"quota_{key}") or "no limit")
+                for what, key in _QUOTAS
+            ],
+            ("quota tokens", _token_quota(tenant)),
+            ("members see", "only their own" if tenant.get("members_see_own") else "all"),
             ("created", when(tenant.get("created_at"))),
         ]
     )
+
+
+def _token_quota(tenant: Mapping[str, Any]) -> str:
+    tokens = tenant.get("quota_tokens") or 0
+    return f"{tokens} per {tenant.get('quota_token_period') or '?'}" if tokens else "no limit"
+
+
+_QUOTAS = (
+    ("cards", "cards"), ("services", "services"), ("replicas", "replicas"),
+    ("CPU memory MB", "cpu_memory_mb"),
+)
+
+
+def quota_block(q: Mapping[str, Any]) -> str:
+    """A tenant's quotas against what it holds: "cards  2.5 of 4"."""
+    limits, usage = q.get("limits") or {}, q.get("usage") or {}
+    rows: list[tuple[str, object]] = [("tenant", f"{q.get('tenant_name')} ({q.get('tenant_id')})")]
+    for what, key in _QUOTAS:
+        used, limit = usage.get(key, 0), limits.get(key, 0)
+        if isinstance(used, float) and used.is_integer():
+            used = int(used)
+        rows.append((what, f"{used} of {limit}" if limit else f"{used} (no limit)"))
+    return kv(rows)
 
 
 def users_table(users: Sequence[Mapping[str, Any]]) -> str:

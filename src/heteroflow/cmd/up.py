@@ -35,6 +35,7 @@ from heteroflow.agent.factory import RuntimeUnavailable, make_launcher
 from heteroflow.cmd import remote
 from heteroflow.core.errors import Conflict, Unauthorized
 from heteroflow.core.ids import new_api_key
+from heteroflow.core.ports import ephemeral_overlap, local_ephemeral_range
 from heteroflow.core.states import AGENT_OWNED
 from heteroflow.db.tables import InferenceEndpoint, Node, Task, TaskGroup, User
 from heteroflow.models.demo import GEMMA_CHAT_TEMPLATE, DemoModelUnavailable, ensure_demo_model
@@ -43,7 +44,7 @@ from heteroflow.schemas.task_groups import TaskGroupCreate
 from heteroflow.server import ServerApp
 from heteroflow.services import endpoints, task_groups
 from heteroflow.services.auth import Principal, authenticate
-from heteroflow.serving import bind, install_stop_signals
+from heteroflow.serving import bind, install_stop_signals, settle_heap
 from heteroflow.settings import AgentSettings, ServerSettings, default_data_dir
 
 log = logging.getLogger(__name__)
@@ -373,6 +374,7 @@ def management_hints(
     )
     return "\n".join(
         (
+            f"Web console: {base}/ (log in as admin)",
             f"Management API on {base}/api/v1 (docs: {base}/api/v1/docs)",
             f"  admin user: admin; password: {password}",
             f"  {cli_line}",
@@ -481,6 +483,14 @@ async def run_up(opts: UpOptions) -> int:
             data_dir=opts.data_dir, host=opts.host, port=opts.port,
             port_pool_start=opts.port_range[0], port_pool_end=opts.port_range[1],
         )
+    overlap = ephemeral_overlap(settings.port_pool(), local_ephemeral_range())
+    if overlap is not None:
+        say(
+            f"warning: engine ports {overlap.start}-{overlap.stop - 1} lie in this host's "
+            "ephemeral range (net.ipv4.ip_local_port_range): outgoing connections may hold "
+            "them, and a service placed on one is placed again; a --port-range below it "
+            "avoids that"
+        )
     app = ServerApp(settings)
     password = app.bootstrap.admin_password_generated
     if password:
@@ -512,6 +522,7 @@ async def run_up(opts: UpOptions) -> int:
     agent = Agent(agent_settings, node_cfg, launcher, app.clock)
     stop = asyncio.Event()
     install_stop_signals(stop)
+    settle_heap()  # start-up is done: no GC pass walks its objects again (the gateway's tail)
     server = asyncio.create_task(app.serve(stop, sock, extra=[agent.run]))
     say(f"HeteroFlow server on {base} (data: {opts.data_dir}, models: {opts.models_dir})")
     run = _Run(opts, app, base, agent_settings.node_name, stop, elapsed, app.clock.now())

@@ -50,6 +50,7 @@ class Recovery:
         self.policy = policy
         self.offline_after_s = offline_after_s
         self.migrate_after_s = migrate_after_s
+        self._held: list[str] = []  # lost nodes whose work waits (logged once per change)
 
     def reconcile_once(self, now: datetime) -> None:
         self.run_round(now)
@@ -70,6 +71,17 @@ class Recovery:
                 offline_after_s=self.offline_after_s,
                 migrate_after_s=self.migrate_after_s,
             )
+        if result.held != self._held:
+            if result.held:
+                log.warning(
+                    "recovery: %d node(s) lost at once (%s) and too few heartbeating: taken "
+                    "for a control-plane fault (a stalled server, a network split); their "
+                    "work is not moved until most nodes are heard from again",
+                    len(result.held), ", ".join(result.held[:10]),
+                )
+            else:
+                log.info("recovery: moving work off lost nodes again")
+            self._held = result.held
         if result.rebuilt or result.gave_up or result.evacuated or result.timed_out:
             log.info(
                 "recovery: %d rebuilt, %d given up, %d moved off lost hardware, "

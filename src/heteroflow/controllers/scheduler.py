@@ -11,12 +11,24 @@ there the pool is one worker.
 Every instance runs it (``leader_only = False``): the same ``SKIP LOCKED`` claim and
 booking compare-and-set that keep a pool's workers apart keep several instances' rounds
 apart, so more instances are more placement throughput and no failover gap.
+
+A round runs with Python's cyclic garbage collector paused (``gc_paused``). A round at
+10,000 nodes holds ~340,000 objects the collector tracks (node and card views, rows,
+decisions) that live exactly as long as the round; the collector saw them survive and
+ran full collections of the whole heap over and over (a third of the round's time, in
+pauses of 65-380 ms). They are freed by reference counting when the round returns;
+cycles, if any, are left to the next ordinary collection. With a worker pool the pause
+lasts while rounds overlap, i.e. while the queue drains, never across ticks.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime
 
 from heteroflow.core.clock import Clock
@@ -25,6 +37,34 @@ from heteroflow.db.engine import Database
 from heteroflow.services.scheduling import RoundResult, schedule_round
 
 log = logging.getLogger(__name__)
+
+
+class _GcPause:
+    """Process-wide (the collector is): the first round in pauses it, the last one out
+    restores it as it found it, so a pool's overlapping rounds nest safely."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._was_enabled = False
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._holders == 0:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0 and self._was_enabled:
+                    gc.enable()
+
+
+gc_paused = _GcPause()
 
 
 class Scheduler:
@@ -56,6 +96,7 @@ class Scheduler:
         self.workers = workers if pg else 1
         self.round_limit = round_limit
         self.worker_chunk = worker_chunk
+        self.on_round: Callable[[RoundResult], None] | None = None  # metrics (P3)
 
     def reconcile_once(self, now: datetime) -> None:
         # placement reads the injected clock itself: a pool's rounds may span a while
@@ -80,7 +121,7 @@ class Scheduler:
                 return total
 
     def run_round(self, limit: int | None = None) -> RoundResult:
-        with self.db.session() as s:
+        with gc_paused(), self.db.session() as s:
             result = schedule_round(
                 s,
                 self.clock,
@@ -95,4 +136,6 @@ class Scheduler:
                 "scheduler placed %d task(s), preempted %d; %d waiting",
                 result.placed, result.preempted, result.unplaced,
             )
+        if self.on_round is not None:
+            self.on_round(result)
         return result

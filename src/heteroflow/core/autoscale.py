@@ -19,6 +19,7 @@ Rank 0 is never scaled away, so there is always at least one replica.
     desired = ceil(current * metric / target)      metric = per replica, see below
     metric 0 (idle)  -> desired = min_replicas
     clamp to [min_replicas, max_replicas]; the whole difference at once
+    a scale-out is clamped to what the tenant's quotas allow (N2, core/quotas.py)
 
 The metric is the group's total divided by ``current_replicas`` (replicas still starting
 included), so ``desired`` is in fact ``ceil(total / target)``: a burst that arrives while
@@ -341,8 +342,11 @@ def decide(
     now: datetime,
     min_age_s: float = DEFAULT_MIN_AGE_S,
     no_data: str = "",
+    quota: tuple[int, str] | None = None,
 ) -> Decision:
-    """One group's decision for this round (see the module docstring)."""
+    """One group's decision for this round (see the module docstring). ``quota``: how
+    many more replicas the tenant's quotas allow and why (``core.quotas.headroom``;
+    None = no limit): a scale-out is clamped to it, never below ``current``."""
     if value is None:
         return Decision(
             metric=policy.metric, target=policy.target, value=None, current=current,
@@ -357,6 +361,9 @@ def decide(
     elif desired < lo:
         desired = lo
         notes.append(f"clamped to min_replicas {lo}")
+    if quota is not None and desired > current + quota[0]:
+        desired = current + max(0, quota[0])
+        notes.append(f"quota-clamped to {desired}: {quota[1]}")
     if desired < current:
         floor, why = protect(desired, replicas, now, min_age_s)
         if floor > desired:

@@ -31,6 +31,12 @@ class Conflict(DomainError):
     code = "conflict"
 
 
+class QuotaExceeded(Conflict):
+    """A tenant's quota (N2) refuses the change; ``field`` names the quota."""
+
+    code = "quota_exceeded"
+
+
 class Unauthorized(DomainError):
     status = 401
     code = "unauthorized"

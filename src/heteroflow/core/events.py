@@ -39,10 +39,15 @@ class EventKind(WireEnum):
     REBUILT = "fault.rebuilt"
     REBUILD_GAVE_UP = "fault.rebuild_gave_up"
     EVACUATED = "fault.evacuated"
+    # a lost node's work kept where it is: too many nodes lost at once (a control-plane
+    # fault, core.recovery.evacuation_paused); once per group and loss
+    EVACUATION_HELD = "fault.evacuation_held"
     RUN_TIMEOUT = "fault.run_timeout"
     # the owner's word on a group (services/task_groups.py): stop / start (``desired``
     # from -> to), and a change of its health check or idle timeout (D4)
     DESIRED = "group.desired"
+    # issue 16 (L2-L4): a create reused this running / sleeping service (who, as what)
+    DEDUP_REUSED = "group.dedup_reused"
     CONFIG_CHANGED = "group.config_changed"
     # schedule windows (K1, services/windows.py): the window's action put in effect
     # (from_status "" -> to_status pause | scale | stop) or kept (a replica put back to

@@ -64,3 +64,30 @@ def with_host_ports(ports: Sequence[PortMapping], chosen: Sequence[int]) -> tupl
         p if p.host_port else PortMapping(p.container_port, hp, from_pool=True)
         for p, hp in zip(ports, chosen, strict=True)
     )
+
+
+def ephemeral_overlap(pool: range, ephemeral: tuple[int, int] | None) -> range | None:
+    """The part of the host-port pool inside the kernel's ephemeral range, if any.
+
+    Outgoing connections take their local port from that range, and a socket bound to a
+    port that way keeps an engine from listening on it even though nothing *listens*
+    there (so a heartbeat's ``host_ports_in_use`` cannot show it): a task placed on such
+    a port meets it at launch and is placed again (P2). A pool below the range (the
+    default, 20000-29999, against Linux's 32768-60999) never does.
+    """
+    if ephemeral is None:
+        return None
+    low, high = max(pool.start, ephemeral[0]), min(pool.stop - 1, ephemeral[1])
+    return range(low, high + 1) if low <= high else None
+
+
+def local_ephemeral_range(
+    path: str = "/proc/sys/net/ipv4/ip_local_port_range",
+) -> tuple[int, int] | None:
+    """This host's ephemeral port range (Linux), or None where it cannot be read."""
+    try:
+        with open(path) as f:
+            first, last = (int(x) for x in f.read().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return first, last

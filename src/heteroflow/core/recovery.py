@@ -50,6 +50,9 @@ class RecoveryPolicy:
     max_rebuilds: int = 5
     stable_s: float = 60.0
     fallback_after: int = 2  # failed starts in a row (same engine, same node) before E3
+    # E4's guard: at least this share of the nodes lost at once pauses moving work off
+    # lost nodes (``evacuation_paused``)
+    disruption_threshold: float = 0.55
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,3 +202,23 @@ def missing_cards(gpu_ids: Sequence[int], inventory: Sequence[int]) -> list[int]
     """The cards a task is placed on that its node no longer reports (E4)."""
     have = set(inventory)
     return [i for i in gpu_ids if i not in have]
+
+
+def evacuation_paused(lost: int, online: int, threshold: float) -> bool:
+    """Whether moving work off lost nodes waits: the loss looks like the control plane's.
+
+    ``lost``: nodes past the lost-node delay that still hold work to move; ``online``:
+    nodes heartbeating now. Nodes fail one by one; when none is heard from at all, or
+    ``threshold`` of them and at least two go quiet at once, the likelier cause is on
+    this side — the server the agents reach stalled or was cut off, a network split —
+    and failing every healthy replica there would turn it into an outage, on a fleet
+    that could not take the work anyway. As Kubernetes' node lifecycle controller stops
+    evicting in a fully disrupted zone. With no node online there is also nowhere to
+    move to. The node watch still records each loss; work moves once the share drops.
+    """
+    if lost == 0:
+        return False
+    if online == 0:
+        return True
+    return lost >= 2 and lost / (lost + online) >= threshold
+

@@ -73,6 +73,17 @@ class Tenant(Base):
     )
     # the highest group priority a member of this tenant may set (operators: any)
     priority_ceiling: Mapped[int] = mapped_column(Integer, default=100)
+    # quotas (N2, core/quotas.py); 0 = no limit. Cards are whole cards by commitment.
+    quota_cards: Mapped[int] = mapped_column(Integer, default=0)
+    quota_services: Mapped[int] = mapped_column(Integer, default=0)
+    quota_replicas: Mapped[int] = mapped_column(Integer, default=0)
+    quota_cpu_memory_mb: Mapped[int] = mapped_column(Integer, default=0)
+    # tokens per quota_token_period ("day" | "month" | "") at the gateway, beside each
+    # key's own budget; 0 = no limit (0014)
+    quota_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    quota_token_period: Mapped[str] = mapped_column(String(16), default="")
+    # N5: members see and manage only the services they created (operators: all) (0014)
+    members_see_own: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime]
 
 
@@ -249,6 +260,8 @@ class Task(Base):
     running_at: Mapped[datetime | None] = mapped_column(nullable=True)
     # F3: a wake asked for while it could not happen (node offline, card borrowed)
     wake_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # N5: the member it belongs to — its group's creator, whoever made it (0014)
+    created_by: Mapped[str] = mapped_column(String(32), default="")
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
@@ -376,6 +389,33 @@ class UsageRecord(Base):
     requests: Mapped[int] = mapped_column(Integer, default=0)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class GpuTimeSegment(Base):
+    """GPU time (N4): a stretch a task held its cards in one metered state, with the
+    commitment it held then; open while ``ended_at`` is NULL (0014).
+
+    ``state`` is ``running`` (booked and awake: scheduled, starting, running, waking,
+    stopping) or ``sleeping``. ``card_pct`` is the commitment in hundredths of a card
+    (``core.quotas.task_usage``; 0 for CPU work, which still records its task time).
+    """
+
+    __tablename__ = "gpu_time_segments"
+    __table_args__ = (
+        Index("ix_gpu_time_task", "task_id", "ended_at"),
+        Index("ix_gpu_time_tenant_start", "tenant_id", "started_at"),
+        Index("ix_gpu_time_start", "started_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(32))
+    group_id: Mapped[str] = mapped_column(String(32))
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    user_id: Mapped[str] = mapped_column(String(32))  # the task's owner (created_by)
+    node_id: Mapped[str] = mapped_column(String(32), default="")
+    state: Mapped[str] = mapped_column(String(16))  # running | sleeping
+    card_pct: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None] = mapped_column(nullable=True, default=None)
 
 
 class Lease(Base):

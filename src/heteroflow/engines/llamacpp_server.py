@@ -8,6 +8,12 @@ built for it also works for a stock ``llama-server``. Parsing mirrors llama.cpp'
 ``--flag=value``, no ``-t4``), ``_`` in ``--`` flags reads as ``-``, the last occurrence wins.
 An unknown flag or bad value exits 2 with an ``error:`` line on stderr naming the flag.
 
+Tool calling: ``--jinja`` (xllamacpp's default, as llama-server's) renders ``tools`` through
+the chat template and parses the model's tool calls into ``tool_calls``; ``--no-jinja`` turns
+it off. A template that does not mention ``tools`` makes the server ignore them (measured:
+format "Content-only", plain text back), so a model needs a tool-aware template, its own or
+one passed with ``--chat-template`` / ``--chat-template-file`` (read here, at parse time).
+
 Defaults that differ from llama-server (for small CI machines; pass the flag to override):
 ``--cache-ram 64`` MiB (llama-server: 8192); ``--ctx-size 4096`` shared by all slots (0 = the
 model's trained length); ``--parallel 1``; ``--threads`` = half the CPUs clamped to 1..4 (-1 =
@@ -84,6 +90,7 @@ class LaunchConfig:
     metrics: bool = False
     verbosity: int | None = None
     chat_template: str | None = None
+    jinja: bool | None = None
 
 
 Converter = Callable[[str, str], object]
@@ -120,6 +127,14 @@ def _csv(flag: str, raw: str) -> tuple[str, ...]:
     if not all(items):
         raise LaunchArgsError(f"invalid value for {flag}: {raw!r} (empty item in list)")
     return items
+
+
+def _file_text(flag: str, raw: str) -> str:
+    try:
+        with open(raw, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise LaunchArgsError(f"invalid value for {flag}: {raw!r} ({exc.strerror})") from None
 
 
 def _gpu_layers(flag: str, raw: str) -> GpuLayers:
@@ -185,6 +200,14 @@ _OPTIONS: tuple[_Option, ...] = (
     # a Jinja template; unlike llama-server, xllamacpp does not resolve built-in names
     # such as 'gemma' (it would render the word itself), so pass the template text
     _Option(("--chat-template",), "chat_template", lambda _f, raw: raw, "JINJA_TEMPLATE"),
+    # read at parse time, so a missing file is an argument error naming the flag
+    _Option(
+        ("--chat-template-file",), "chat_template", lambda f, raw: _file_text(f, raw),
+        "JINJA_TEMPLATE_FILE",
+    ),
+    # the Jinja engine renders `tools` and parses tool calls (xllamacpp's default: on)
+    _Option(("--jinja",), "jinja", None),
+    _Option(("--no-jinja",), "jinja", None, constant=False),
 )
 # Spellings build_argv writes, keyed by each option's first spelling (default: its last one).
 _EMIT = {"-m": "-m", "-np": "-np", "-ngl": "-ngl", "-ts": "-ts", "--ui": "--webui"}
@@ -246,16 +269,20 @@ def build_argv(config: LaunchConfig) -> list[str]:
     """
     defaults = {f.name: f.default for f in fields(LaunchConfig)}
     argv: list[str] = []
+    emitted: set[str] = set()  # a field two options set (--chat-template[-file]) is written once
     for option in _OPTIONS:
         value = getattr(config, option.field)
         always = option.field in ("model", "host", "port")
-        if not always and value == defaults[option.field]:
+        if option.field in emitted or (not always and value == defaults[option.field]):
             continue
         spelling = _EMIT.get(option.spellings[0], option.spellings[-1])
         if option.convert is not None:
             argv += [spelling, _format(value)]
         elif value == option.constant:
             argv.append(spelling)
+        else:
+            continue
+        emitted.add(option.field)
     return argv
 
 
@@ -308,6 +335,8 @@ def build_params(config: LaunchConfig) -> Any:
     params.endpoint_metrics = config.metrics
     if config.chat_template is not None:
         params.chat_template = config.chat_template
+    if config.jinja is not None:
+        params.use_jinja = config.jinja
     for field, attr in _PLAIN_PARAMS.items():
         if (value := getattr(config, field)) is not None:
             setattr(params, attr, value)

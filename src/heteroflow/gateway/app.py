@@ -10,7 +10,9 @@ request is its throughput limit (see bench/gateway: a bare relay costs ~0.2 ms/r
 
 Paths: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
 ``GET /v1/models`` and ``GET /v1/models/{id}``. Anything else under ``/v1`` is an
-OpenAI-shaped 404 (or 405 for a known path with the wrong method). ``GET /metrics`` is
+OpenAI-shaped 404 (or 405 for a known path with the wrong method); ``OPTIONS``
+(CORS preflights) and the headers every answer carries (``x-request-id``, CORS) are
+``http_conventions``'. ``GET /metrics`` is
 the gateway's Prometheus text (``metrics``); every other request is counted there, whatever
 its path and outcome.
 
@@ -31,13 +33,14 @@ import logging
 import secrets
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
 
 from heteroflow.core.clock import Clock, SystemClock
-from heteroflow.gateway import errors
+from heteroflow.core.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from heteroflow.gateway import assemble, engine_errors, errors, normalize
 from heteroflow.gateway.auto import (
     AUTO_MODEL,
     CAPABILITIES_HEADER,
@@ -49,13 +52,19 @@ from heteroflow.gateway.auto import (
     parse_capabilities,
 )
 from heteroflow.gateway.balancing import DEFAULT_MAX_TEMP_C, Balancer
+from heteroflow.gateway.capability_check import refuse as refuse_capability
 from heteroflow.gateway.engine_metrics import EngineLoad
 from heteroflow.gateway.errors import Message, Receive, Scope, Send
 from heteroflow.gateway.health import DEFAULT_COOLDOWN_S, PassiveHealth
+from heteroflow.gateway.http_conventions import (
+    REQUEST_ID_KEY,
+    Conventions,
+    decode_body,
+    stream_headers,
+)
 from heteroflow.gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
 from heteroflow.gateway.idempotency import Idempotency, Pending, Recorder
 from heteroflow.gateway.limits import Limiter, Ticket
-from heteroflow.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from heteroflow.gateway.metrics import GatewayMetrics, path_label
 from heteroflow.gateway.probes import (
     DEFAULT_LOAD_SCRAPE_INTERVAL_S,
@@ -64,6 +73,9 @@ from heteroflow.gateway.probes import (
     DEFAULT_SCRAPE_INTERVAL_S,
     BackendMonitor,
 )
+from heteroflow.gateway.requests import check as check_request
+from heteroflow.gateway.responses import CHAT_PATH, RESPONSES_PATH, to_chat
+from heteroflow.gateway.responses_adapter import ResponsesExit
 from heteroflow.gateway.retry import DEFAULT_CONNECT_RETRIES, may_fail_over, without
 from heteroflow.gateway.store import GatewayStore, MemoryStore, open_store
 from heteroflow.gateway.upstream import Upstream, UpstreamFailure
@@ -79,6 +91,7 @@ from heteroflow.gateway.wake import (
     WakeHold,
     asleep,
 )
+from heteroflow.logs import REQUEST_ID
 from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
@@ -91,7 +104,9 @@ from heteroflow.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
-_INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+_INFERENCE_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", RESPONSES_PATH}
+)
 _MODELS_PREFIX = "/v1/models/"
 _METRICS_PATH = "/metrics"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -119,8 +134,8 @@ class _Call:
     """One inference request as it goes through the steps of ``GatewayApp._proxy``."""
 
     __slots__ = (
-        "backend", "body", "client_raw", "entry", "model", "pending", "pin", "raw", "snap",
-        "targets", "ticket",
+        "backend", "body", "client_raw", "entry", "model", "pending", "pin", "raw", "responses",
+        "snap", "targets", "ticket",
     )
 
     def __init__(
@@ -138,6 +153,7 @@ class _Call:
         self.backend: Backend | None = None
         self.pending: Pending | None = None
         self.ticket: Ticket | None = None
+        self.responses: dict[str, Any] | None = None  # M14: the /v1/responses request
 
 
 class _Exchange:
@@ -145,11 +161,12 @@ class _Exchange:
 
     __slots__ = ("extra_headers", "model", "recorder", "send", "status")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
         self.send = send
         self.status = 0  # 0 until a response starts (the client left first)
         self.model = ""  # the routed model name, once the route is known
-        self.extra_headers: list[tuple[bytes, bytes]] = []  # added to the response start
+        # added to the response start: x-request-id and CORS (http_conventions), ...
+        self.extra_headers = headers
         self.recorder: Recorder | None = None  # M9: keeps the answer for replays
 
     async def __call__(self, msg: Message) -> None:
@@ -189,8 +206,11 @@ class GatewayApp:
         wake_retry_after_s: int = DEFAULT_RETRY_AFTER_S,
         wake_poll_s: float = DEFAULT_POLL_S,
         load_scrape_interval_s: float = DEFAULT_LOAD_SCRAPE_INTERVAL_S,
+        cors_origins: Sequence[str] = (),
     ) -> None:
         self._holder = holder
+        # issue 15: x-request-id, CORS (off without origins) on every /v1 answer
+        self._conventions = Conventions(cors_origins)
         # issue 14: this gateway in the load reports (a new one at every start)
         self.gateway_id = f"gw-{secrets.token_hex(6)}"
         # How many other backends a request may be sent on to when the connection to its
@@ -200,6 +220,9 @@ class GatewayApp:
         # (store.RedisStore); closed with the app.
         self._store: GatewayStore = store or MemoryStore()
         clock = clock or SystemClock()
+        self._clock = clock
+        # issue 15: /v1/models' ``created`` (the snapshot carries no creation times)
+        self._created = int(clock.now().timestamp())
         self._limiter = Limiter(self._store, clock)
         self._idempotency = Idempotency(self._store, clock, lease_s=upstream_timeout_s + 60.0)
         self._usage = usage  # None: tokens are counted for metrics (and limits) only
@@ -278,6 +301,7 @@ class GatewayApp:
             wake_retry_after_s=settings.gateway_wake_retry_after_s,
             wake_poll_s=settings.gateway_wake_poll_s,
             load_scrape_interval_s=settings.gateway_load_scrape_interval_s,
+            cors_origins=settings.gateway_cors_origins,
         )
 
     def start(self) -> None:
@@ -311,14 +335,20 @@ class GatewayApp:
                 return
             # Every other request is counted, whatever its outcome (401, 404, 405, 429,
             # 5xx, 2xx) and path, under a bounded path label (``metrics.path_label``).
-            ex = _Exchange(send)
+            ex = _Exchange(send, self._conventions.begin(scope))
+            # issue 18 (P3): every line logged for this request carries its id
+            rid = REQUEST_ID.set(scope[REQUEST_ID_KEY])
             metrics = self.metrics
             metrics.in_flight += 1
             try:
-                await self._dispatch(scope, receive, ex, path)
+                if scope["method"] != "OPTIONS" or not await self._conventions.answer_options(
+                    scope, ex, _allowed_methods(path)
+                ):
+                    await self._dispatch(scope, receive, ex, path)
             finally:
                 metrics.in_flight -= 1
                 metrics.request_done(path_label(path), ex.model, ex.status)
+                REQUEST_ID.reset(rid)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
@@ -365,13 +395,14 @@ class GatewayApp:
         if len(callable_) > 1 and AUTO_MODEL not in callable_:
             callable_.append(AUTO_MODEL)  # M10: a choice among them, listed last
         if path == "/v1/models":
-            body = orjson.dumps({"object": "list", "data": [_model_object(m) for m in callable_]})
+            data = [_model_object(m, self._created) for m in callable_]
+            body = orjson.dumps({"object": "list", "data": data})
         else:
             model = path[len(_MODELS_PREFIX) :]
             if model not in callable_:
                 await errors.send_error(send, errors.model_not_found(model))
                 return
-            body = orjson.dumps(_model_object(model))
+            body = orjson.dumps(_model_object(model, self._created))
         await errors.send_json(send, 200, body)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: _Exchange, path: str) -> None:
@@ -379,7 +410,9 @@ class GatewayApp:
         when the request ends there (and says so by returning None / False)."""
         if not self._started:
             self.start()  # embedders that never called start(): the first request does
-        call = await self._authenticate_and_parse(scope, receive, send)
+        call = await self._authenticate_and_parse(scope, receive, send, path)
+        if call is not None and path == RESPONSES_PATH and not await _as_chat(call, send):
+            return
         if call is None or not await self._route(scope, receive, call, send, path):
             return
         if not await self._admit(scope, call, send, path):
@@ -387,9 +420,10 @@ class GatewayApp:
         await self._relay_and_settle(scope, receive, call, send, path)
 
     async def _authenticate_and_parse(
-        self, scope: Scope, receive: Receive, send: _Exchange
+        self, scope: Scope, receive: Receive, send: _Exchange, path: str
     ) -> _Call | None:
-        """The key (against the snapshot) and a JSON object body with a model name."""
+        """The key (against the snapshot) and a JSON object body with a model name, in
+        OpenAI's request shape for ``path`` (``requests``)."""
         snap = self._holder.current
         entry = _authenticate(scope, snap)
         if isinstance(entry, errors.OpenAIError):
@@ -402,6 +436,13 @@ class GatewayApp:
             return None
         if raw is None:  # the client left before sending its body
             return None
+        encoding = _header(scope, b"content-encoding")
+        if encoding is not None:  # gzip/deflate, limited to MAX_BODY_BYTES decoded
+            decoded = decode_body(raw, encoding, MAX_BODY_BYTES)
+            if isinstance(decoded, errors.OpenAIError):
+                await errors.send_error(send, decoded)
+                return None
+            raw = decoded
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -422,6 +463,10 @@ class GatewayApp:
             await errors.send_error(
                 send, errors.invalid_request("You must provide a model parameter.", "model")
             )
+            return None
+        bad = check_request(path, body)
+        if bad is not None:
+            await errors.send_error(send, bad)
             return None
         return _Call(snap, entry, raw, body, model)
 
@@ -448,6 +493,10 @@ class GatewayApp:
             return False
         send.model = call.model = model
         call.targets = targets
+        refused = refuse_capability(path, body, model, targets)  # issue 15: a clear 400
+        if refused is not None:
+            await errors.send_error(send, refused)
+            return False
         # M4: X-Session-Id, else the body's ``user``, pins the session to a backend of
         # this route (scoped by tenant and model, so equal ids elsewhere do not collide).
         sid = _session_id(scope)
@@ -490,7 +539,7 @@ class GatewayApp:
                 return False  # answered: the replay, or why the key cannot be used now
             call.pending = pending
             send.recorder = pending.recorder
-        if entry.rpm_limit or entry.tpm_limit or entry.quota_tokens:
+        if entry.rpm_limit or entry.tpm_limit or entry.quota_tokens or entry.tenant_quota_tokens:
             admitted = await self._limiter.admit(entry, path, call.body, len(call.client_raw))
             if not isinstance(admitted, Ticket):
                 await errors.send_error(send, *admitted)
@@ -507,6 +556,7 @@ class GatewayApp:
         """Send (failing over when nothing was sent), relay the answer, and settle usage,
         limits and the idempotency record once, whatever happened."""
         body, model, targets, balancer = call.body, call.model, call.targets, self._balancer
+        upstream = path if call.responses is None else CHAT_PATH  # M14: chat answers it
         backend = call.backend
         assert backend is not None and targets is not None
         delivered = False  # the relay delivered the whole answer
@@ -518,7 +568,16 @@ class GatewayApp:
             if opts is None or (isinstance(opts, dict) and opts.get("include_usage") is not True):
                 body["stream_options"] = {**(opts or {}), "include_usage": True}
                 dirty = hide_usage = True
-        usage = UsageTracker(hide=hide_usage)
+        # issue 15: what shapes the answer (normalize); echo is done here for every engine
+        asked = normalize.asked(upstream, body, int(self._clock.now().timestamp()))
+        if isinstance(asked, errors.OpenAIError):  # cannot be answered as asked
+            await errors.send_error(send, asked)
+            await self._settle(call, send, model, None, False, False)
+            return
+        if asked.echo is not None:
+            del body["echo"]
+            dirty = True
+        usage = UsageTracker(hide=hide_usage, asked=asked)
         answered = False  # a 2xx answer began: the request counts for usage
 
         task = asyncio.current_task()
@@ -531,7 +590,7 @@ class GatewayApp:
         try:
             tried: list[str] | None = None  # backends whose connection failed (failover)
             while True:
-                resp = await self._send(backend, scope, path, body, model, call.raw, dirty)
+                resp = await self._send(backend, scope, upstream, body, model, call.raw, dirty)
                 if not isinstance(resp, UpstreamFailure):
                     break
                 self._eject(backend.base_url)  # unreachable, reset or timed out
@@ -557,23 +616,22 @@ class GatewayApp:
                 backend = call.backend = other  # the one that answers (its tokens, issue 14)
                 balancer.acquire(backend)
             answered = resp.status < 300
-            if resp.status >= 500:
-                self._eject(backend.base_url)  # relayed as is; the next request goes elsewhere
             try:
-                ok = await _relay(resp, send, watch, backend.base_url, usage)
+                out = send if call.responses is None else ResponsesExit(send, call.responses, model)
+                relayed = await _relay(
+                    resp, out, watch, backend.base_url, usage, upstream, asked.stream
+                )
             except BaseException:
                 resp.close()  # an unfinished answer: drop the connection, never pool it
                 raise
-            if not ok:
+            if relayed.fault:
+                # M5: only the backend's own fault (an answer that could not be read, a
+                # 5xx that is no client mistake once normalised): the next request goes
+                # elsewhere. A client's mistake never takes a replica out.
                 self._eject(backend.base_url)
-            delivered = ok
-            if resp.content_type == "text/event-stream":
-                # llama.cpp's server closes a keep-alive connection after every streamed
-                # answer without saying so: pooled, the next request on it would meet EOF
-                # and answer 502 (never resent). A stream's connection is not reused.
-                resp.close()
-            else:
-                resp.release()
+            delivered = relayed.delivered
+            # (a llama.cpp stream's connection is never pooled: ``upstream``)
+            resp.release()
         except asyncio.CancelledError:
             if watch.disconnected:
                 # Our own cancellation (the client left): the upstream request is closed,
@@ -633,6 +691,14 @@ class GatewayApp:
         upstream_model = model
         if known is not None and known.first is not None and model not in known.ids:
             upstream_model = known.first
+        if (
+            path in assemble.PATHS
+            and body.get("stream") is not True
+            and self._upstream.assembles(backend.base_url)
+        ):
+            # issue 15: llama.cpp stops only a stream whose client left; the relay
+            # assembles the client's JSON answer (a copy: a failover may go elsewhere)
+            body, dirty = assemble.as_stream(body), True
         if dirty or upstream_model != model:
             body["model"] = upstream_model
             raw = orjson.dumps(body)
@@ -640,7 +706,9 @@ class GatewayApp:
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
         sent_at = time.perf_counter()
-        resp = await self._upstream.open(url, raw, backend)
+        resp = await self._upstream.open(
+            url, raw, backend, scope.get(REQUEST_ID_KEY, ""), body.get("stream") is True
+        )
         if not isinstance(resp, UpstreamFailure):
             self.metrics.upstream_latency(model, time.perf_counter() - sent_at)
         return resp
@@ -725,37 +793,67 @@ class GatewayApp:
             )
 
 
-async def _relay(
-    resp: aiohttp.ClientResponse, send: Send, watch: _Watch, base_url: str, usage: UsageTracker
-) -> bool:
-    """Relay the backend's answer; False when reading it from the backend failed.
+class _Relayed(NamedTuple):
+    """How relaying an answer went."""
 
-    ``usage`` picks up the answer's token usage on the way (``usage.usage``).
+    delivered: bool  # the whole answer reached the client
+    fault: bool  # the backend failed (M5: it is ejected)
+
+
+async def _relay(
+    resp: aiohttp.ClientResponse,
+    send: Send,
+    watch: _Watch,
+    base_url: str,
+    usage: UsageTracker,
+    path: str,
+    streamed: bool,
+) -> _Relayed:
+    """Relay the backend's answer in OpenAI's shape (``normalize``, issue 15).
+
+    An error answer (>= 400) is read whole and answered as OpenAI's error object; a
+    JSON answer is fixed where the engine deviates (``usage.answer``, which also picks
+    up the token usage, ``usage.usage``); a stream's events go through ``usage.feed``,
+    unless the client did not ask for one (``streamed``): then it is assembled into the
+    JSON answer (``_relay_assembled``). Bytes in a content-encoding are relayed as they
+    came.
     """
+    ctype = resp.headers.get("Content-Type", "")
+    if not streamed and resp.status < 300 and ctype.startswith("text/event-stream"):
+        return await _relay_assembled(resp, send, watch, base_url, usage, path)
     # ASGI wants lower-case header names; raw_headers keep the backend's spelling.
     headers = [(n.lower(), v) for n, v in resp.raw_headers if n.lower() in _RELAYED_HEADERS]
-    ctype = resp.headers.get("Content-Type", "")
-    if not ctype.startswith("text/event-stream"):
+    if resp.status >= 400 or not ctype.startswith("text/event-stream"):
         try:
             data = await resp.read()
         except TimeoutError:
             watch.finished = True
             await errors.send_error(send, errors.upstream_timeout())
-            return False
+            return _Relayed(False, True)
         except aiohttp.ClientError as exc:
             logger.warning(
                 "backend %s: reading the answer failed: %s", base_url, type(exc).__name__
             )
             watch.finished = True
             await errors.send_error(send, errors.upstream_error())
-            return False
-        if resp.status < 300:
-            usage.read_body(data)
-        headers.append((b"content-length", str(len(data)).encode()))
+            return _Relayed(False, True)
         watch.finished = True
+        readable = resp.headers.get("Content-Encoding", "identity") == "identity"
+        if resp.status >= 400 and readable:
+            err = engine_errors.engine_error(resp.status, data, ctype, path)
+            await errors.send_error(send, err)
+            return _Relayed(True, engine_errors.is_backend_fault(err))
+        if resp.status < 300:
+            fixed = usage.answer(data) if readable else data
+            if isinstance(fixed, errors.OpenAIError):  # e.g. dimensions it cannot give
+                await errors.send_error(send, fixed)
+                return _Relayed(True, False)
+            data = fixed
+        headers.append((b"content-length", str(len(data)).encode()))
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
-        return True
+        return _Relayed(True, resp.status >= 500)
+    headers = stream_headers(headers)  # issue 15: cache-control: no-cache, no proxy buffering
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
     try:
         async for chunk in resp.content.iter_any():
@@ -778,9 +876,61 @@ async def _relay(
         tail = b"data: " + err.body() + b"\n\n"
         watch.finished = True
         await send({"type": "http.response.body", "body": tail, "more_body": False})
-        return False
+        return _Relayed(False, True)
     watch.finished = True
     await send({"type": "http.response.body", "body": tail, "more_body": False})
+    return _Relayed(True, False)
+
+
+async def _relay_assembled(
+    resp: aiohttp.ClientResponse,
+    send: Send,
+    watch: _Watch,
+    base_url: str,
+    usage: UsageTracker,
+    path: str,
+) -> _Relayed:
+    """Issue 15: the stream asked for a client that wants one JSON answer (llama.cpp
+    stops only a stream's generation when the client leaves: ``assemble``), answered as
+    that JSON answer (``usage.assembled``), or as the error its error event says."""
+    asm = assemble.Assembler(path)
+    answer: dict[str, Any] | errors.OpenAIError
+    try:
+        async for chunk in resp.content.iter_any():
+            asm.feed_sse(chunk)
+        answer = asm.result()
+    except TimeoutError:
+        answer = errors.upstream_timeout()
+    except aiohttp.ClientError as exc:
+        logger.warning("backend %s: stream broke: %s", base_url, type(exc).__name__)
+        answer = errors.upstream_error()
+    watch.finished = True
+    if isinstance(answer, errors.OpenAIError):
+        await errors.send_error(send, answer)
+        # an error event is the engine's answer; a broken stream is its fault (M5)
+        complete = asm.complete
+        return _Relayed(complete, engine_errors.is_backend_fault(answer) or not complete)
+    data = usage.assembled(answer)
+    if isinstance(data, errors.OpenAIError):  # what normalize refuses (as ``answer``)
+        await errors.send_error(send, data)
+        return _Relayed(True, False)
+    await errors.send_json(send, 200, data)
+    return _Relayed(True, False)
+
+
+async def _as_chat(call: _Call, send: Send) -> bool:
+    """M14: a ``/v1/responses`` request becomes the chat completions request that answers
+    it (``responses.to_chat``), checked as one; False when it was refused here. The
+    idempotency fingerprint keeps the client's own body."""
+    chat = to_chat(call.body)
+    if isinstance(chat, errors.OpenAIError):
+        await errors.send_error(send, chat)
+        return False
+    bad = check_request(CHAT_PATH, chat)
+    if bad is not None:
+        await errors.send_error(send, bad)
+        return False
+    call.responses, call.body, call.raw = call.body, chat, orjson.dumps(chat)
     return True
 
 
@@ -855,8 +1005,17 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b"".join(parts)
 
 
-def _model_object(model: str) -> dict[str, object]:
-    return {"id": model, "object": "model", "created": 0, "owned_by": "heteroflow"}
+def _model_object(model: str, created: int) -> dict[str, object]:
+    return {"id": model, "object": "model", "created": created, "owned_by": "heteroflow"}
+
+
+def _allowed_methods(path: str) -> bytes | None:
+    """The methods a /v1 path takes (None: no such path), for OPTIONS."""
+    if path in _INFERENCE_PATHS:
+        return b"POST"
+    if path == "/v1/models" or path.startswith(_MODELS_PREFIX):
+        return b"GET"
+    return None
 
 
 async def _not_allowed(send: Send, method: str, path: str, allow: bytes) -> None:

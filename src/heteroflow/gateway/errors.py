@@ -78,6 +78,24 @@ def invalid_request(message: str, param: str | None = None) -> OpenAIError:
     return OpenAIError(400, message, "invalid_request_error", param, None)
 
 
+def context_length_exceeded(
+    param: str, limit: int | None, tokens: int | None, detail: str = ""
+) -> OpenAIError:
+    """The input does not fit the model's context: OpenAI's current wording (which
+    LangChain's ``ContextOverflowError`` and LiteLLM's ``ContextWindowExceededError``
+    recognise), whoever found it: the gateway's estimate or the engine's own count."""
+    if limit is not None and tokens is not None:
+        message = (
+            f"Input tokens exceed the configured limit of {limit} tokens. Your messages "
+            f"resulted in {tokens} tokens. Please reduce the length of the messages."
+        )
+    else:
+        message = "Input tokens exceed the configured limit of the model's context window."
+    if detail:
+        message += f" ({detail})"
+    return OpenAIError(400, message, "invalid_request_error", param, "context_length_exceeded")
+
+
 def model_not_found(model: str) -> OpenAIError:
     return OpenAIError(
         404,

@@ -20,6 +20,10 @@ drain), as with every token bucket.
 * Quota (circuit breaker): ``quota_tokens`` per UTC calendar day or month; requests pass
   while the period's counter is below the quota, each reserves its cost and is corrected
   at the end; once spent, ``429 insufficient_quota`` until the period ends.
+* Tenant quota (N2): the same breaker over the key's tenant (``KeyEntry.tenant_quota_*``),
+  one counter shared by all the tenant's keys: checked after the key's quota, charged
+  the same reservation and corrected by the same real usage, so an answer's tokens count
+  against both. Its refusal is the same 429 naming the tenant's quota.
 
 Everything here is pure (time is a parameter in ms since the epoch); the stores in
 ``gateway.store`` keep the state — in memory, or in Redis where a Lua script runs the
@@ -42,7 +46,11 @@ WINDOW_MS = 60_000.0
 EPS = 1e-6
 # Completion tokens reserved when the request names no max_tokens (OpenAI's legacy
 # completions default to 16; a chat answer is charged its real size afterwards).
-DEFAULT_MAX_TOKENS = {"/v1/chat/completions": 1024, "/v1/completions": 16}
+DEFAULT_MAX_TOKENS = {
+    "/v1/chat/completions": 1024,
+    "/v1/completions": 16,
+    "/v1/responses": 1024,  # M14: a chat completion underneath
+}
 PERIODS = ("day", "month")
 
 # Verdicts; the Redis script returns the same numbers.
@@ -50,6 +58,7 @@ OK = 0
 QUOTA = 1
 REQUESTS = 2
 TOKENS = 3
+TENANT_QUOTA = 4
 
 
 @dataclass(slots=True)
@@ -86,6 +95,14 @@ class KeyState:
         return cls(Bucket(), Bucket())
 
 
+@dataclass(slots=True)
+class QuotaCounter:
+    """A tenant's quota counter (in memory; Redis keeps one key per tenant and period)."""
+
+    period: str = ""
+    used: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
     """A store's answer; remaining/reset describe the buckets after this request."""
@@ -101,6 +118,16 @@ class Admission:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantCharge:
+    """The key's tenant's token quota (N2), charged ``Charge.quota_cost`` as well."""
+
+    tenant_id: str
+    quota: int
+    period: str  # quota period id
+    period_end_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class Charge:
     """What one admission asks of a key's limits."""
 
@@ -111,7 +138,8 @@ class Charge:
     period: str  # quota period id ("" without a quota)
     period_end_ms: float
     tokens_cost: int  # reserved in the TPM bucket (capped at tpm)
-    quota_cost: int  # reserved against the quota
+    quota_cost: int  # reserved against the quota (the key's and the tenant's)
+    tenant: TenantCharge | None = None  # N2: None when the key's tenant has no quota
 
 
 def _remaining(limit: int, level: float) -> int:
@@ -126,13 +154,24 @@ def _wait_ms(limit: int, level: float, cost: int) -> int:
     return max(1, math.ceil((level + cost - limit) * WINDOW_MS / limit - EPS))
 
 
-def admit(state: KeyState, c: Charge, now_ms: float) -> Admission:
-    """Check every limit; take from all of them only when all pass."""
+def admit(
+    state: KeyState, c: Charge, now_ms: float, tenant: QuotaCounter | None = None
+) -> Admission:
+    """Check every limit; take from all of them only when all pass. ``tenant``: the
+    counter of the key's tenant, needed when ``c.tenant``."""
     if c.quota:
         if state.period != c.period:
             state.period, state.used = c.period, 0
         if state.used >= c.quota:
             return Admission(QUOTA, max(1, math.ceil(c.period_end_ms - now_ms)), used=state.used)
+    tc = c.tenant
+    if tc is not None:
+        assert tenant is not None
+        if tenant.period != tc.period:
+            tenant.period, tenant.used = tc.period, 0
+        if tenant.used >= tc.quota:
+            wait = max(1, math.ceil(tc.period_end_ms - now_ms))
+            return Admission(TENANT_QUOTA, wait, used=state.used if c.quota else 0)
     rl = state.requests.level_at(c.rpm, now_ms) if c.rpm else 0.0
     tl = state.tokens.level_at(c.tpm, now_ms) if c.tpm else 0.0
     verdict, retry = OK, 0
@@ -150,6 +189,8 @@ def admit(state: KeyState, c: Charge, now_ms: float) -> Admission:
             state.tokens.set(tl, now_ms)
         if c.quota:
             state.used += c.quota_cost
+        if tenant is not None and tc is not None:
+            tenant.used += c.quota_cost
     return Admission(
         verdict,
         retry,
@@ -161,12 +202,23 @@ def admit(state: KeyState, c: Charge, now_ms: float) -> Admission:
     )
 
 
-def settle(state: KeyState, c: Charge, tokens_delta: int, quota_delta: int, now_ms: float) -> None:
-    """Correct the reservations by ``real - reserved`` once the answer has ended."""
+def settle(
+    state: KeyState,
+    c: Charge,
+    tokens_delta: int,
+    quota_delta: int,
+    now_ms: float,
+    tenant: QuotaCounter | None = None,
+) -> None:
+    """Correct the reservations by ``real - reserved`` once the answer has ended (the
+    quota's in the key's counter and in its tenant's, each within its own period)."""
     if c.tpm and tokens_delta:
         state.tokens.set(state.tokens.level_at(c.tpm, now_ms) + tokens_delta, now_ms)
     if c.quota and quota_delta and state.period == c.period:
         state.used = max(0, state.used + quota_delta)
+    tc = c.tenant
+    if tenant is not None and tc is not None and quota_delta and tenant.period == tc.period:
+        tenant.used = max(0, tenant.used + quota_delta)
 
 
 def quota_period(period: str, now_ms: float) -> tuple[str, float]:
@@ -232,15 +284,10 @@ def refusal(c: Charge, a: Admission) -> errors.OpenAIError:
     """The 429 for a refused admission, worded like OpenAI's."""
     wait = format_duration(a.retry_after_ms)
     if a.verdict == QUOTA:
-        end = datetime.fromtimestamp(c.period_end_ms / 1000.0, UTC)
-        return errors.OpenAIError(
-            429,
-            f"You exceeded your current quota of {c.quota} tokens per {_period_word(c)}; "
-            f"it resets at {end:%Y-%m-%dT%H:%M:%SZ}.",
-            "insufficient_quota",
-            None,
-            "insufficient_quota",
-        )
+        return quota_refusal("current quota", c.quota, c.period, c.period_end_ms)
+    if a.verdict == TENANT_QUOTA and c.tenant is not None:
+        t = c.tenant
+        return quota_refusal("tenant's token quota", t.quota, t.period, t.period_end_ms)
     if a.verdict == REQUESTS:
         kind, what, limit, left, asked = "requests", "RPM", c.rpm, a.requests_remaining, 1
     else:
@@ -255,8 +302,18 @@ def refusal(c: Charge, a: Admission) -> errors.OpenAIError:
     )
 
 
-def _period_word(c: Charge) -> str:
-    return "day" if c.period.startswith("d") else "month"
+def quota_refusal(what: str, quota: int, period: str, end_ms: float) -> errors.OpenAIError:
+    """The 429 of a spent quota, the key's or its tenant's (``what`` names which)."""
+    end = datetime.fromtimestamp(end_ms / 1000.0, UTC)
+    word = "day" if period.startswith("d") else "month"
+    return errors.OpenAIError(
+        429,
+        f"You exceeded your {what} of {quota} tokens per {word}; "
+        f"it resets at {end:%Y-%m-%dT%H:%M:%SZ}.",
+        "insufficient_quota",
+        None,
+        "insufficient_quota",
+    )
 
 
 def refusal_headers(c: Charge, a: Admission) -> list[tuple[bytes, bytes]]:
@@ -297,6 +354,8 @@ class Limiter:
         self._store = store
         self._clock = clock
         self._periods: dict[str, tuple[str, float]] = {}  # period kind -> (id, end_ms)
+        # N2: tenant id -> (period kind, the charge of its tenant quota this period)
+        self._tenants: dict[str, tuple[str, TenantCharge]] = {}
 
     def _now_ms(self) -> float:
         return self._clock.now().timestamp() * 1000.0
@@ -307,12 +366,30 @@ class Limiter:
             cached = self._periods[kind] = quota_period(kind, now_ms)
         return cached
 
+    def _tenant(self, entry: KeyEntry, now_ms: float) -> TenantCharge | None:
+        """What this key's tenant quota is charged: one object per tenant and period."""
+        kind = entry.tenant_quota_period
+        if not entry.tenant_quota_tokens or kind not in PERIODS:
+            return None
+        cached = self._tenants.get(entry.tenant_id)
+        if (
+            cached is None
+            or now_ms >= cached[1].period_end_ms
+            or cached[0] != kind
+            or cached[1].quota != entry.tenant_quota_tokens
+        ):
+            period, end = quota_period(kind, now_ms)
+            t = TenantCharge(entry.tenant_id, entry.tenant_quota_tokens, period, end)
+            cached = self._tenants[entry.tenant_id] = (kind, t)
+        return cached[1]
+
     async def admit(
         self, entry: KeyEntry, path: str, body: dict[str, Any], body_len: int
     ) -> Ticket | tuple[errors.OpenAIError, list[tuple[bytes, bytes]]]:
         now = self._now_ms()
-        cost = request_cost(path, body, body_len) if entry.tpm_limit or entry.quota_tokens else 0
         quota = entry.quota_tokens if entry.quota_period in PERIODS else 0
+        tenant = self._tenant(entry, now)
+        cost = request_cost(path, body, body_len) if entry.tpm_limit or quota or tenant else 0
         period, end = self._period(entry.quota_period, now) if quota else ("", 0.0)
         charge = Charge(
             entry.endpoint_id,
@@ -323,6 +400,7 @@ class Limiter:
             end,
             min(cost, entry.tpm_limit),
             cost,
+            tenant,
         )
         a = await self._store.admit(charge, now)
         if a.verdict != OK:
@@ -333,7 +411,7 @@ class Limiter:
         """``status`` None or >= 400: nothing was generated, the reservation is returned;
         a success whose usage is unknown keeps its reservation."""
         c = ticket.charge
-        if not (c.tpm or c.quota):
+        if not (c.tpm or c.quota or c.tenant):
             return
         if status is None or status >= 400:
             used = 0

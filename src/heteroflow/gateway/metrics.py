@@ -38,13 +38,14 @@ Series:
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from heteroflow.core.prometheus import Histogram
 
-CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 CLIENT_LEFT = 499
 # The path label: the routes the gateway serves, by their own name...
-ROUTE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models"})
+ROUTE_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/responses"}
+)
 # The wake branches and hold outcomes a label may take; anything else is "other".
 WAKE_BRANCHES = frozenset(
     {
@@ -64,21 +65,6 @@ def path_label(path: str) -> str:
     if path.startswith("/v1/models/"):
         return MODEL_ROUTE
     return OTHER_PATH
-
-
-class Histogram:
-    __slots__ = ("bounds", "count", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # per bucket (the last is +Inf), not cumulative
-        self.count = 0
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.count += 1
-        self.sum += value
 
 
 class GatewayMetrics:

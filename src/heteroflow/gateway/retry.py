@@ -22,8 +22,15 @@ as it was reused. aiohttp does not surface a pooled connection "found dead befor
 write" distinctly: a connection whose close the event loop has already seen is dropped
 silently in ``BaseConnector._get`` (``proto.is_connected()``) and a new one is opened,
 whose failure is again a ``ClientConnectorError``; the remaining race shows up only
-after the write. (``Upstream.open`` still resends once to the *same* backend on those,
-the stale keep-alive case; a request that took that path never fails over.)
+after the write.
+
+One narrower case is provable, and ``Upstream.open`` resends it once to the *same*
+backend on a fresh (never pooled) connection: aiohttp could not hand the request to the
+socket because the pooled connection's transport was already closing — the peer had
+closed it before our request was written (``request_unwritten``). Then the backend
+never got a complete request (its body at most in part, with a Content-Length it waits
+for), so it cannot have started a generation. A ``ServerDisconnectedError`` or a reset
+*after* the write stays unprovable and is answered 502 (OpenAI's SDKs retry it).
 
 The bound: at most ``max_retries`` further backends (default 1), never one already
 tried, never an ejected one (the retry does not fail open: the first attempt's error is
@@ -45,11 +52,24 @@ NOTHING_SENT: tuple[type[BaseException], ...] = (
     aiohttp.ClientConnectorError,
     aiohttp.ConnectionTimeoutError,
 )
+_BODY_UNWRITTEN = "Can not write request body"
 
 
 def nothing_sent(exc: BaseException) -> bool:
     """True when ``exc``, raised by ``session.post()``, proves no request byte left."""
     return isinstance(exc, NOTHING_SENT)
+
+
+def request_unwritten(exc: BaseException) -> bool:
+    """True when ``exc``, raised by ``session.post()``, says the request was never
+    completely written: the writer found the transport closing (``ClientConnectionResetError``
+    from ``StreamWriter``), or writing the body failed (aiohttp 3.14 wraps that as a
+    ``ClientOSError`` "Can not write request body", ``ClientRequest.write_bytes``)."""
+    if isinstance(exc, aiohttp.ClientConnectionResetError):
+        return True
+    return isinstance(exc, aiohttp.ClientOSError) and str(exc.strerror or "").startswith(
+        _BODY_UNWRITTEN
+    )
 
 
 def may_fail_over(*, nothing_sent: bool, retries_done: int, max_retries: int) -> bool:

@@ -9,7 +9,11 @@ request path. Idempotency records are claimed with one script and stored with on
 Keys: ``{prefix}rl:{<endpoint>}:r|t`` (the buckets, hashes ``l`` level / ``t`` ms),
 ``{prefix}rl:{<endpoint>}:q:<period>`` (the quota counter, expiring an hour after its
 period) and ``{prefix}idem:{<endpoint>}:<key>``; the braces keep one endpoint's keys in
-one Redis Cluster slot, as multi-key scripts need.
+one Redis Cluster slot, as multi-key scripts need. A tenant with a token quota (N2) adds
+``{prefix}rlt:{<tenant>}:q:<period>`` (its counter, expiring like the key's), checked
+and taken by the same admission script and corrected by the same settle script as its
+key's (so still one round trip; that script then spans two slots — this client talks
+to one Redis, not to a Cluster).
 
 Redis unreachable: **fail open to this instance's memory**. Limits are then enforced
 per instance (so a key gets at most ``instances * limit`` during the outage), idempotency
@@ -39,7 +43,14 @@ from heteroflow.gateway.idempotency import (
     StoredResponse,
     new_token,
 )
-from heteroflow.gateway.limits import Admission, Charge, KeyState, LimitStore
+from heteroflow.gateway.limits import (
+    Admission,
+    Charge,
+    KeyState,
+    LimitStore,
+    QuotaCounter,
+    TenantCharge,
+)
 from heteroflow.gateway.redis_wire import RedisWire, ReplyError, Script
 
 logger = logging.getLogger(__name__)
@@ -66,8 +77,8 @@ local function put(key, limit, l, now)
 end
 """
 
-# KEYS: requests bucket, tokens bucket, quota counter.
-# ARGV[1]: "now_ms rpm tpm quota tokens_cost quota_cost period_end_ms".
+# KEYS: requests bucket, tokens bucket, quota counter[, tenant quota counter].
+# ARGV[1]: "now_ms rpm tpm quota tokens_cost quota_cost period_end_ms[ tquota tperiod_end_ms]".
 # Returns "verdict retry_ms req_remaining req_reset_ms tok_remaining tok_reset_ms used".
 # (One argument in, one string out: packing and parsing them is most of a call's CPU.)
 ADMIT_LUA = (
@@ -76,6 +87,7 @@ ADMIT_LUA = (
 local a = {}
 for x in string.gmatch(ARGV[1], '%S+') do a[#a + 1] = tonumber(x) end
 local now, rpm, tpm, quota, tcost, qcost, pend = a[1], a[2], a[3], a[4], a[5], a[6], a[7]
+local tquota, tpend = a[8] or 0, a[9] or 0
 local function out(...)
   return string.format('%d %d %d %d %d %d %d', ...)
 end
@@ -88,6 +100,12 @@ end
 local function reset(limit, l)
   if limit <= 0 or l <= 0 then return 0 end
   return math.ceil(l * W / limit - EPS)
+end
+-- a quota counter takes the reservation; a new one expires an hour after its period
+local function count(key, period_end)
+  if redis.call('INCRBY', key, qcost) == qcost then
+    redis.call('PEXPIRE', key, string.format('%d', math.ceil(period_end - now) + 3600000))
+  end
 end
 local function wait(limit, l, cost)
   local w = math.ceil((l + cost - limit) * W / limit - EPS)
@@ -103,6 +121,14 @@ if quota > 0 then
     return out(1, w, 0, 0, 0, 0, used)
   end
 end
+if tquota > 0 then
+  local tused = tonumber(redis.call('GET', KEYS[4]) or '0')
+  if tused >= tquota then
+    local w = math.ceil(tpend - now)
+    if w < 1 then w = 1 end
+    return out(4, w, 0, 0, 0, 0, used)
+  end
+end
 local rl = level(KEYS[1], rpm, now)
 local tl = level(KEYS[2], tpm, now)
 local verdict, retry = 0, 0
@@ -114,26 +140,29 @@ end
 if verdict == 0 then
   if rpm > 0 then rl = put(KEYS[1], rpm, rl + 1, now) end
   if tpm > 0 then tl = put(KEYS[2], tpm, tl + tcost, now) end
-  if quota > 0 then
-    redis.call('INCRBY', KEYS[3], qcost)
-    redis.call('PEXPIRE', KEYS[3], string.format('%d', math.ceil(pend - now) + 3600000))
-  end
+  if quota > 0 then count(KEYS[3], pend) end
+  if tquota > 0 then count(KEYS[4], tpend) end
 end
 return out(verdict, retry, remaining(rpm, rl), reset(rpm, rl), remaining(tpm, tl),
            reset(tpm, tl), used)
 """
 )
 
-# KEYS: tokens bucket, quota counter. ARGV: now_ms, tpm, tokens_delta, quota_delta.
+# KEYS: tokens bucket, quota counter[, tenant quota counter].
+# ARGV: now_ms, tpm, tokens_delta, quota_delta[, tenant_quota_delta].
 SETTLE_LUA = (
     _LEVEL_LUA
     + """
 local now, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local td, qd = tonumber(ARGV[3]), tonumber(ARGV[4])
 if tpm > 0 and td ~= 0 then put(KEYS[1], tpm, level(KEYS[1], tpm, now) + td, now) end
-if qd ~= 0 and redis.call('EXISTS', KEYS[2]) == 1 then
-  if redis.call('INCRBY', KEYS[2], qd) < 0 then redis.call('SET', KEYS[2], 0, 'KEEPTTL') end
+local function correct(key, d)
+  if d ~= 0 and redis.call('EXISTS', key) == 1 then
+    if redis.call('INCRBY', key, d) < 0 then redis.call('SET', key, 0, 'KEEPTTL') end
+  end
 end
+correct(KEYS[2], qd)
+if KEYS[3] then correct(KEYS[3], tonumber(ARGV[5])) end
 return 0
 """
 )
@@ -172,20 +201,27 @@ class MemoryStore:
 
     def __init__(self, idempotency: MemoryTable | None = None) -> None:
         self._states: dict[str, KeyState] = {}
+        self._tenants: dict[str, QuotaCounter] = {}  # N2: tenant id -> its quota counter
         self._table = idempotency or MemoryTable()
 
     async def admit(self, c: Charge, now_ms: float) -> Admission:
         st = self._states.get(c.endpoint_id)
         if st is None:
             st = self._states[c.endpoint_id] = KeyState.new()
-        return limits.admit(st, c, now_ms)
+        tenant = None
+        if c.tenant is not None:
+            tenant = self._tenants.get(c.tenant.tenant_id)
+            if tenant is None:
+                tenant = self._tenants[c.tenant.tenant_id] = QuotaCounter()
+        return limits.admit(st, c, now_ms, tenant)
 
     def settle(
         self, c: Charge, tokens_delta: int, quota_delta: int, now_ms: float, shared: bool
     ) -> None:
         st = self._states.get(c.endpoint_id)
         if st is not None:
-            limits.settle(st, c, tokens_delta, quota_delta, now_ms)
+            tenant = None if c.tenant is None else self._tenants.get(c.tenant.tenant_id)
+            limits.settle(st, c, tokens_delta, quota_delta, now_ms, tenant)
 
     async def claim(
         self, endpoint_id: str, key: bytes, fp: bytes, lease_ms: int, now_ms: float
@@ -243,8 +279,9 @@ class RedisStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._down = False
         self._retry_at = 0.0
-        # (endpoint, tpm, period) -> [tokens delta, quota delta], and the latest time
-        self._pending: dict[tuple[str, int, str], list[int]] = {}
+        # (endpoint, tpm, period, tenant's charge) -> [tokens, quota, tenant quota deltas],
+        # and the latest time
+        self._pending: dict[tuple[str, int, str, TenantCharge | None], list[int]] = {}
         self._pending_now = 0.0
         self._flush_timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[None]] = set()
@@ -286,6 +323,9 @@ class RedisStore:
         base = self._prefix + b"rl:{" + endpoint_id.encode() + b"}:"
         return base + b"r", base + b"t", base + b"q:" + period.encode()
 
+    def _tenant_key(self, tenant_id: str, period: str) -> bytes:
+        return self._prefix + b"rlt:{" + tenant_id.encode() + b"}:q:" + period.encode()
+
     def _record_key(self, endpoint_id: str, key: bytes) -> bytes:
         return self._prefix + b"idem:{" + endpoint_id.encode() + b"}:" + key
 
@@ -298,10 +338,15 @@ class RedisStore:
         args = (
             f"{now_ms!r} {c.rpm} {c.tpm} {c.quota} {c.tokens_cost} {c.quota_cost} "
             f"{c.period_end_ms!r}"
-        ).encode()
+        )
+        keys: tuple[bytes, ...] = self._keys(c.endpoint_id, c.period)
+        t = c.tenant
+        if t is not None:  # N2: the tenant's counter, in the same script
+            args += f" {t.quota} {t.period_end_ms!r}"
+            keys += (self._tenant_key(t.tenant_id, t.period),)
         try:
             async with asyncio.timeout(self._timeout_s):
-                r = await wire.evalsha(_ADMIT, self._keys(c.endpoint_id, c.period), (args,))
+                r = await wire.evalsha(_ADMIT, keys, (args.encode(),))
         except _REDIS_ERRORS as exc:
             self._failed(exc)
             return _local(await self._local.admit(c, now_ms))
@@ -315,14 +360,18 @@ class RedisStore:
         if not shared:
             self._local.settle(c, tokens_delta, quota_delta, now_ms, shared)
             return
-        k = (c.endpoint_id, c.tpm, c.period if c.quota else "")
+        k = (c.endpoint_id, c.tpm, c.period if c.quota else "", c.tenant)
         self._pending_now = max(self._pending_now, now_ms)
+        td = tokens_delta if c.tpm else 0
+        qd = quota_delta if c.quota else 0
+        tqd = quota_delta if c.tenant is not None else 0
         acc = self._pending.get(k)
         if acc is None:
-            self._pending[k] = [tokens_delta if c.tpm else 0, quota_delta if c.quota else 0]
+            self._pending[k] = [td, qd, tqd]
         else:
-            acc[0] += tokens_delta if c.tpm else 0
-            acc[1] += quota_delta if c.quota else 0
+            acc[0] += td
+            acc[1] += qd
+            acc[2] += tqd
         if self._flush_timer is None:
             self._flush_timer = asyncio.get_running_loop().call_later(
                 self._flush_s, self._start_flush
@@ -337,7 +386,7 @@ class RedisStore:
     async def flush(self) -> None:
         """Send the summed corrections, pipelined (lost if Redis is down)."""
         batch, self._pending = self._pending, {}
-        batch = {k: v for k, v in batch.items() if v[0] or v[1]}
+        batch = {k: v for k, v in batch.items() if v[0] or v[1] or v[2]}
         if not batch:
             return
         wire = self._redis()
@@ -345,10 +394,14 @@ class RedisStore:
             return
         now = repr(self._pending_now).encode()
         calls = []
-        for (ep, tpm, period), (td, qd) in batch.items():
+        for (ep, tpm, period, tenant), (td, qd, tqd) in batch.items():
             _, tk, qk = self._keys(ep, period)
-            args = (now, str(tpm).encode(), str(td).encode(), str(qd).encode())
-            calls.append(wire.evalsha(_SETTLE, (tk, qk), args))
+            keys: tuple[bytes, ...] = (tk, qk)
+            args: tuple[bytes, ...] = (now, str(tpm).encode(), str(td).encode(), str(qd).encode())
+            if tenant is not None:  # N2: the tenant's counter, corrected by the same script
+                keys += (self._tenant_key(tenant.tenant_id, tenant.period),)
+                args += (str(tqd).encode(),)
+            calls.append(wire.evalsha(_SETTLE, keys, args))
         try:
             async with asyncio.timeout(self._timeout_s):
                 await asyncio.gather(*calls)

@@ -42,12 +42,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 import orjson
 
 from heteroflow.core.clock import Clock
+from heteroflow.gateway.errors import OpenAIError
+from heteroflow.gateway.normalize import Asked, StreamFix, fix_answer, needs_parse
 from heteroflow.schemas.routing import activity_to_wire
 from heteroflow.schemas.usage import GatewayLoad, UsageRow, activity_report_to_wire
 
@@ -61,6 +63,7 @@ _USAGE_KEY = b'"usage":'
 # Python's json.dumps spacing.
 _USAGE_OBJ = b'"usage":{'
 _USAGE_OBJ_SPACED = b'"usage": {'
+_ERROR_KEY = b'"error":'  # an error event mid-stream (vLLM, SGLang)
 _CLOSE_ATTEMPTS = 3
 _CLOSE_RETRY_S = 1.0
 # tokens/s per backend are averaged over this long (issue 14: the autoscaler's
@@ -154,25 +157,61 @@ def _count(v: object) -> bool:
 
 
 class UsageTracker:
-    """The token usage of one answer: ``usage`` once found (None while unknown).
+    """The token usage of one answer: ``usage`` once found (None while unknown), and the
+    answer normalised to OpenAI's shape on the way (``normalize``, issue 15) — one parse
+    serves both.
 
-    A JSON answer is handed over whole (``read_body``). A stream goes through ``feed``,
+    A JSON answer is handed over whole (``answer``). A stream goes through ``feed``,
     which returns the bytes to send now: every complete event received so far (a partial
     event waits for its end, which costs the client nothing: it cannot use half an
-    event). Only a part that contains a usage object is parsed. With ``hide`` the
-    usage-only event (``"choices": []``) is dropped: the client did not ask for it, so it
-    must not see it (the gateway forced ``stream_options.include_usage`` upstream).
+    event). Only an event that contains a usage object (or needs a fix: an error event,
+    a completions event with echo or logprobs) is parsed. With ``hide`` the usage-only
+    event (``"choices": []``) is dropped: the client did not ask for it, so it must not
+    see it (the gateway forced ``stream_options.include_usage`` upstream).
+    ``asked`` (None: relay untouched) is what the request asked that shapes the answer.
     """
 
-    __slots__ = ("_rest", "hide", "usage")
+    __slots__ = ("_asked", "_fix", "_rest", "hide", "usage")
 
-    def __init__(self, *, hide: bool) -> None:
+    def __init__(self, *, hide: bool, asked: Asked | None = None) -> None:
         self.hide = hide
         self.usage: Usage | None = None
         self._rest = b""
+        self._asked = asked
+        self._fix = StreamFix(asked, hide) if asked is not None and asked.stream else None
 
     def read_body(self, data: bytes) -> None:
         self.usage = usage_from_json(data)
+
+    def answer(self, data: bytes) -> bytes | OpenAIError:
+        """A whole 2xx JSON answer as the client is to get it (re-serialised only when a
+        fix changed it), or the error to answer instead; its usage noted."""
+        a = self._asked
+        if a is None or not needs_parse(a, data):
+            self.usage = usage_from_json(data)
+            return data
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict):
+            self.usage = usage_from_json(data)
+            return data
+        self.usage = _usage(obj.get("usage"))
+        fixed = fix_answer(a, obj)
+        if isinstance(fixed, OpenAIError):
+            return fixed
+        return orjson.dumps(obj) if fixed else data
+
+    def assembled(self, obj: dict[str, Any]) -> bytes | OpenAIError:
+        """A non-stream answer assembled from a stream (``assemble``) as ``answer`` would
+        give it, without a parse: fixed in place, serialised once; its usage noted."""
+        self.usage = _usage(obj.get("usage"))
+        if self._asked is not None:
+            fixed = fix_answer(self._asked, obj)
+            if isinstance(fixed, OpenAIError):
+                return fixed
+        return orjson.dumps(obj)
 
     def feed(self, chunk: bytes) -> bytes:
         if self._rest:
@@ -186,41 +225,66 @@ class UsageTracker:
                 self._rest = chunk
                 return b""
             out, self._rest = chunk[:end], chunk[end:]
-        if _USAGE_OBJ in out or _USAGE_OBJ_SPACED in out:
-            return self._scan(out)
-        return out
+        return self._events(out)
 
     def finish(self) -> bytes:
         """What is left at the end of the stream (an event without its blank line)."""
         rest, self._rest = self._rest, b""
-        if rest and (_USAGE_OBJ in rest or _USAGE_OBJ_SPACED in rest):
-            return self._scan(rest)
-        return rest
+        return self._events(rest) if rest else rest
+
+    def _events(self, out: bytes) -> bytes:
+        fix = self._fix
+        if fix is not None:
+            out = fix.raw(out)
+            if fix.per_event or _ERROR_KEY in out:
+                return self._scan(out)
+        if _USAGE_OBJ in out or _USAGE_OBJ_SPACED in out:
+            return self._scan(out)
+        return out
 
     def _scan(self, part: bytes) -> bytes:
         sep = b"\r\n\r\n" if b"\r\n\r\n" in part else b"\n\n"
         events = part.split(sep)
-        kept = [e for e in events if not self._take(e)]
-        return part if len(kept) == len(events) else sep.join(kept)
+        out: list[bytes] = []
+        changed = False
+        for event in events:
+            sent = self._event(event)
+            if sent is None:
+                out.append(event)
+            else:
+                out += sent
+                changed = True
+        return sep.join(out) if changed else part
 
-    def _take(self, event: bytes) -> bool:
-        """Record the event's usage; True when the event is to be dropped."""
-        if _USAGE_OBJ not in event and _USAGE_OBJ_SPACED not in event:
-            return False
+    def _event(self, event: bytes) -> list[bytes] | None:
+        """Record the event's usage; the events to send instead of it (None: itself)."""
+        fix = self._fix
+        if not (
+            _USAGE_OBJ in event
+            or _USAGE_OBJ_SPACED in event
+            or (fix is not None and (fix.per_event or _ERROR_KEY in event))
+        ):
+            return None
         data = b"\n".join(
             line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")
         )
+        if not data or data == b"[DONE]":
+            return None
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return False
+            return None
         if not isinstance(obj, dict):
-            return False
+            return None
         usage = _usage(obj.get("usage"))
-        if usage is None:
-            return False
-        self.usage = usage
-        return self.hide and obj.get("choices") == []
+        if usage is not None:
+            self.usage = usage
+            if self.hide and obj.get("choices") == []:
+                return []
+        fixed = None if fix is None else fix.event(obj)
+        if fixed is None:
+            return None
+        return [b"data: " + orjson.dumps(o) for o in fixed]
 
 
 def _last_event_end(chunk: bytes) -> int:

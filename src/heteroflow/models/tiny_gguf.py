@@ -53,6 +53,39 @@ _CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# The tool-calling variant (``write_tiny_gguf(..., tools=True)``): ChatML plus the Hermes
+# tool format (tools listed in a system turn, calls as <tool_call>{json}</tool_call>), which
+# llama.cpp's Jinja chat code recognises; it then constrains a tool call by grammar.
+_HERMES_TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{%- if messages[0].role == 'system' %}{{ messages[0].content + '\n\n' }}{%- endif %}"
+    "# Tools\n\nYou may call functions. Signatures within <tools></tools>:\n<tools>"
+    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n\n"
+    "For each call return a json object with name and arguments within <tool_call></tool_call>:"
+    "\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+    "</tool_call><|im_end|>\n"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{ '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' and loop.first %}"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}"
+    "{{ '<|im_start|>assistant' }}{%- if message.content %}{{ '\n' + message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls %}"
+    "{%- if call.function is defined %}{%- set call = call.function %}{%- endif %}"
+    "{{ '\n<tool_call>\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+    "{{ call.arguments | tojson }}{{ '}\n</tool_call>' }}"
+    "{%- endfor %}{{ '<|im_end|>\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{{ '<|im_start|>user\n<tool_response>\n' + message.content }}"
+    "{{ '\n</tool_response><|im_end|>\n' }}"
+    "{%- else %}"
+    "{{ '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
 _F32 = npt.NDArray[np.float32]
 
 
@@ -122,7 +155,7 @@ def _build_tensors(n_vocab: int) -> dict[str, _F32]:
     return tensors
 
 
-def _write(path: Path) -> None:
+def _write(path: Path, *, tools: bool = False) -> None:
     tokens, token_types = _vocab()
     n_vocab = len(tokens)
     arch = "llama"
@@ -149,7 +182,12 @@ def _write(path: Path) -> None:
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
-    writer.add_chat_template(_CHATML_TEMPLATE)
+    if tools:
+        # SentencePiece would put a space after <|im_start|> ("▁assistant"), which the tool
+        # grammar (it starts with the generation prompt) rejects: llama.cpp then fails the
+        # request with "Failed to initialize samplers" (measured).
+        writer.add_add_space_prefix(False)
+    writer.add_chat_template(_HERMES_TOOLS_TEMPLATE if tools else _CHATML_TEMPLATE)
     for name, tensor in _build_tensors(n_vocab).items():
         writer.add_tensor(name, tensor)
     writer.write_header_to_file()
@@ -162,8 +200,12 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write_tiny_gguf(path: Path) -> Path:
+def write_tiny_gguf(path: Path, *, tools: bool = False) -> Path:
     """Write the tiny model to ``path`` and return it; an identical existing file is kept.
+
+    ``tools``: the tool-calling variant, whose chat template renders ``tools`` (Hermes
+    format) so llama.cpp answers them with grammar-constrained ``tool_calls``; the default
+    model's plain ChatML template makes llama.cpp ignore ``tools``.
 
     The bytes are rendered to a sibling temp file first and moved into place atomically, so
     concurrent writers and readers never see a half-written model, and an unchanged file
@@ -176,7 +218,7 @@ def write_tiny_gguf(path: Path) -> Path:
     tmp = Path(tmp_name)
     tmp.chmod(0o644)  # mkstemp creates 0600; model files are meant to be shared read-only
     try:
-        _write(tmp)
+        _write(tmp, tools=tools)
         if path.is_file() and _sha256(path) == _sha256(tmp):
             return path
         os.replace(tmp, path)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, StringConstraints
 
+from heteroflow.schemas.capabilities import CapabilitiesRead
 from heteroflow.schemas.common import (
     ID_PATTERN,
     MAX_ID_LENGTH,
@@ -63,6 +64,8 @@ class ModelRouteRead(BaseModel):
     algorithm: str
     tags: list[str] = Field(default_factory=list)
     added: bool = False  # added for the tenant: every key of the tenant may call it
+    # issue 15: what the group's model can answer (null fields: unknown)
+    capabilities: CapabilitiesRead = Field(default_factory=CapabilitiesRead)
 
 
 # A capability tag for model=auto (M10): "code", "long-context", "embedding", ...

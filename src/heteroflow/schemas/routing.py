@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, Field
 
+from heteroflow.core.engines.capabilities import UNKNOWN, Capabilities
 from heteroflow.schemas.common import IdStr, SafeStr, Strict, to_utc
 
 
@@ -67,6 +68,9 @@ class RouteTarget:
     # its way up) or "" (neither). Such a target is listed but has no backend for the
     # tasks that sleep; the gateway holds requests for it until one is running.
     asleep: str = ""
+    # Issue 15: what the group's model can answer (tools, images, embeddings, JSON schema,
+    # context); unknown by default (a routes file, an older server's snapshot).
+    capabilities: Capabilities = UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,10 @@ class KeyEntry:
     tpm_limit: int = 0
     quota_tokens: int = 0
     quota_period: str = ""
+    # N2: the key's tenant's token budget, shared by all its keys (0 = none); on the
+    # wire once per tenant (``tenant_quotas``), copied here so admission needs no lookup.
+    tenant_quota_tokens: int = 0
+    tenant_quota_period: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +100,7 @@ class RoutingSnapshot:
     routes: dict[tuple[str, str], tuple[RouteTarget, ...]] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "version": self.version,
             "keys": {
                 h: {
@@ -120,6 +128,7 @@ class RoutingSnapshot:
                             "algorithm": t.algorithm,
                             "tags": list(t.tags),
                             "asleep": t.asleep,
+                            "capabilities": t.capabilities.to_wire(),
                             "backends": [
                                 {
                                     "task_id": b.task_id,
@@ -137,9 +146,23 @@ class RoutingSnapshot:
                 for (tenant, model), targets in self.routes.items()
             ],
         }
+        # N2: {tenant_id: {"quota_tokens", "quota_period"}}, only tenants with a quota (and
+        # only then the key: older gateways ignore it, older snapshots lack it)
+        tenants = {
+            k.tenant_id: {
+                "quota_tokens": k.tenant_quota_tokens,
+                "quota_period": k.tenant_quota_period,
+            }
+            for k in self.keys.values()
+            if k.tenant_quota_tokens
+        }
+        if tenants:
+            wire["tenant_quotas"] = tenants
+        return wire
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> RoutingSnapshot:
+        tenants = data.get("tenant_quotas") or {}
         keys = {
             h: KeyEntry(
                 endpoint_id=k["endpoint_id"],
@@ -150,6 +173,8 @@ class RoutingSnapshot:
                 tpm_limit=int(k.get("tpm_limit", 0)),
                 quota_tokens=int(k.get("quota_tokens", 0)),
                 quota_period=str(k.get("quota_period", "")),
+                tenant_quota_tokens=int(tenants.get(k["tenant_id"], {}).get("quota_tokens", 0)),
+                tenant_quota_period=str(tenants.get(k["tenant_id"], {}).get("quota_period", "")),
             )
             for h, k in data["keys"].items()
         }
@@ -174,6 +199,7 @@ class RoutingSnapshot:
                     algorithm=t.get("algorithm", "round_robin"),
                     tags=tuple(t.get("tags", ())),
                     asleep=str(t.get("asleep", "")),
+                    capabilities=Capabilities.from_wire(t.get("capabilities")),
                 )
                 for t in r["targets"]
             )

@@ -22,6 +22,7 @@ from heteroflow.core.autoscale import (  # issue 14 (scaling)
 )
 from heteroflow.core.engines import ENGINES, resolve_engine
 from heteroflow.core.errors import ValidationFailed  # issue 14 (scaling)
+from heteroflow.schemas.capabilities import CapabilitiesRead  # issue 15
 from heteroflow.schemas.common import (
     NAME_PATTERN,
     Labels,
@@ -31,6 +32,7 @@ from heteroflow.schemas.common import (
     TextItem,
     no_nul,
 )
+from heteroflow.schemas.dedup import DedupRead  # issue 16 (dedup)
 from heteroflow.schemas.windows import ScheduleWindowIn  # issue 14 (K1)
 
 # What callers put in "model": no spaces or commas (engines read comma lists of aliases).
@@ -406,11 +408,15 @@ class TaskGroupRead(BaseModel):
     updated_at: datetime
     # its current tasks (one per rank); replaced ones stay readable at /api/v1/tasks/{id}
     tasks: list[TaskRead] = Field(default_factory=list)
+    # issue 15: what its model can answer (null fields: unknown)
+    capabilities: CapabilitiesRead = Field(default_factory=CapabilitiesRead)
 
 
 class TaskGroupCreated(TaskGroupRead):
     api_key: str | None = Field(default=None, description="plaintext, shown only in this response")
     warnings: list[str] = Field(default_factory=list)
+    # issue 16 (L2-L4): set when an existing service was reused instead of a new one
+    dedup: DedupRead | None = None
 
 
 class EventRead(BaseModel):
@@ -467,3 +473,5 @@ class DryRunPlan(BaseModel):
     estimate_detail: str | None
     tasks: list[PlannedTask]
     warnings: list[str]
+    # issue 16 (L2): what the create would reuse (then nothing would be placed: no tasks)
+    dedup: DedupRead | None = None

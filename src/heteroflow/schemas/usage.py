@@ -11,7 +11,7 @@ of a scale-in or a rolling update read them (``services.usage.read_load``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, Field
@@ -72,19 +72,44 @@ class UsageAccepted(BaseModel):
 
 
 class UsageSums(BaseModel):
+    """Token sums, and GPU time (N4) when the report was asked for it (``gpu=true``).
+
+    GPU time is card-seconds by commitment (``core.metering``) and task-seconds, the
+    ``running`` and ``sleeping`` states apart; it has no endpoint, so it is null in rows
+    grouped by endpoint and everywhere when filtered by one. The route leaves unset
+    fields out of the answer, so a report not asked for GPU time keeps its old shape.
+    """
+
     requests: int
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    gpu_running_card_seconds: float | None = None
+    gpu_sleeping_card_seconds: float | None = None
+    running_task_seconds: float | None = None
+    sleeping_task_seconds: float | None = None
+
+
+# the GPU fields, in the order of the answer and of the CSV columns
+GPU_FIELDS = (
+    "gpu_running_card_seconds",
+    "gpu_sleeping_card_seconds",
+    "running_task_seconds",
+    "sleeping_task_seconds",
+)
 
 
 class UsageRowRead(UsageSums):
-    """One group of the report; the fields not grouped by are null."""
+    """One group of the report; the four first fields, when not grouped by, are null;
+    ``service_id``, ``hour`` and ``day`` are there only when grouped by."""
 
     tenant_id: str | None = None
-    member_id: str | None = None  # the member who created the endpoint's key
+    member_id: str | None = None  # tokens: who created the key; GPU time: the task's owner
     endpoint_id: str | None = None
     model: str | None = None
+    service_id: str | None = None  # the task group (tokens: the key's endpoint's group)
+    hour: datetime | None = None  # the UTC hour's start
+    day: date | None = None  # the UTC day
 
 
 class UsageReport(BaseModel):

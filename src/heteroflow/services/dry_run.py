@@ -31,9 +31,10 @@ from heteroflow.schemas.task_groups import (
     PlannedTask,
     TaskGroupCreate,
 )
+from heteroflow.services import dedup  # issue 16 (dedup)
 from heteroflow.services.auth import Principal
 from heteroflow.services.fleet import engines_of, read_fleet
-from heteroflow.services.planning import GroupPlan, plan_group
+from heteroflow.services.planning import GroupPlan, check_quota, plan_group
 
 # What a create assigns, and what only the agent knows, shown as placeholders.
 PLANNED_ID = "task-<assigned-at-create>"
@@ -61,9 +62,14 @@ def dry_run(
     fleet = read_fleet(s, clock, offline_after_s)  # the create's read, the round's too
     views = fleet.views
     plan = plan_group(s, who, req, fleet, reservation, env_allow)
+    # issue 16 (L2): the create's own dedup decision; a reuse places nothing
+    found = dedup.decide(s, clock, who, plan, offline_after_s=offline_after_s)
+    plan.warnings.extend(found.warnings)
+    if found.group is None:
+        check_quota(s, who, plan)  # issue 16 (N2): the create's own question
     share_key = fleet.share_key(who.tenant_id)
     tasks: list[PlannedTask] = []
-    for rank in range(plan.replicas):
+    for rank in range(0 if found.group is not None else plan.replicas):
         demand = plan.demand(share_key, task_id=f"planned-{rank}", tenant_id=who.tenant_id)
         decision = place(demand, fleet.nodes, reservation, port_pool, policy)
         if isinstance(decision, Placement):
@@ -86,6 +92,7 @@ def dry_run(
         estimate_detail=est.detail if est else None,
         tasks=tasks,
         warnings=plan.warnings,
+        dedup=found.preview(plan.model_name),
     )
 
 

@@ -21,7 +21,16 @@ from heteroflow.schemas.gateway import (
     ModelRouteUpdate,
 )
 from heteroflow.schemas.routing import hash_key
+from heteroflow.services.access import (
+    endpoint_clause,
+    route_clause,
+    visible_endpoint,
+    visible_group,
+    visible_route,
+)
 from heteroflow.services.auth import Principal
+from heteroflow.services.capabilities import group_capabilities
+from heteroflow.services.sharing import SharingLookupFailed, sharing_peers  # issue 16 (L4)
 from heteroflow.services.views import endpoint_read, route_read
 
 ALGORITHMS = ("round_robin", "random", "least_connections", "engine_aware")
@@ -30,24 +39,19 @@ ALGORITHMS = ("round_robin", "random", "least_connections", "engine_aware")
 CHOSEN_KEY = re.compile(r"[A-Za-z0-9._~+/-]{20,256}")
 
 
-def _visible_endpoint(s: Session, who: Principal, endpoint_id: str) -> InferenceEndpoint:
-    e = s.get(InferenceEndpoint, endpoint_id)
-    if e is None or (not who.is_operator and e.tenant_id != who.tenant_id):
-        raise NotFound(f"endpoint {endpoint_id!r} not found")
-    return e
-
-
 def list_endpoints(s: Session, who: Principal) -> list[EndpointRead]:
-    q = select(InferenceEndpoint).order_by(InferenceEndpoint.created_at)
-    if not who.is_operator:
-        q = q.where(InferenceEndpoint.tenant_id == who.tenant_id)
+    q = (
+        select(InferenceEndpoint)
+        .where(endpoint_clause(who))
+        .order_by(InferenceEndpoint.created_at)
+    )
     return [endpoint_read(e) for e in s.scalars(q)]
 
 
 def update_endpoint(
     s: Session, who: Principal, clock: Clock, endpoint_id: str, req: EndpointUpdate
 ) -> EndpointUpdated:
-    e = _visible_endpoint(s, who, endpoint_id)
+    e = visible_endpoint(s, who, endpoint_id)
     if req.name is not None and req.name != e.name:
         clash = s.scalar(
             select(InferenceEndpoint.id).where(
@@ -84,7 +88,7 @@ def set_endpoint_key(
             "a key has 20 to 256 characters, letters, digits and . _ ~ + / - only",
             field="api_key",
         )
-    e = _visible_endpoint(s, who, endpoint_id)
+    e = visible_endpoint(s, who, endpoint_id)
     digest = hash_key(key)
     clash = s.scalar(
         select(InferenceEndpoint.id).where(
@@ -113,7 +117,7 @@ def _apply_limits(e: InferenceEndpoint, req: EndpointUpdate) -> None:
 
 
 def delete_endpoint(s: Session, who: Principal, endpoint_id: str) -> None:
-    e = _visible_endpoint(s, who, endpoint_id)
+    e = visible_endpoint(s, who, endpoint_id)
     if e.group_id is not None:
         g = s.get(TaskGroup, e.group_id)
         if g is not None and g.endpoint_id == e.id:
@@ -155,25 +159,45 @@ def lock_live_group(s: Session, group_id: str, now: datetime) -> bool:
     return bool(getattr(moved, "rowcount", 0))
 
 
+def _require_shared(s: Session, tenant_id: str, g: TaskGroup) -> None:
+    """L4 (issue 16): a tenant is routed to another tenant's service only when both are
+    in one sharing group (an operator's configuration); a lookup error refuses too."""
+    try:
+        peers = sharing_peers(s, g.tenant_id)
+    except SharingLookupFailed:
+        raise Conflict(
+            f"the sharing groups of tenants {tenant_id} and {g.tenant_id} could not be "
+            "read, so this cross-tenant route is refused (fail-closed); retry",
+            field="tenant_id",
+        ) from None
+    if tenant_id not in peers:
+        raise Conflict(
+            f"tenant {tenant_id} and tenant {g.tenant_id} (which owns {g.id}) share no "
+            "sharing group: a route to another tenant's service needs both in one "
+            "(POST /api/v1/sharing-groups/{id}/tenants)",
+            field="tenant_id",
+        )
+
+
 def create_route(
     s: Session, who: Principal, clock: Clock, req: ModelRouteCreate
 ) -> ModelRouteRead:
     """Add a route for a tenant (A3, M3): every key of the tenant may call the model.
 
     A second group under an existing model name is how a canary starts (M3: priority
-    and weight decide the split). Members route to their own tenant's groups; an
-    operator may route any tenant to any group (a model shared with that tenant).
+    and weight decide the split). Members route to the groups they see (their tenant's;
+    own-only members, N5: the ones they created; services/access.py); an
+    operator may route a tenant to another tenant's group when both are in one sharing
+    group (a model shared with that tenant; L4), else 409 naming ``tenant_id``.
     """
     tenant_id = req.tenant_id or who.tenant_id
     if req.tenant_id and not who.is_operator and req.tenant_id != who.tenant_id:
         raise NotFound(f"tenant {req.tenant_id!r} not found")
     if s.get(Tenant, tenant_id) is None:
         raise NotFound(f"tenant {tenant_id!r} not found")
-    g = s.get(TaskGroup, req.group_id)
-    if g is None or g.deleted_at is not None or (
-        not who.is_operator and g.tenant_id != who.tenant_id
-    ):
-        raise NotFound(f"task group {req.group_id!r} not found")
+    g = visible_group(s, who, req.group_id)
+    if tenant_id != g.tenant_id:  # an operator routing a tenant to another's service
+        _require_shared(s, tenant_id, g)
     _check_route_fields(who, req.priority, req.weight, req.algorithm)
     now = clock.now()
     if not lock_live_group(s, g.id, now):  # deleted since the read above
@@ -203,9 +227,7 @@ def create_route(
 
 
 def delete_route(s: Session, who: Principal, route_id: str) -> None:
-    r = s.get(ModelRoute, route_id)
-    if r is None or (not who.is_operator and r.tenant_id != who.tenant_id):
-        raise NotFound(f"model route {route_id!r} not found")
+    r = visible_route(s, who, route_id)
     if not r.added:
         raise Conflict(
             "this route was created with its task group and goes with it; deactivate it "
@@ -218,9 +240,7 @@ def delete_route(s: Session, who: Principal, route_id: str) -> None:
 def update_route(
     s: Session, who: Principal, clock: Clock, route_id: str, req: ModelRouteUpdate
 ) -> ModelRouteRead:
-    r = s.get(ModelRoute, route_id)
-    if r is None or (not who.is_operator and r.tenant_id != who.tenant_id):
-        raise NotFound(f"model route {route_id!r} not found")
+    r = visible_route(s, who, route_id)
     _check_route_fields(who, req.priority, req.weight, req.algorithm)
     if req.priority is not None:
         r.priority = req.priority
@@ -240,9 +260,9 @@ def update_route(
 
 
 def list_routes(s: Session, who: Principal, group_id: str | None = None) -> list[ModelRouteRead]:
-    q = select(ModelRoute).order_by(ModelRoute.created_at)
-    if not who.is_operator:
-        q = q.where(ModelRoute.tenant_id == who.tenant_id)
+    q = select(ModelRoute).where(route_clause(who)).order_by(ModelRoute.created_at)
     if group_id:
         q = q.where(ModelRoute.group_id == group_id)
-    return [route_read(r) for r in s.scalars(q)]
+    routes = list(s.scalars(q))
+    capabilities = group_capabilities(s, {r.group_id for r in routes})  # issue 15
+    return [route_read(r, capabilities[r.group_id]) for r in routes]

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session, load_only
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.events import FAULT_EVENT, NODE_MARKS, EventKind, FaultKind
@@ -171,7 +171,19 @@ def watch_nodes(s: Session, clock: Clock, offline_after_s: float) -> WatchResult
     marks = _latest_marks(s)
     result = WatchResult()
     newly_offline: list[Node] = []
-    for node in s.scalars(select(Node).order_by(Node.name)):
+    # Only the nodes whose state may change this round: those past the cutoff, and those
+    # marked lost (they may be back). A fleet that heartbeats costs one filtered scan in
+    # the database, not a Python object per node each second: loading every node held
+    # one server under 2,000 agents (bench/control_plane.py). Only the columns the watch
+    # reads; the rest loads on use, for a node that changed state.
+    lost_ids = [nid for nid, m in marks.items() if m.kind == EventKind.NODE_LOST]
+    maybe = Node.last_heartbeat_at < cutoff
+    if lost_ids:
+        maybe = or_(maybe, Node.id.in_(lost_ids))
+    rows = select(Node).where(maybe).options(
+        load_only(Node.id, Node.name, Node.last_heartbeat_at)
+    )
+    for node in s.scalars(rows.order_by(Node.name)):
         mark = marks.get(node.id)
         is_lost = mark is not None and mark.kind == EventKind.NODE_LOST
         if node.last_heartbeat_at < cutoff:

@@ -40,7 +40,7 @@ from heteroflow.schemas.files import (
     FileRequestRead,
     ListResult,
 )
-from heteroflow.services.access import task_on_node, visible_task
+from heteroflow.services.access import task_on_node, visible_file_request, visible_task
 from heteroflow.services.auth import Principal
 
 F = FileRequestStatus
@@ -114,13 +114,6 @@ def _move(
     return outcome.rowcount == 1  # type: ignore[attr-defined, no-any-return]
 
 
-def _visible(s: Session, who: Principal, request_id: str) -> FileRequest:
-    fr = s.get(FileRequest, request_id)
-    if fr is None or (not who.is_operator and fr.tenant_id != who.tenant_id):
-        raise NotFound(f"file request {request_id!r} not found")
-    return fr
-
-
 def _expire(s: Session, clock: Clock, fr: FileRequest, timeout_s: float) -> None:
     """Fail a request nobody can finish any more: its task ended, or no progress."""
     current = F(fr.status)
@@ -166,7 +159,7 @@ def _read(fr: FileRequest) -> FileRequestRead:
 def get(
     s: Session, who: Principal, clock: Clock, request_id: str, timeout_s: float
 ) -> FileRequestRead:
-    fr = _visible(s, who, request_id)
+    fr = visible_file_request(s, who, request_id)
     _expire(s, clock, fr, timeout_s)
     return _read(fr)
 
@@ -175,7 +168,7 @@ def content_of(
     s: Session, who: Principal, clock: Clock, request_id: str, timeout_s: float
 ) -> tuple[str, int]:
     """(file name, size) of a finished download; 409 until it is done."""
-    fr = _visible(s, who, request_id)
+    fr = visible_file_request(s, who, request_id)
     _expire(s, clock, fr, timeout_s)
     if fr.request_type != "download":
         raise Conflict(f"file request {fr.id} is a listing: read its entries instead")

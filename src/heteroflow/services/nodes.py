@@ -10,7 +10,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+import orjson
+from sqlalchemy import Row, Text, and_, bindparam, cast, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
@@ -44,50 +45,144 @@ DESIRED = (
 )
 
 
-def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
-    now = clock.now()
-    node = s.scalar(select(Node).where(Node.name == hb.name))
-    inv = hb.inventory
-    if node is None:
-        node = Node(id=new_id("node"), name=hb.name, registered_at=now)
-        s.add(node)
-    else:
-        _check_cards(s, clock, node, {g.index for g in inv.gpus})
-    node.address = hb.address
-    node.runtime = hb.runtime
-    node.gpus = [g.model_dump() for g in inv.gpus]
-    node.cpu_count = inv.cpu_count
-    node.memory_total_mb = inv.memory_total_mb
-    node.memory_available_mb = inv.memory_available_mb
-    node.cpu_percent = inv.cpu_percent
-    node.memory_percent = inv.memory_percent
-    node.labels = dict(hb.labels)
-    node.models = [m.model_dump() for m in hb.models]
-    node.engines = dict(hb.engines)
-    # C4 volume rules: create refuses an absolute model_path no node the caller may use allows
-    node.allowed_volume_prefixes = list(hb.allowed_volume_prefixes)
-    node.denied_volume_prefixes = list(hb.denied_volume_prefixes)
-    node.host_ports_in_use = sorted(set(hb.host_ports_in_use))  # the pool skips them (P2)
-    node.last_heartbeat_at = now
-    s.flush()
-    rows = s.execute(
-        select(Task, TaskGroup.parallelism)
-        .join(TaskGroup, TaskGroup.id == Task.group_id)
-        .where(Task.node_id == node.id, Task.status.in_([d.value for d in DESIRED]))
-        .order_by(Task.created_at)
+# Columns a heartbeat reports that rarely change between two beats (the agent rescans
+# models every minute; ports, labels and volume rules move with the operator): written
+# only when the stored JSON differs, so a steady node's beat rewrites no large value.
+STEADY_COLUMNS = (
+    "labels", "models", "engines", "allowed_volume_prefixes", "denied_volume_prefixes",
+    "host_ports_in_use",
+)
+
+# The heartbeat's statements, built once: Core on the tables (no ORM objects, no
+# statement construction per beat; SQLAlchemy caches their compiled form).
+_NODES = Node.metadata.tables[Node.__tablename__]
+_TASKS = Task.metadata.tables[Task.__tablename__]
+_GROUPS = TaskGroup.metadata.tables[TaskGroup.__tablename__]
+# SET takes the columns named in the parameters (those that changed)
+_UPDATE_NODE = update(_NODES).where(_NODES.c.id == bindparam("node_id_"))
+_INSERT_NODE = insert(_NODES)
+# One read: the node's id and cards, per steady column whether its stored text is this
+# beat's, and the tasks the agent should run (``assignment``'s columns), one row each
+# (or one row without a task).
+_FIND_NODE = (
+    select(
+        _NODES.c.id.label("node_id"),
+        _NODES.c.gpus.label("node_gpus"),
+        *(
+            (cast(_NODES.c[k], Text) == bindparam(f"steady_{k}", type_=Text)).label(
+                f"same_{k}"
+            )
+            for k in STEADY_COLUMNS
+        ),
+        *(
+            _TASKS.c[k]
+            for k in (
+                "id", "group_id", "name", "status", "task_type", "model_name", "model_path",
+                "image", "engine", "command", "engine_args", "env", "ports", "gpu_ids",
+                "gpu_required", "memory_mb", "kv_offload_gb", "generation",
+                "gpu_memory_utilization", "health_check",
+            )
+        ),
+        _GROUPS.c.parallelism,
     )
-    return HeartbeatReply(node_id=node.id, tasks=[assignment(t, p) for t, p in rows])
+    .select_from(
+        _NODES.outerjoin(
+            _TASKS,
+            and_(
+                _TASKS.c.node_id == _NODES.c.id,
+                _TASKS.c.status.in_([d.value for d in DESIRED]),
+            ),
+        ).outerjoin(_GROUPS, _GROUPS.c.id == _TASKS.c.group_id)
+    )
+    .where(_NODES.c.name == bindparam("node_name"))
+    .order_by(_TASKS.c.created_at)
+)
 
 
-def _check_cards(s: Session, clock: Clock, node: Node, now_listed: set[int]) -> None:
-    """Cards of the previous inventory missing from this one are lost (all of them when
-    NVML stops answering); tasks placed on them get a ``fault.gpu_lost`` per group."""
-    vanished = [g for g in node.gpus if int(g["index"]) not in now_listed]
-    if vanished:
-        faults.gpu_lost(s, clock, node, vanished)
+def reported_columns(hb: Heartbeat) -> dict[str, Any]:
+    """The ``nodes`` columns a heartbeat sets, as they are stored (besides the time)."""
+    inv = hb.inventory
+    return {
+        "address": hb.address,
+        "runtime": hb.runtime,
+        "gpus": [g.model_dump() for g in inv.gpus],
+        "cpu_count": inv.cpu_count,
+        "memory_total_mb": inv.memory_total_mb,
+        "memory_available_mb": inv.memory_available_mb,
+        "cpu_percent": inv.cpu_percent,
+        "memory_percent": inv.memory_percent,
+        "labels": dict(hb.labels),
+        "models": [m.model_dump() for m in hb.models],
+        "engines": dict(hb.engines),
+        # C4 volume rules: create refuses an absolute model_path no node the caller may use
+        # allows
+        "allowed_volume_prefixes": list(hb.allowed_volume_prefixes),
+        "denied_volume_prefixes": list(hb.denied_volume_prefixes),
+        "host_ports_in_use": sorted(set(hb.host_ports_in_use)),  # the pool skips them (P2)
+    }
 
 
-def assignment(t: Task, parallelism: str) -> TaskAssignment:
+def changed_columns(
+    reported: dict[str, Any], stored_gpus: list[Any], steady_same: dict[str, bool]
+) -> dict[str, Any]:
+    """What of ``reported`` to write: everything but the cards when they equal the stored
+    ones and the steady columns whose stored JSON text is the one this beat would write
+    (``steady_same``; a column not named there is written)."""
+    return {
+        k: v
+        for k, v in reported.items()
+        if not (k == "gpus" and v == stored_gpus) and not steady_same.get(k, False)
+    }
+
+
+def _json_text(value: Any) -> str:
+    """A column's value as the engine writes it (orjson, ``db.engine``): equal text means
+    an equal stored value; different text only costs a write that was not needed."""
+    return orjson.dumps(value).decode()
+
+
+def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
+    """Register or refresh the node; the reply lists the tasks it should run.
+
+    The hot path of the control plane (every node, every 5 s; ``bench/control_plane.py``):
+    one read (the node's id and cards, which steady columns are unchanged, the tasks
+    placed there) and one UPDATE of what changed: two round trips to the database.
+    """
+    now = clock.now()
+    reported = reported_columns(hb)
+    rows = s.execute(
+        _FIND_NODE,
+        {"node_name": hb.name, **{f"steady_{k}": _json_text(reported[k]) for k in STEADY_COLUMNS}},
+    ).all()
+    if not rows:
+        node_id = new_id("node")
+        s.execute(
+            _INSERT_NODE,
+            {"id": node_id, "name": hb.name, "registered_at": now, "last_heartbeat_at": now,
+             **reported},
+        )
+        return HeartbeatReply(node_id=node_id, tasks=[])  # a new id has no tasks yet
+    found = rows[0]
+    node_id, stored_gpus = str(found.node_id), list(found.node_gpus)
+    listed = {g.index for g in hb.inventory.gpus}
+    vanished = [g for g in stored_gpus if int(g["index"]) not in listed]
+    if vanished:  # lost (all of them when NVML stops answering): fault.gpu_lost per group
+        node = s.get(Node, node_id)
+        if node is not None:
+            faults.gpu_lost(s, clock, node, vanished)
+    steady_same = {k: bool(found._mapping[f"same_{k}"]) for k in STEADY_COLUMNS}
+    s.execute(
+        _UPDATE_NODE,
+        {"node_id_": node_id, "last_heartbeat_at": now,
+         **changed_columns(reported, stored_gpus, steady_same)},
+    )
+    return HeartbeatReply(
+        node_id=node_id,
+        tasks=[assignment(r, r.parallelism) for r in rows if r.id is not None],
+    )
+
+
+def assignment(t: Task | Row[*tuple[Any, ...]], parallelism: str) -> TaskAssignment:
     return TaskAssignment(
         id=t.id,
         group_id=t.group_id,

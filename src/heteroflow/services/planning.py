@@ -3,6 +3,7 @@
 ``plan_group`` checks every rule that needs no write (priority ceiling, the model path
 against the nodes' volume rules, engine, shape, ports, health check, kv offload,
 endpoint-name clash, the create-time memory precheck) and returns the derived values;
+``check_quota`` asks the tenant's quotas about the plan (when dedup reuses nothing);
 ``create_group`` writes them and ``dry_run`` shows them. Both plan on the one read
 model of the fleet (``services.fleet.read_fleet``, online by ``node_offline_after_s``):
 the nodes' engines, volume rules and cards are read there, never here.
@@ -34,9 +35,11 @@ from heteroflow.core.estimate import MemoryEstimate
 from heteroflow.core.paths import model_path_problem, normalize, volume_allows
 from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
 from heteroflow.core.ports import PortMapping, host_ports
+from heteroflow.core.quotas import new_service, task_usage
 from heteroflow.db.tables import InferenceEndpoint, Tenant
 from heteroflow.models.estimate import estimate_model_path
 from heteroflow.schemas.task_groups import HealthCheckIn, TaskGroupCreate
+from heteroflow.services import quotas
 from heteroflow.services.auth import Principal
 from heteroflow.services.fleet import Fleet, engines_of
 
@@ -408,6 +411,20 @@ def plan_group(
                 field="endpoint_name" if req.endpoint_name else "name",
             )
     return plan
+
+
+def check_quota(s: Session, who: Principal, plan: GroupPlan) -> None:
+    """N2 (A6): the tenant's quotas hold the new service and its tasks as the scheduler
+    will book them (409 naming the quota). A create asks it (under the tenant's lock)
+    and its dry run asks the same, both after dedup: a reused service adds nothing."""
+    per_task = task_usage(
+        gpu_required=plan.gpus_per_task, task_type=plan.task_type,
+        gpu_memory_utilization=plan.req.gpu_memory_utilization, memory_mb=plan.memory_mb,
+    )
+    quotas.require(
+        s, who.tenant_id, new_service(per_task, plan.replicas),
+        f"this service ({plan.replicas} replica(s))",
+    )
 
 
 def _apply_estimate(plan: GroupPlan, nodes: list[NodeView], reservation: Reservation) -> None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, exists, or_, select, update
+from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
@@ -54,6 +54,7 @@ from heteroflow.core.recovery import (
     RecoveryPolicy,
     Skip,
     decide,
+    evacuation_paused,
     missing_cards,
     run_timed_out,
 )
@@ -89,6 +90,8 @@ class RecoveryResult:
     timed_out: list[str] = field(default_factory=list)
     rebuilt: list[str] = field(default_factory=list)  # the new tasks
     gave_up: list[str] = field(default_factory=list)  # the failed tasks left as they are
+    # lost nodes whose work was not moved: too many lost at once (core.recovery)
+    held: list[str] = field(default_factory=list)
 
 
 def recover(
@@ -101,7 +104,8 @@ def recover(
 ) -> RecoveryResult:
     """One level-triggered round; running it twice does nothing more."""
     out = RecoveryResult()
-    evacuate_lost_nodes(s, clock, out, offline_after_s + migrate_after_s)
+    evacuate_lost_nodes(s, clock, out, offline_after_s, migrate_after_s,
+                        policy.disruption_threshold)
     evacuate_lost_cards(s, clock, out, migrate_after_s)
     stop_run_timeouts(s, clock, out)
     rebuild_failed(s, clock, policy, out)
@@ -140,10 +144,15 @@ class _LostRace(Exception):
 
 
 def evacuate_lost_nodes(
-    s: Session, clock: Clock, out: RecoveryResult, lost_after_s: float
+    s: Session,
+    clock: Clock,
+    out: RecoveryResult,
+    offline_after_s: float,
+    migrate_after_s: float,
+    disruption_threshold: float,
 ) -> None:
     now = clock.now()
-    cutoff = now - timedelta(seconds=lost_after_s)
+    cutoff = now - timedelta(seconds=offline_after_s + migrate_after_s)
     lost = {n.id: n for n in s.scalars(select(Node).where(Node.last_heartbeat_at < cutoff))}
     if not lost:
         return
@@ -152,6 +161,16 @@ def evacuate_lost_nodes(
         .where(Task.node_id.in_(list(lost)), Task.status.in_([x.value for x in _MOVABLE]))
         .order_by(Task.created_at)
     ).all()
+    holding = sorted({lost[str(t.node_id)].name for t in tasks})
+    online = s.scalar(
+        select(func.count())
+        .select_from(Node)
+        .where(Node.last_heartbeat_at >= now - timedelta(seconds=offline_after_s))
+    )
+    if evacuation_paused(len(holding), int(online or 0), disruption_threshold):
+        out.held = holding
+        _note_held(s, clock, tasks, lost, int(online or 0))
+        return
     for t in tasks:
         node = lost[str(t.node_id)]
         away = (now - node.last_heartbeat_at).total_seconds()
@@ -160,6 +179,44 @@ def evacuate_lost_nodes(
             _move_off(s, clock, t, what, out)
         except _LostRace:
             continue
+
+
+def _note_held(
+    s: Session, clock: Clock, tasks: Any, lost: dict[str, Node], online: int
+) -> None:
+    """One ``fault.evacuation_held`` per group and node loss, on the group's timeline:
+    why a lost node's services did not move (the operator's first question)."""
+    pairs = sorted({(str(t.node_id), t.group_id) for t in tasks})
+    node_ids = sorted({n for n, _ in pairs})
+    # each node's current loss: its latest node-level node_lost row (0: not written yet)
+    since = dict(
+        s.execute(
+            select(Event.node_id, func.max(Event.id))
+            .where(Event.node_id.in_(node_ids), Event.group_id.is_(None),
+                   Event.kind == EventKind.NODE_LOST.value)
+            .group_by(Event.node_id)
+        ).all()
+    )
+    told = set(
+        s.execute(
+            select(Event.node_id, Event.group_id, Event.id)
+            .where(Event.node_id.in_(node_ids), Event.kind == EventKind.EVACUATION_HELD.value)
+        ).all()
+    )
+    done = {(n, g) for n, g, i in told if i > (since.get(n) or 0)}
+    held = len(node_ids)
+    for node_id, group_id in pairs:
+        if (node_id, group_id) in done:
+            continue
+        faults.record(
+            s, clock, group_id=group_id, node_id=node_id, kind=EventKind.EVACUATION_HELD,
+            message=(
+                f"node {lost[node_id].name} lost with {held - 1} other node(s) holding work "
+                f"at once and {online} heard from: taken for a control-plane fault (a "
+                "stalled server, a network split), so its work stays where it is until "
+                "most nodes are heard from again (NODE_DISRUPTION_THRESHOLD)"
+            ),
+        )
 
 
 def _last_gpu_loss(s: Session, node_ids: list[str]) -> dict[str, datetime]:

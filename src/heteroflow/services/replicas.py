@@ -5,9 +5,9 @@ and whatever else copies a replica).
 arguments, environment, ports, memory figures, kv offload, priority, the card share —
 and strips what belonged to ``src``'s placement: no node, no cards, pool host ports
 given back (a fixed host port stays what was asked), no QoS, no launch argv. The copy
-is ``pending`` (the scheduler places it), belongs to ``src``'s tenant, and takes the
-group's current health check. ``changes`` replaces named intent fields (an engine
-fallback's engine and image, a rolling update's new image).
+is ``pending`` (the scheduler places it), belongs to ``src``'s tenant and owner (N5: the
+group's creator), and takes the group's current health check. ``changes`` replaces named
+intent fields (an engine fallback's engine and image, a rolling update's new image).
 
 The caller adds the row and writes whatever marks the old task (``replaced_by``) and
 the events.
@@ -54,6 +54,7 @@ def new_replica(
         id=task_id or new_id("task"),
         group_id=src.group_id,
         tenant_id=src.tenant_id,
+        created_by=src.created_by,  # N5: the group's creator, whoever asked for the copy
         name=src.name if name is None else name,
         rank=rank,
         generation=src.generation if generation is None else generation,

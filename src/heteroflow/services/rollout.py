@@ -17,6 +17,11 @@ server instance that answered the PUT; it drives the rollout (``controllers/roll
 (a failed update's number is not reused), while each task carries its own generation —
 after a rollback the replicas serve the generation they had.
 
+**Quotas (N2).** An update changes no card, memory or replica count, so only a rolling
+update's surge is checked: its batch of candidates runs beside the replicas it replaces
+and counts against the tenant's quotas meanwhile (409 naming the quota; recreate has no
+surge).
+
 **Drive.** ``drive_group`` is one step, in one transaction that starts with the fence:
 ``UPDATE task_groups ... WHERE id AND rollout_holder = :me AND rollout_expires_at >= :now``
 locks the group row (PostgreSQL; the write lock on SQLite) until commit, and refuses the
@@ -72,7 +77,7 @@ from heteroflow.core.rollout import (
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import Event, Task, TaskGroup
 from heteroflow.schemas.task_groups import TaskGroupRead, TaskGroupUpdate
-from heteroflow.services import draining
+from heteroflow.services import draining, quotas
 from heteroflow.services.auth import Principal
 from heteroflow.services.recovery import RUNNING
 from heteroflow.services.replicas import new_replica
@@ -279,6 +284,14 @@ def start_update(
     )
     state = RolloutState.ROLLING if p.strategy == Strategy.ROLLING else RolloutState.RECREATING
     head = max(current, key=lambda t: (t.generation, t.created_at))
+    if p.strategy == Strategy.ROLLING:
+        # N2: a batch's new replicas run beside the old ones; they count meanwhile
+        quotas.lock_tenant(s, g.tenant_id)
+        quotas.require(
+            s, g.tenant_id, quotas.per_replica(head).times(p.batch_size),
+            f"a rolling update in batches of {p.batch_size} (new replicas run beside the "
+            "old until they are switched in; strategy recreate needs none)",
+        )
     what = _describe(head, changes)
     how = (
         f"batches of {p.batch_size} over {len(ranks)} replica(s)"

@@ -8,6 +8,13 @@ routes and no endpoints, so their keys and models vanish with the next snapshot.
 A sleeping service stays listed (F6): its route target carries ``asleep`` ("sleeping",
 or "waking" once a wake is under way) and only its running tasks as backends, so the
 gateway can tell "asleep: wake it and hold the request" from "down: 503".
+
+Each target carries its group's capabilities (``services.capabilities``; issue 15), which
+the gateway checks a request against before choosing a backend.
+
+Each key carries its tenant's token quota (N2: ``Tenant.quota_tokens`` per
+``quota_token_period``), which the gateway counts beside the key's own; a tenant without
+one (0, or no valid period) has none.
 """
 
 from __future__ import annotations
@@ -20,21 +27,31 @@ from sqlalchemy.orm import Session
 
 from heteroflow.core.ports import host_ports, ports_from_dicts
 from heteroflow.core.states import TaskStatus
-from heteroflow.db.tables import InferenceEndpoint, ModelRoute, Node, Task
+from heteroflow.db.tables import InferenceEndpoint, ModelRoute, Node, Task, Tenant
 from heteroflow.schemas.routing import Backend, KeyEntry, RouteTarget, RoutingSnapshot
+from heteroflow.services.capabilities import group_capabilities
+
+# the periods of a token quota (the gateway's ``limits.PERIODS``), and "no quota"
+TOKEN_PERIODS = ("day", "month")
+NO_QUOTA = (0, "")
 
 
 def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
     routes = list(s.scalars(select(ModelRoute).where(ModelRoute.active.is_(True))))
+    running = Task.status == TaskStatus.RUNNING.value
     addresses: dict[str, str] = {}
     temperatures: dict[str, dict[int, int]] = {}  # node id -> card index -> °C
-    for n in s.scalars(select(Node)):
-        addresses[n.id] = n.address
-        temperatures[n.id] = _card_temperatures(n.gpus)
+    # Only the nodes that host a backend, and only the columns routing needs: every
+    # instance builds this twice a second, and reading (and decoding the cards of) every
+    # node row is what held one server under 2,000 idle agents (bench/control_plane.py).
+    hosts = select(Node.id, Node.address, Node.gpus).where(
+        Node.id.in_(select(Task.node_id).where(running).distinct())
+    )
+    for node_id, address, gpus in s.execute(hosts):
+        addresses[node_id] = address
+        temperatures[node_id] = _card_temperatures(gpus)
     backends: dict[str, list[Backend]] = defaultdict(list)
-    for t in s.scalars(
-        select(Task).where(Task.status == TaskStatus.RUNNING.value).order_by(Task.rank)
-    ):
+    for t in s.scalars(select(Task).where(running).order_by(Task.rank)):
         host_port = next(iter(host_ports(ports_from_dicts(t.ports), chosen_only=True)), 0)
         if not host_port or t.node_id not in addresses:
             continue  # a task without a port mapping is not a backend (A3)
@@ -51,6 +68,7 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
         )
 
     asleep = _asleep_groups(s)
+    capabilities = group_capabilities(s, {r.group_id for r in routes})
 
     by_model: dict[tuple[str, str], list[RouteTarget]] = defaultdict(list)
     models_of_group: dict[str, set[str]] = defaultdict(set)
@@ -66,6 +84,7 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
                 algorithm=r.algorithm or "round_robin",
                 tags=tuple(str(tag) for tag in r.tags or ()),
                 asleep=asleep.get(r.group_id, ""),
+                capabilities=capabilities[r.group_id],
             )
         )
         if r.added:
@@ -73,6 +92,16 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
         else:
             models_of_group[r.group_id].add(r.model_name)
 
+    # N2: each tenant's token budget at the gateway, copied onto its keys (``KeyEntry``)
+    tenant_quotas = {
+        tid: (tokens, period)
+        for tid, tokens, period in s.execute(
+            select(Tenant.id, Tenant.quota_tokens, Tenant.quota_token_period).where(
+                Tenant.quota_tokens > 0
+            )
+        )
+        if period in TOKEN_PERIODS
+    }
     keys = {
         e.key_hash: KeyEntry(
             endpoint_id=e.id,
@@ -84,6 +113,8 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
             tpm_limit=e.tpm_limit or 0,
             quota_tokens=e.quota_tokens or 0,
             quota_period=e.quota_period or "",
+            tenant_quota_tokens=tenant_quotas.get(e.tenant_id, NO_QUOTA)[0],
+            tenant_quota_period=tenant_quotas.get(e.tenant_id, NO_QUOTA)[1],
         )
         for e in s.scalars(select(InferenceEndpoint))
     }

@@ -34,7 +34,8 @@ passed since it was marked. With no gateway reporting, nothing can be in flight.
 fenced transaction per group): ``core.autoscale`` decides from the gateways' load and
 the group's replicas; a decision that changes the count is applied at once (the whole
 difference) with ``apply_scale``. Every decision is a ``group.autoscale`` event with the
-metric, the target, the formula, ``current → desired`` and why it was clamped or held;
+metric, the target, the formula, ``current → desired`` and why it was clamped (bounds,
+or the tenant's quota: "quota-clamped", naming it) or held;
 a decision equal to the last one written (same counts and the same kind of clamp or
 hold, or the same reason to skip) is not written again, so a steady service does not
 fill its timeline every 30 s.
@@ -69,14 +70,14 @@ from heteroflow.core.events import EventKind
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import Event, Task, TaskGroup
 from heteroflow.schemas.task_groups import ScalePolicyIn, TaskGroupRead
-from heteroflow.services import draining
+from heteroflow.services import draining, quotas
+from heteroflow.services.access import visible_group
 from heteroflow.services.auth import Principal
 from heteroflow.services.recovery import RUNNING
 from heteroflow.services.replicas import new_replica, rank_name
 from heteroflow.services.task_groups import (  # the same reads and the one stop door
     _current,
     _fresh,
-    _visible_group,
     ask_stop,
 )
 from heteroflow.services.transitions import refresh_group_status
@@ -222,13 +223,36 @@ def _not_now(s: Session, g: TaskGroup, what: str) -> None:
         raise Conflict(f"service {g.id} is asleep: wake it before {what}")
 
 
+def _template(s: Session, g: TaskGroup) -> Task | None:
+    """The replica a scale-out copies (``apply_scale``'s choice)."""
+    current = _current(s, g.id)
+    if not current:
+        return None
+    return min(current, key=lambda t: (t.generation != g.current_generation, t.rank))
+
+
+def _check_quota(s: Session, g: TaskGroup, before: int, after: int) -> None:
+    """N2: a scale-out's new replicas fit the tenant's quotas (409 naming the quota),
+    checked under the tenant's lock; a scale-in is never refused."""
+    if after <= before:
+        return
+    quotas.lock_tenant(s, g.tenant_id)
+    template = _template(s, g)
+    if template is None:
+        return  # apply_scale refuses it with its own reason
+    quotas.require(
+        s, g.tenant_id, quotas.per_replica(template).times(after - before),
+        f"scaling {g.name!r} from {before} to {after} replica(s)",
+    )
+
+
 def scale_group(
     s: Session, who: Principal, clock: Clock, group_id: str, replicas: int
 ) -> TaskGroupRead:
     """I2: ``replicas`` within [min_replicas, max_replicas] (400 naming ``replicas``);
     409 when stopped, asleep, updating or outside its schedule window; 404 for a group
     ``who`` cannot see. The same count again changes nothing."""
-    g = _visible_group(s, who, group_id)
+    g = visible_group(s, who, group_id)
     problem = scalable_problem(g.task_type, g.parallelism)
     if problem:
         raise ValidationFailed(f"replicas: {problem}", field="replicas")
@@ -240,6 +264,7 @@ def scale_group(
         )
     if replicas != g.current_replicas:
         _not_now(s, g, "scaling it")
+        _check_quota(s, g, g.current_replicas, replicas)
         apply_scale(s, clock, g, replicas, by=f"by {who.username}")
     return _fresh(s, who, group_id)
 
@@ -250,7 +275,7 @@ def set_scale_policy(
     """The autoscaling policy and the replica bounds. A field left out keeps its stored
     value. When the current count falls outside new bounds it is moved to the nearest
     bound at once (409 when it may not change now: stopped, asleep...)."""
-    g = _visible_group(s, who, group_id)
+    g = visible_group(s, who, group_id)
     stored = dict(g.scale_policy or {})
     metric = req.metric or stored.get("metric")
     target = req.target if req.target is not None else stored.get("target")
@@ -278,6 +303,7 @@ def set_scale_policy(
     fitted = min(max(before, lo), hi)
     if fitted != before:
         _not_now(s, g, f"bounds [{lo}, {hi}] that move it from {before} replica(s)")
+        _check_quota(s, g, before, fitted)
     policy = (
         ScalePolicy(req.enabled, str(metric), float(target))
         if metric is not None and target is not None
@@ -432,6 +458,17 @@ def _decision_event(
     return True
 
 
+def _quota_room(s: Session, g: TaskGroup) -> tuple[int, str] | None:
+    """How many more replicas the tenant's quotas allow (None: no limit), read under
+    the tenant's lock so a create or a scale of the same tenant cannot take it meanwhile."""
+    _, quota = quotas.tenant_quota(s, g.tenant_id)
+    template = _template(s, g)
+    if not quota.limited or template is None:
+        return None
+    quotas.lock_tenant(s, g.tenant_id)
+    return quotas.replica_headroom(s, g.tenant_id, quotas.per_replica(template))
+
+
 def autoscale_group(
     s: Session,
     clock: Clock,
@@ -464,6 +501,7 @@ def autoscale_group(
         out.skipped = skip
         return out
     value = group_metric(policy.metric, load, [t.id for t in current], g.current_replicas)
+    room = _quota_room(s, g)
     no_data = ""
     if load.gateways == 0:
         no_data = f"no gateway reported its load in the last {stale_s:g} s"
@@ -479,6 +517,7 @@ def autoscale_group(
         now=now,
         min_age_s=min_age_s,
         no_data=no_data,
+        quota=room,
     )
     out.decision = d
     _decision_event(s, g, now, d.key, f"autoscaler: {d.describe()}", always=d.changes)

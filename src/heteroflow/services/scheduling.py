@@ -138,6 +138,7 @@ class _Round:
             pack=policy.packs,
             load_threshold_pct=policy.load_threshold_pct,
             inference_cap=policy.inference_cap,
+            reservation=reservation,
         )
         self.engine_cache: dict[str, tuple[list[NodeView], dict[str, EngineChoice], str]] = {}
         self.failed = FailureMemo(policy.load_threshold_pct, policy.inference_cap)
@@ -218,7 +219,9 @@ class _Round:
         if t.id in self.waiting_for:
             n = self.waiting_for[t.id]
             return f"waiting for {n} preempted task(s) to release their cards"
-        plan = plan_preemption(d, self.nodes, self.res, self.pool, self.policy)
+        # the index hands over exactly the nodes plan_preemption would not skip at once
+        candidates = self.index.preemption_candidates(d)
+        plan = plan_preemption(d, candidates, self.res, self.pool, self.policy)
         if plan is None:
             return ""
         node = self.views[plan.node_id]

@@ -11,8 +11,10 @@ Leaving or joining never moves running work; it changes only later placements.
 
 from __future__ import annotations
 
+import logging
+
 from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
@@ -27,6 +29,8 @@ from heteroflow.schemas.sharing import (
 )
 from heteroflow.services.auth import Principal
 
+log = logging.getLogger(__name__)
+
 
 def tenant_share_keys(s: Session) -> dict[str, str]:
     """tenant id -> its sharing key: its sharing group's id when in one, else its own id.
@@ -36,6 +40,36 @@ def tenant_share_keys(s: Session) -> dict[str, str]:
     """
     rows = s.execute(select(Tenant.id, Tenant.sharing_group_id))
     return {tenant_id: group_id or tenant_id for tenant_id, group_id in rows}
+
+
+class SharingLookupFailed(Exception):
+    """The sharing-group lookup failed: callers fail closed (no cross-tenant sharing)."""
+
+
+def _read_peers(s: Session, tenant_id: str) -> frozenset[str]:
+    group_id = s.scalar(select(Tenant.sharing_group_id).where(Tenant.id == tenant_id))
+    if group_id is None:
+        return frozenset()
+    q = select(Tenant.id).where(Tenant.sharing_group_id == group_id, Tenant.id != tenant_id)
+    return frozenset(s.scalars(q))
+
+
+def sharing_peers(s: Session, tenant_id: str) -> frozenset[str]:
+    """The other tenants of ``tenant_id``'s sharing group (empty: it is in none) — who
+    may reuse its services and it theirs (L4; issue 16).
+
+    Authorisation is the group membership an operator configured, read now. Any error
+    reading it raises ``SharingLookupFailed`` (after rolling back only this read, so the
+    caller's transaction goes on): callers fail closed, never open.
+    """
+    try:
+        with s.begin_nested():
+            return _read_peers(s, tenant_id)
+    except SQLAlchemyError as exc:
+        log.warning("sharing-group lookup for tenant %s failed", tenant_id, exc_info=True)
+        raise SharingLookupFailed(
+            f"the sharing group of tenant {tenant_id} could not be read"
+        ) from exc
 
 
 def _operator(who: Principal) -> None:

@@ -20,8 +20,9 @@ stays ``sleeping`` with ``wake_requested`` set, the answer's ``branch`` says why
 the cards are free, or fails it once its node has been gone ``node_lost_after_s``, so
 the recovery loop rebuilds it elsewhere. Nothing is ever silent.
 
-Who calls: the API (``who`` is the caller, tenant-scoped: other tenants' tasks are
-404), the idle timer and the gateway's wake-on-request (``who=None``: the platform).
+Who calls: the API (``who`` is the caller: what it may not see is 404, the rule in
+services/access.py), the idle timer and the gateway's wake-on-request (``who=None``:
+the platform).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus
 from heteroflow.db.tables import Event, Node, Task, TaskGroup
 from heteroflow.schemas.sleep import GroupSleepResult, NodeTaskLife, WakeBranch, WakeResult
 from heteroflow.schemas.task_groups import TaskRead
-from heteroflow.services.access import visible_task
+from heteroflow.services.access import visible_group, visible_task
 from heteroflow.services.auth import Principal
 from heteroflow.services.transitions import note, transition
 from heteroflow.services.views import task_read
@@ -54,6 +55,7 @@ __all__ = [
     "sleep_group",
     "sleep_group_result",
     "sleep_task",
+    "wake_blocker",
     "wake_group",
     "wake_task",
 ]
@@ -87,12 +89,10 @@ def _fresh(s: Session, task_id: str) -> Task:
 
 
 def _group(s: Session, who: Principal | None, group_id: str) -> TaskGroup:
+    if who is not None:
+        return visible_group(s, who, group_id)
     g = s.get(TaskGroup, group_id)
-    if (
-        g is None
-        or g.deleted_at is not None
-        or (who is not None and not who.is_operator and g.tenant_id != who.tenant_id)
-    ):
+    if g is None or g.deleted_at is not None:
         raise NotFound(f"task group {group_id!r} not found")
     return g
 
@@ -267,6 +267,14 @@ def _wake(s: Session, clock: Clock, t: Task, by: str, offline_after_s: float) ->
                 "serves once its health check passes",
             )
     raise Conflict(f"task {t.id} kept changing state; retry")
+
+
+def wake_blocker(
+    s: Session, clock: Clock, t: Task, *, offline_after_s: float = DEFAULT_OFFLINE_AFTER_S
+) -> tuple[WakeBranch, str] | None:
+    """The check a wake of a sleeping task makes now (node offline, card borrowed), for a
+    caller that must say what a wake would do without doing it (a dry run's dedup)."""
+    return _blocker(s, clock.now(), t, offline_after_s)
 
 
 def _node_name(s: Session, node_id: str | None) -> str:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from heteroflow.core.autoscale import ScalePolicy, create_bounds  # issue 14 (scaling)
 from heteroflow.core.clock import Clock
 from heteroflow.core.containers import DEFAULT_ENV_ALLOW
-from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
+from heteroflow.core.errors import Conflict, ValidationFailed
 from heteroflow.core.events import EventKind
 from heteroflow.core.ids import key_display_prefix, new_api_key, new_id
 from heteroflow.core.placement import Reservation
@@ -36,10 +36,12 @@ from heteroflow.schemas.task_groups import (
     TaskRead,
 )
 from heteroflow.schemas.windows import check_for_group  # issue 14 (K1)
-from heteroflow.services.access import visible_task
+from heteroflow.services import dedup  # issue 16 (dedup)
+from heteroflow.services.access import group_clause, visible_group, visible_task
 from heteroflow.services.auth import Principal
 from heteroflow.services.fleet import read_fleet
-from heteroflow.services.planning import GroupPlan, plan_group
+from heteroflow.services.planning import GroupPlan, check_quota, plan_group
+from heteroflow.services.quotas import lock_tenant  # issue 16 (N2)
 from heteroflow.services.recovery import RUNNING, STOPPED, replace
 from heteroflow.services.transitions import refresh_group_status, transition
 from heteroflow.services.views import group_read, task_read
@@ -68,6 +70,15 @@ def create_group(
             "for training and container groups",
             field="run_timeout_seconds",
         )
+    # issue 16 (L2-L4): a live service of the same model and image is reused instead
+    found = dedup.decide(s, clock, who, plan, offline_after_s=offline_after_s)
+    if found.group is not None:
+        reused = dedup.reuse(s, clock, who, plan, found, offline_after_s=offline_after_s)
+        if reused is not None:
+            return reused
+    plan.warnings.extend(found.warnings)
+    lock_tenant(s, who.tenant_id)  # issue 16 (N2): one tenant's creates in turn
+    check_quota(s, who, plan)
     return _write(s, who, clock, plan)
 
 
@@ -134,6 +145,7 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
             id=new_id("task"),
             group_id=group.id,
             tenant_id=who.tenant_id,
+            created_by=group.created_by,
             name=spec.name or f"{req.name}-{rank}",
             rank=rank,
             generation=1,
@@ -219,15 +231,6 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
     return TaskGroupCreated(**read.model_dump(), api_key=api_key, warnings=warnings)
 
 
-def _visible_group(s: Session, who: Principal, group_id: str) -> TaskGroup:
-    g = s.get(TaskGroup, group_id)
-    if g is None or g.deleted_at is not None or (
-        not who.is_operator and g.tenant_id != who.tenant_id
-    ):
-        raise NotFound(f"task group {group_id!r} not found")
-    return g
-
-
 def _tasks_of(s: Session, group_ids: list[str]) -> dict[str, list[Task]]:
     out: dict[str, list[Task]] = {g: [] for g in group_ids}
     if group_ids:
@@ -237,16 +240,18 @@ def _tasks_of(s: Session, group_ids: list[str]) -> dict[str, list[Task]]:
 
 
 def list_groups(s: Session, who: Principal) -> list[TaskGroupRead]:
-    q = select(TaskGroup).where(TaskGroup.deleted_at.is_(None)).order_by(TaskGroup.created_at)
-    if not who.is_operator:
-        q = q.where(TaskGroup.tenant_id == who.tenant_id)
+    q = (
+        select(TaskGroup)
+        .where(TaskGroup.deleted_at.is_(None), group_clause(who))
+        .order_by(TaskGroup.created_at)
+    )
     groups = list(s.scalars(q))
     tasks = _tasks_of(s, [g.id for g in groups])
     return [group_read(g, tasks[g.id]) for g in groups]
 
 
 def get_group(s: Session, who: Principal, group_id: str) -> TaskGroupRead:
-    g = _visible_group(s, who, group_id)
+    g = visible_group(s, who, group_id)
     return group_read(g, _tasks_of(s, [g.id])[g.id])
 
 
@@ -277,7 +282,7 @@ def ask_stop(s: Session, clock: Clock, task: Task, reason: str) -> None:
 
 
 def delete_group(s: Session, who: Principal, clock: Clock, group_id: str) -> None:
-    g = _visible_group(s, who, group_id)
+    g = visible_group(s, who, group_id)
     g.deleted_at = clock.now()
     # written first: this row lock orders the delete against route creation
     # (endpoints.lock_live_group), so no route is added to a group being deleted
@@ -304,7 +309,7 @@ def stop_task(s: Session, who: Principal, clock: Clock, task_id: str) -> TaskRea
 
 
 def group_events(s: Session, who: Principal, group_id: str) -> list[dict[str, Any]]:
-    _visible_group(s, who, group_id)
+    visible_group(s, who, group_id)
     rows = s.scalars(select(Event).where(Event.group_id == group_id).order_by(Event.id))
     return [
         {
@@ -355,7 +360,7 @@ def _desired_event(s: Session, clock: Clock, g: TaskGroup, old: str, message: st
 def stop_group(s: Session, who: Principal, clock: Clock, group_id: str) -> TaskGroupRead:
     """The owner stops the service: ``desired`` stopped, every current task to stopping
     (engine up) or stopped, through the state door. Idempotent."""
-    g = _visible_group(s, who, group_id)
+    g = visible_group(s, who, group_id)
     stop_group_row(s, clock, g, f"stopped by {who.username}")
     return _fresh(s, who, g.id)
 
@@ -377,7 +382,7 @@ def start_group(s: Session, who: Principal, clock: Clock, group_id: str) -> Task
     current task ended (stopped, failed, completed) or is stopping gets a fresh pending
     task with ``rebuild_count`` 0 — the recovery loop's cap starts over. 409 when it is
     meant to run and every rank already has a live task; a deleted group is not found."""
-    g = _visible_group(s, who, group_id)
+    g = visible_group(s, who, group_id)
     current = _current(s, g.id)
     ended = [t for t in current if TaskStatus(t.status) in _NOT_LIVE]
     if g.desired == RUNNING and not ended:
@@ -422,7 +427,7 @@ def patch_group(
     """D4: change the health check and / or the idle timeout alone: no generation bump,
     no new task. The tasks' health check is updated with the group's, so every agent
     gets it in its next heartbeat's assignments."""
-    g = _visible_group(s, who, group_id)
+    g = visible_group(s, who, group_id)
     if req.health_check is None and req.idle_timeout_minutes is None:
         raise ValidationFailed(
             "nothing to change: give health_check and / or idle_timeout_minutes",

@@ -9,7 +9,14 @@ from heteroflow.core.clock import Clock
 from heteroflow.core.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from heteroflow.core.ids import new_id
 from heteroflow.db.tables import Tenant, User
-from heteroflow.schemas.auth import TenantCreate, TenantRead, TenantUpdate, UserCreate, UserRead
+from heteroflow.schemas.auth import (
+    QUOTA_FIELDS,
+    TenantCreate,
+    TenantRead,
+    TenantUpdate,
+    UserCreate,
+    UserRead,
+)
 from heteroflow.services.auth import Principal, hash_password
 from heteroflow.services.sharing import require_group
 
@@ -20,6 +27,13 @@ def _tenant_read(t: Tenant) -> TenantRead:
         name=t.name,
         priority_ceiling=t.priority_ceiling,
         sharing_group_id=t.sharing_group_id,
+        quota_cards=t.quota_cards,
+        quota_services=t.quota_services,
+        quota_replicas=t.quota_replicas,
+        quota_cpu_memory_mb=t.quota_cpu_memory_mb,
+        quota_tokens=t.quota_tokens or 0,
+        quota_token_period=t.quota_token_period or "",
+        members_see_own=bool(t.members_see_own),
         created_at=t.created_at,
     )
 
@@ -50,7 +64,11 @@ def create_tenant(s: Session, who: Principal, clock: Clock, req: TenantCreate) -
 
 
 def update_tenant(s: Session, who: Principal, tenant_id: str, req: TenantUpdate) -> TenantRead:
-    """Operators set the priority ceiling and move a tenant between sharing groups."""
+    """Operators set the priority ceiling and the quotas (N2; 0 or null = no limit),
+    the tenant's token quota and its period (the gateway enforces it), whether members
+    see only what they created (N5, services/access.py) and move a tenant between
+    sharing groups. A lower quota never stops what runs: it refuses the next growth
+    (core/quotas.py)."""
     if not who.is_operator:
         raise Forbidden("only a platform operator changes tenants")
     t = s.get(Tenant, tenant_id)
@@ -66,8 +84,28 @@ def update_tenant(s: Session, who: Principal, tenant_id: str, req: TenantUpdate)
         if req.sharing_group_id is not None:
             require_group(s, req.sharing_group_id, "sharing_group_id")
         t.sharing_group_id = req.sharing_group_id
+    for name in QUOTA_FIELDS:
+        if name in req.model_fields_set:
+            setattr(t, name, getattr(req, name) or 0)
+    _token_quota(t, req)
+    if "members_see_own" in req.model_fields_set:
+        if req.members_see_own is None:
+            raise ValidationFailed("members_see_own must be true or false", field="members_see_own")
+        t.members_see_own = req.members_see_own
     s.flush()
     return _tenant_read(t)
+
+
+def _token_quota(t: Tenant, req: TenantUpdate) -> None:
+    """The tenant's token quota (0 or null = no limit) needs its period, as a key's."""
+    if "quota_tokens" in req.model_fields_set:
+        t.quota_tokens = req.quota_tokens or 0
+    if "quota_token_period" in req.model_fields_set:
+        t.quota_token_period = req.quota_token_period or ""
+    if (t.quota_tokens or 0) > 0 and t.quota_token_period not in ("day", "month"):
+        raise ValidationFailed(
+            "quota_tokens needs quota_token_period 'day' or 'month'", field="quota_token_period"
+        )
 
 
 def list_tenants(s: Session, who: Principal) -> list[TenantRead]:

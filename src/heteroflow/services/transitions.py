@@ -5,7 +5,9 @@ Every change of ``tasks.status`` in the code base goes through ``transition``. I
 changed the row first, nothing is written and False comes back — the caller re-reads
 and decides again (level-triggered), so two servers or a server and an agent can never
 both win the same change. The group's derived status is refreshed in the same unit of
-work. ``transition_many`` is the same door for a batch (the scheduler's commits).
+work. ``transition_many`` is the same door for a batch (the scheduler's commits). A move
+between GPU-time buckets (running, sleeping, none) also closes and opens the tasks'
+segments (N4, ``services/gpu_time.py``).
 
 What else a change writes is a ``TaskUpdate``: typed, optional fields, one per column a
 state change may set (placement, preemption, start time); a field left ``UNSET`` is not
@@ -28,9 +30,11 @@ from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.events import EventKind
+from heteroflow.core.metering import metered_state
 from heteroflow.core.ports import PortMapping, ports_to_dicts
 from heteroflow.core.states import TaskStatus, can_transition, group_status
 from heteroflow.db.tables import Event, Task, TaskGroup
+from heteroflow.services import gpu_time
 
 _TASKS = cast(Table, Task.__table__)
 _GROUPS = cast(Table, TaskGroup.__table__)
@@ -149,6 +153,7 @@ def transition(
     if result.rowcount != 1:  # type: ignore[attr-defined]
         return False
     group_id = s.scalar(select(Task.group_id).where(Task.id == task_id))
+    _meter(s, now, [task_id], expected, to)
     s.add(
         Event(
             group_id=group_id,
@@ -193,6 +198,15 @@ def note(
         )
     )
     return True
+
+
+def _meter(
+    s: Session, now: datetime, task_ids: list[str], expected: TaskStatus, to: TaskStatus
+) -> None:
+    """GPU time (N4): a move between metered buckets closes and opens segments."""
+    src, dst = metered_state(expected), metered_state(to)
+    if src != dst:
+        gpu_time.record(s, now, task_ids, src, dst)
 
 
 def _stamps(to: TaskStatus, now: datetime) -> dict[str, Any]:
@@ -284,6 +298,7 @@ def transition_many(
     moved = set(ids) if rows_locked else _ids_in(s, ids, to)
     done = [m for m in moves if m.task_id in moved]
     if done:
+        _meter(s, now, [m.task_id for m in done], expected, to)
         s.execute(
             insert(Event),
             [

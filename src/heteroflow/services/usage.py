@@ -4,7 +4,19 @@ A batch row names the endpoint (the API key), its tenant and the routed model. T
 member is the one who created the endpoint's key, looked up here; a key deleted between
 the request and the flush (at most a flush interval, 5 s) keeps its tenant and gets an
 empty member. Reports sum the rows of a time range by any of tenant / member / endpoint
-/ model; members see their own tenant only, operators any.
+/ model / service (the key's endpoint's group) / UTC hour / day; members see their own
+tenant only (a member of a ``members_see_own`` tenant: their own keys and tasks only),
+operators any.
+
+**GPU time beside tokens (N4).** With ``gpu`` the report adds, per row and in the
+total, the card-seconds (by commitment) and task-seconds held running and sleeping
+(``services/gpu_time.py``). GPU time has the dimensions tenant, member (the task's
+owner), service and model (the group's ``model_name``) and hour/day, but no endpoint:
+rows grouped by endpoint carry null GPU fields (the total still sums it), and a filter
+by endpoint makes them null everywhere. A grouping by hour or day needs a start and a
+range of at most 31 or 366 days (the work is bounded by the buckets). The answer keeps
+its old shape unless asked for more: the GPU fields only with ``gpu``, ``service_id``,
+``hour`` and ``day`` only when grouped by.
 
 **The gateways' load (issue 14).** Each gateway sends, with its activity, its view of
 every backend (``schemas.usage.GatewayLoad``: in flight, tokens/s, engine queue and KV
@@ -21,11 +33,13 @@ for); ``prune_load`` deletes the rows of gateways gone for a long while.
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
 import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, delete, func, insert, select, update
@@ -34,16 +48,20 @@ from sqlalchemy.orm import Session
 from heteroflow.core.autoscale import LoadView, Sample
 from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.errors import NotFound, ValidationFailed
+from heteroflow.core.metering import Meter, Unit, span_refusal
 from heteroflow.db.engine import Database
 from heteroflow.db.tables import InferenceEndpoint, PlatformSetting, UsageRecord
 from heteroflow.schemas.usage import (
+    GPU_FIELDS,
     GatewayLoad,
     UsageReport,
     UsageRow,
     UsageRowRead,
     UsageSums,
 )
+from heteroflow.services import gpu_time
 from heteroflow.services.auth import Principal
+from heteroflow.services.gpu_time import Key
 from heteroflow.services.idle import record_activity
 
 GROUPS: dict[str, Any] = {
@@ -51,8 +69,16 @@ GROUPS: dict[str, Any] = {
     "member": UsageRecord.user_id,
     "endpoint": UsageRecord.endpoint_id,
     "model": UsageRecord.model_name,
+    "service": InferenceEndpoint.group_id,  # through the key's endpoint
+    "hour": None,  # UTC buckets of recorded_at (_bucket)
+    "day": None,
 }
-_FIELD = {"tenant": "tenant_id", "member": "member_id", "endpoint": "endpoint_id", "model": "model"}
+_FIELD = {
+    "tenant": "tenant_id", "member": "member_id", "endpoint": "endpoint_id", "model": "model",
+    "service": "service_id", "hour": "hour", "day": "day",
+}
+# always in a row, null when not grouped by (the report's shape before N4's GPU time)
+_LEGACY = ("tenant_id", "member_id", "endpoint_id", "model")
 
 
 def write_batch(s: Session, rows: Sequence[UsageRow]) -> int:
@@ -138,6 +164,7 @@ def report(
     s: Session,
     who: Principal,
     *,
+    now: datetime,
     start: datetime | None,
     end: datetime | None,
     group_by: list[str],
@@ -145,15 +172,80 @@ def report(
     member_id: str | None = None,
     endpoint_id: str | None = None,
     model: str | None = None,
+    service_id: str | None = None,
+    gpu: bool = False,
 ) -> UsageReport:
-    """Sums of requests and tokens recorded in [start, end), grouped as asked."""
+    """Sums of requests and tokens recorded in [start, end), grouped as asked; with
+    ``gpu`` the GPU time held in that range too (``services/gpu_time.sums``; segments
+    still open count up to ``now``)."""
     start, end = _utc(start), _utc(end)
     if start is not None and end is not None and start >= end:
         raise ValidationFailed("start must be before end", field="start")
+    unit: Unit | None = "hour" if "hour" in group_by else "day" if "day" in group_by else None
+    too_wide = span_refusal(start, end or now, unit)
+    if too_wide is not None:
+        raise ValidationFailed(too_wide, field="start")
     if not who.is_operator:
         if tenant_id is not None and tenant_id != who.tenant_id:
             raise NotFound(f"tenant {tenant_id!r} not found", field="tenant_id")
         tenant_id = who.tenant_id
+        if who.own_only:  # N5: the keys they created, the tasks they own
+            if member_id is not None and member_id != who.user_id:
+                raise NotFound(f"member {member_id!r} not found", field="member_id")
+            member_id = who.user_id
+    tokens = _token_sums(
+        s, start=start, end=end, group_by=group_by, tenant_id=tenant_id,
+        member_id=member_id, endpoint_id=endpoint_id, model=model, service_id=service_id,
+    )
+    # GPU time has no endpoint: null when filtered by one, and in rows grouped by one
+    gpu_total = gpu and endpoint_id is None
+    gpu_rows = gpu_total and "endpoint" not in group_by
+    meters: dict[Key, Meter] = {}
+    total_meter: Meter | None = None
+    if gpu_total:
+        found = gpu_time.sums(
+            s, lo=start, hi=now if end is None else min(end, now),
+            group_by=group_by if gpu_rows else [],
+            tenant_id=tenant_id, member_id=member_id, service_id=service_id, model=model,
+        )
+        total_meter = Meter()
+        for m in found.values():
+            total_meter.merge(m)
+        if gpu_rows:
+            meters = found
+    rows: list[UsageRowRead] = []
+    for key in sorted(tokens.keys() | meters.keys(), key=_order):
+        sums = _sums(tokens.get(key, (0, 0, 0)))
+        row: dict[str, Any] = {f: None for f in _LEGACY}
+        row.update({_FIELD[g]: k for g, k in zip(group_by, key, strict=True)})
+        if gpu:
+            row.update(_gpu_fields(meters.get(key, Meter()) if gpu_rows else None))
+        rows.append(UsageRowRead(**sums.model_dump(exclude_unset=True), **row))
+    total = _sums(
+        (
+            sum(r.requests for r in rows),
+            sum(r.prompt_tokens for r in rows),
+            sum(r.completion_tokens for r in rows),
+        )
+    )
+    if gpu:
+        total = UsageSums(**total.model_dump(exclude_unset=True), **_gpu_fields(total_meter))
+    return UsageReport(start=start, end=end, group_by=group_by, rows=rows, total=total)
+
+
+def _token_sums(
+    s: Session,
+    *,
+    start: datetime | None,
+    end: datetime | None,
+    group_by: list[str],
+    tenant_id: str | None,
+    member_id: str | None,
+    endpoint_id: str | None,
+    model: str | None,
+    service_id: str | None,
+) -> dict[Key, tuple[int, int, int]]:
+    """(requests, prompt, completion) per key (the values of ``group_by``, in order)."""
     where: list[ColumnElement[bool]] = []
     if start is not None:
         where.append(UsageRecord.recorded_at >= start)
@@ -164,34 +256,66 @@ def report(
         (UsageRecord.user_id, member_id),
         (UsageRecord.endpoint_id, endpoint_id),
         (UsageRecord.model_name, model),
+        (InferenceEndpoint.group_id, service_id),
     ):
         if value is not None:
             where.append(column == value)
-    cols = [GROUPS[g] for g in group_by]
-    q = (
-        select(
-            *cols,
-            func.sum(UsageRecord.requests),
-            func.sum(UsageRecord.prompt_tokens),
-            func.sum(UsageRecord.completion_tokens),
-        )
-        .where(*where)
-        .group_by(*cols)
-        .order_by(*cols)
+    dialect = s.get_bind().dialect.name
+    cols = [GROUPS[g] if GROUPS[g] is not None else _bucket(dialect, g) for g in group_by]
+    q = select(
+        *cols,
+        func.sum(UsageRecord.requests),
+        func.sum(UsageRecord.prompt_tokens),
+        func.sum(UsageRecord.completion_tokens),
     )
-    rows: list[UsageRowRead] = []
+    if "service" in group_by or service_id is not None:
+        q = q.outerjoin(InferenceEndpoint, InferenceEndpoint.id == UsageRecord.endpoint_id)
+    q = q.where(*where).group_by(*cols)
+    out: dict[Key, tuple[int, int, int]] = {}
     for row in s.execute(q):
-        keys, sums = row[: len(cols)], _sums(row[len(cols) :])
-        fields = {_FIELD[g]: k for g, k in zip(group_by, keys, strict=True)}
-        rows.append(UsageRowRead(**sums.model_dump(), **fields))
-    total = _sums(
-        (
-            sum(r.requests for r in rows),
-            sum(r.prompt_tokens for r in rows),
-            sum(r.completion_tokens for r in rows),
+        keys = tuple(
+            _parse_bucket(g, k) if g in ("hour", "day") else k
+            for g, k in zip(group_by, row[: len(cols)], strict=True)
         )
-    )
-    return UsageReport(start=start, end=end, group_by=group_by, rows=rows, total=total)
+        requests, prompt, completion = (int(v or 0) for v in row[len(cols) :])
+        out[keys] = (requests, prompt, completion)
+    return out
+
+
+# a bucket as text, the same on both databases: "2026-03-01 05" (hour), "2026-03-01"
+_PG_FORMAT = {"hour": "YYYY-MM-DD HH24", "day": "YYYY-MM-DD"}
+_SQLITE_FORMAT = {"hour": "%Y-%m-%d %H", "day": "%Y-%m-%d"}
+
+
+def _bucket(dialect: str, unit: str) -> ColumnElement[Any]:
+    """``recorded_at``'s UTC hour or day as text (SQLite stores UTC without a zone)."""
+    if dialect == "postgresql":
+        return func.to_char(func.timezone("UTC", UsageRecord.recorded_at), _PG_FORMAT[unit])
+    return func.strftime(_SQLITE_FORMAT[unit], UsageRecord.recorded_at)
+
+
+def _parse_bucket(unit: str, text: str | None) -> datetime | date | None:
+    if text is None:
+        return None
+    if unit == "hour":
+        return datetime.strptime(text, "%Y-%m-%d %H").replace(tzinfo=UTC)
+    return date.fromisoformat(text)
+
+
+def _order(key: Key) -> tuple[tuple[bool, Any], ...]:
+    """Rows in key order, nulls last."""
+    return tuple((v is None, "" if v is None else v) for v in key)
+
+
+def _gpu_fields(m: Meter | None) -> dict[str, float | None]:
+    if m is None:
+        return dict.fromkeys(GPU_FIELDS)
+    return {
+        "gpu_running_card_seconds": m.running_card_seconds,
+        "gpu_sleeping_card_seconds": m.sleeping_card_seconds,
+        "running_task_seconds": m.running_task_seconds,
+        "sleeping_task_seconds": m.sleeping_task_seconds,
+    }
 
 
 def _sums(values: Sequence[Any]) -> UsageSums:
@@ -203,6 +327,33 @@ def _sums(values: Sequence[Any]) -> UsageSums:
         completion_tokens=completion,
         total_tokens=prompt + completion,
     )
+
+
+def to_csv(rep: UsageReport, gpu: bool) -> str:
+    """The report's rows as CSV: a header, then one line per row — the grouped fields in
+    ``group_by``'s order, the token sums, and the GPU fields when asked (null: empty).
+    A text cell that a spreadsheet would read as a formula starts with a quote."""
+    names = [_FIELD[g] for g in rep.group_by]
+    sums = ["requests", "prompt_tokens", "completion_tokens", "total_tokens"]
+    header = names + sums + (list(GPU_FIELDS) if gpu else [])
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\r\n")
+    w.writerow(header)
+    for r in rep.rows:
+        w.writerow([_cell(getattr(r, f)) for f in header])
+    return buf.getvalue()
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, datetime):
+        return v.isoformat().replace("+00:00", "Z")
+    if isinstance(v, date):
+        return v.isoformat()
+    if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + v
+    return str(v)
 
 
 def _utc(t: datetime | None) -> datetime | None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from heteroflow.core.engines.capabilities import UNKNOWN, Capabilities
 from heteroflow.db.tables import InferenceEndpoint, ModelRoute, Task, TaskGroup
+from heteroflow.schemas.capabilities import CapabilitiesRead
 from heteroflow.schemas.gateway import EndpointRead, ModelRouteRead
 from heteroflow.schemas.task_groups import TaskGroupRead, TaskRead
+from heteroflow.services.capabilities import of_tasks
 
 
 def task_read(t: Task) -> TaskRead:
@@ -86,6 +89,7 @@ def group_read(g: TaskGroup, tasks: list[Task]) -> TaskGroupRead:
             for t in sorted(tasks, key=lambda t: (t.generation, t.rank))
             if not t.replaced_by
         ],
+        capabilities=CapabilitiesRead.of(of_tasks(tasks)),
     )
 
 
@@ -107,7 +111,7 @@ def endpoint_read(e: InferenceEndpoint) -> EndpointRead:
     )
 
 
-def route_read(r: ModelRoute) -> ModelRouteRead:
+def route_read(r: ModelRoute, capabilities: Capabilities = UNKNOWN) -> ModelRouteRead:
     return ModelRouteRead(
         id=r.id,
         tenant_id=r.tenant_id,
@@ -120,4 +124,5 @@ def route_read(r: ModelRoute) -> ModelRouteRead:
         algorithm=r.algorithm,
         tags=[str(tag) for tag in r.tags or ()],
         added=bool(r.added),
+        capabilities=CapabilitiesRead.of(capabilities),
     )

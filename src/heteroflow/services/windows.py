@@ -46,7 +46,7 @@ from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.errors import Conflict, DomainError, NotFound
+from heteroflow.core.errors import Conflict, DomainError
 from heteroflow.core.events import EventKind
 from heteroflow.core.states import TaskStatus
 from heteroflow.core.windows import (
@@ -71,6 +71,7 @@ from heteroflow.schemas.windows import (
     stored_window,
 )
 from heteroflow.services import scaling, sleep
+from heteroflow.services.access import visible_group
 from heteroflow.services.auth import Principal
 from heteroflow.services.task_groups import stop_group_row
 
@@ -97,10 +98,9 @@ def window_scaler(s: Session, clock: Clock, group_id: str, replicas: int, reason
 
 
 def _group_for(s: Session, who: Principal, group_id: str) -> TaskGroup:
-    """The group ``who`` may change: 404 across tenants, 409 once deleted."""
-    g = s.get(TaskGroup, group_id)
-    if g is None or (not who.is_operator and g.tenant_id != who.tenant_id):
-        raise NotFound(f"task group {group_id!r} not found")
+    """The group ``who`` may change: 404 when ``who`` may not see it (services/access.py),
+    409 once deleted."""
+    g = visible_group(s, who, group_id, deleted=True)
     if g.deleted_at is not None:
         raise Conflict(f"task group {group_id} was deleted: its schedule window cannot change")
     return g

@@ -10,7 +10,9 @@ so a test can see both the remap and which backend served. It records what it re
 Test-only request fields: ``fake_chunks`` (number of content chunks, default 3),
 ``fake_delay_ms`` (sleep before a non-stream answer and between stream chunks),
 ``fake_status`` (answer every POST with that HTTP status and an OpenAI-shaped error),
-``fake_prompt_tokens`` (the prompt tokens reported in ``usage``, default 1). Streams
+``fake_prompt_tokens`` (the prompt tokens reported in ``usage``, default 1),
+``fake_tool_call`` (``{"name", "arguments"}``: the chat answer calls that tool, streamed
+as llama.cpp streams it: the name first, the arguments in two pieces). Streams
 honour ``stream_options.include_usage`` as OpenAI does: ``"usage": null`` in every
 chunk, then one usage event with ``"choices": []`` before ``[DONE]``.
 Setting ``fail_status`` on the instance does the same for every POST it receives.
@@ -126,6 +128,9 @@ class FakeOpenAIBackend:
         if path not in ("/v1/chat/completions", "/v1/completions"):
             await _json(send, 404, {"error": {"message": f"no route POST {path}"}})
             return
+        if chat and isinstance(body.get("fake_tool_call"), dict):
+            await _tool_call(send, rid, model, body)
+            return
         if body.get("stream"):
             opts = body.get("stream_options") or {}
             usage = (
@@ -237,6 +242,39 @@ class FakeOpenAIBackend:
             watcher.cancel()
 
 
+async def _tool_call(send: Send, rid: str, model: object, body: dict[str, Any]) -> None:
+    call = body["fake_tool_call"]
+    name, args = str(call["name"]), str(call.get("arguments", "{}"))
+    tool = {"id": f"call-{rid}", "type": "function", "function": {"name": name, "arguments": args}}
+    usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    head = {"id": rid, "created": 0, "model": model}
+    if not body.get("stream"):
+        message = {"role": "assistant", "content": None, "tool_calls": [tool]}
+        choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+        answer = {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
+        await _json(send, 200, answer)
+        return
+    half = len(args) // 2
+    first = {**tool, "index": 0, "function": {"name": name, "arguments": ""}}
+    deltas: list[dict[str, Any]] = [
+        {"role": "assistant", "content": None, "tool_calls": [first]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": args[:half]}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": args[half:]}}]},
+        {},
+    ]
+    chunk = {**head, "object": "chat.completion.chunk"}
+    ends = [None, None, None, "tool_calls"]
+    events: list[dict[str, Any]] = [
+        {**chunk, "choices": [{"index": 0, "delta": d, "finish_reason": end}]}
+        for d, end in zip(deltas, ends, strict=True)
+    ]
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append({**chunk, "choices": [], "usage": usage})
+    data = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+    await send({"type": "http.response.body", "body": data})
+
+
 async def _json(send: Send, status: int, obj: object) -> None:
     body = orjson.dumps(obj)
     await send(
@@ -271,8 +309,10 @@ class UvicornThread:
         """Run a coroutine on the server loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def serve(self, app: Any, *, keepalive_s: float = 5.0) -> int:
-        """Start serving ``app``; returns its port once it accepts connections."""
+    def serve(self, app: Any, *, keepalive_s: float = 5.0, server_header: bool = True) -> int:
+        """Start serving ``app``; returns its port once it accepts connections.
+
+        ``server_header=False``: no ``Server: uvicorn`` (an app that names its own)."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -284,6 +324,7 @@ class UvicornThread:
             log_level="warning",
             access_log=False,
             timeout_keep_alive=int(keepalive_s),
+            server_header=server_header,
         )
         server = uvicorn.Server(config)
         fut = asyncio.run_coroutine_threadsafe(_serve(server, sock), self.loop)

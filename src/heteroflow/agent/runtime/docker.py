@@ -290,8 +290,10 @@ class DockerRuntime:
     def logs_since(self, task_id: str, since: float | None, tail: int = 2000) -> tuple[str, float]:
         """Lines logged after ``since`` (epoch seconds; None: the last ``tail`` lines).
 
-        Returns the text and the value to pass next time (the last line's timestamp), so
-        repeated calls ship each line once; at most ``tail`` lines come back per call.
+        Returns the text and the value to pass next time (the newest timestamp seen: Docker
+        copies stdout and stderr on separate goroutines, so the log's order need not follow
+        the timestamps and the last line is not always the newest), so repeated calls ship
+        each line once; at most ``tail`` lines come back per call.
         """
         start = since if since is not None and since > 0 else 0.0
         if self._attrs(task_id) is None:
@@ -316,5 +318,5 @@ class DockerRuntime:
             if ts_ns <= floor_ns:
                 continue
             out.append(text)
-            last_ns = ts_ns
+            last_ns = ts_ns if last_ns is None else max(last_ns, ts_ns)
         return "".join(out), (last_ns / 1e9 if last_ns is not None else start)

@@ -56,7 +56,7 @@ class ProcessRuntime:
         if spec.task_id in self._procs:
             raise LaunchFailed(f"task {spec.task_id} is already running")
         for port in spec.host_ports:
-            if not port_free(port):
+            if not port_free(port, spec.host):
                 raise PortInUse(f"host port {port} is already in use", (port,))
         log_path = spec.log_path or self.work_dir / "logs" / f"{spec.task_id}.log"
         private_dir(log_path.parent)

@@ -18,6 +18,7 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     host_ports: tuple[int, ...] = ()
     log_path: Path | None = None
+    host: str = "127.0.0.1"  # the address the engine listens on (its ports checked there)
 
 
 class PortInUse(Exception):

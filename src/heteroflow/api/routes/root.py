@@ -1,19 +1,21 @@
 """GET /: what this server is and where to go from here.
 
-A browser (``Accept: text/html``) gets a small HTML page; any other client a JSON object
-``{"name", "version", "api", "openai", "docs"}`` with the same pointers: the management
-API prefix, the OpenAI-compatible base URL and the interactive API reference. Nothing
-here needs a login or says anything about the fleet.
+A browser (``Accept: text/html``) gets the web console's page (api/routes/console.py,
+docs/console.md); any other client a JSON object ``{"name", "version", "api", "openai",
+"docs"}`` with the pointers: the management API prefix, the OpenAI-compatible base URL
+and the interactive API reference. Nothing here needs a login or says anything about
+the fleet (the console logs in through the API like any client).
 """
 
 from __future__ import annotations
 
 from functools import cache
-from html import escape
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response
+
+from heteroflow.api.routes import console
 
 NAME = "heteroflow"
 API_PREFIX = "/api/v1"
@@ -33,33 +35,6 @@ def package_version() -> str:
         return ""
 
 
-def _page(ver: str, base: str) -> str:
-    v = escape(ver)
-    b = escape(base)
-    return f"""<!doctype html>
-<html lang="en">
-<head><meta charset="utf-8"><title>HeteroFlow {v}</title></head>
-<body>
-<h1>HeteroFlow {v}</h1>
-<p>Serves large language models on a pool of mixed GPU nodes behind an
-OpenAI-compatible gateway. This server answers the management API and the gateway.</p>
-<ul>
-<li><a href="{API_DOCS}">{API_DOCS}</a> &mdash; the management API reference (try it here;
-log in with <code>POST {API_PREFIX}/auth/login</code>)</li>
-<li><code>{b}{OPENAI_BASE}</code> &mdash; the OpenAI-compatible base URL: point the OpenAI SDK
-there with a service's API key (<code>{OPENAI_BASE}/chat/completions</code>,
-<code>{OPENAI_BASE}/completions</code>, <code>{OPENAI_BASE}/embeddings</code>,
-<a href="{OPENAI_BASE}/models"><code>{OPENAI_BASE}/models</code></a>)</li>
-<li><a href="{METRICS}">{METRICS}</a> &mdash; the gateway's Prometheus metrics</li>
-<li><a href="/healthz">/healthz</a> &mdash; liveness</li>
-</ul>
-<p>The guides (concepts, API, operations, engines, security) are in <code>README.md</code>
-and <code>docs/</code> of the HeteroFlow source tree.</p>
-</body>
-</html>
-"""
-
-
 def _wants_html(accept: str) -> bool:
     """A browser's Accept lists text/html; curl (``*/*``) and API clients get JSON."""
     return any(
@@ -72,7 +47,8 @@ def _wants_html(accept: str) -> bool:
 def root(request: Request) -> Response:
     ver = package_version()
     if _wants_html(request.headers.get("accept", "")):
-        return HTMLResponse(_page(ver, str(request.base_url).rstrip("/")))
+        return console.index_response(ver)
     return JSONResponse(
-        {"name": NAME, "version": ver, "api": API_PREFIX, "openai": OPENAI_BASE, "docs": API_DOCS}
+        {"name": NAME, "version": ver, "api": API_PREFIX, "openai": OPENAI_BASE, "docs": API_DOCS},
+        headers={"Vary": "Accept"},  # the same URL answers the console's page to a browser
     )

@@ -5,9 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from heteroflow.api.deps import DB, Ctx, Who
-from heteroflow.schemas.auth import TenantCreate, TenantRead, TenantUpdate, UserCreate, UserRead
+from heteroflow.schemas.auth import (
+    TenantCreate,
+    TenantQuotaRead,
+    TenantRead,
+    TenantUpdate,
+    UserCreate,
+    UserRead,
+)
 from heteroflow.schemas.common import IdStr
-from heteroflow.services import tenants
+from heteroflow.services import quotas, tenants
 
 router = APIRouter(prefix="/api/v1", tags=["tenants"])
 
@@ -25,6 +32,12 @@ def list_tenants(s: DB, who: Who) -> list[TenantRead]:
 @router.patch("/tenants/{tenant_id}", response_model=TenantRead)
 def update_tenant(tenant_id: IdStr, req: TenantUpdate, s: DB, who: Who) -> TenantRead:
     return tenants.update_tenant(s, who, tenant_id, req)
+
+
+@router.get("/tenants/{tenant_id}/quota", response_model=TenantQuotaRead)
+def read_quota(tenant_id: IdStr, s: DB, who: Who) -> TenantQuotaRead:
+    """N2: the tenant's limits (0 = no limit) and what it holds; members their own."""
+    return quotas.read_quota(s, who, tenant_id)
 
 
 @router.post("/users", response_model=UserRead, status_code=201)

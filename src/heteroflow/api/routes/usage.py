@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import AfterValidator, StringConstraints
 
 from heteroflow.api.deps import DB, Ctx, Who, require_gateway
@@ -45,25 +45,34 @@ def hand_in(batch: UsageBatch, ctx: Ctx) -> UsageAccepted:
     return UsageAccepted(accepted=accepted)
 
 
-@router.get("/usage", response_model=UsageReport)
+@router.get("/usage", response_model=UsageReport, response_model_exclude_unset=True)
 def read_usage(
     s: DB,
     who: Who,
+    ctx: Ctx,
     start: UtcTime | None = Query(default=None, description="from (inclusive); UTC if no zone"),
     end: UtcTime | None = Query(default=None, description="until (exclusive); UTC if no zone"),
     group_by: str = Query(
         default="endpoint,model",
         max_length=64,
-        description="comma list of tenant, member, endpoint, model",
+        description="comma list of tenant, member, endpoint, model, service, hour, day",
     ),
     tenant_id: IdStr | None = Query(default=None, description="operators: any; members: own"),
     member_id: IdStr | None = None,
     endpoint_id: IdStr | None = None,
     model: ModelName | None = None,
-) -> UsageReport:
-    return usage.report(
+    service_id: IdStr | None = Query(default=None, description="a task group's id"),
+    gpu: bool = Query(default=False, description="GPU time beside the tokens (N4)"),
+    fmt: Literal["json", "csv"] | None = Query(
+        default=None, alias="format", description="csv: text/csv (also Accept: text/csv)"
+    ),
+    accept: str | None = Header(default=None),
+) -> Response | UsageReport:
+    """Tokens, and with ``gpu=true`` GPU time, summed per group (docs/api.md)."""
+    rep = usage.report(
         s,
         who,
+        now=ctx.clock.now(),
         start=start,
         end=end,
         group_by=usage.parse_group_by(group_by),
@@ -71,4 +80,13 @@ def read_usage(
         member_id=member_id,
         endpoint_id=endpoint_id,
         model=model,
+        service_id=service_id,
+        gpu=gpu,
     )
+    if fmt == "csv" or (fmt is None and accept is not None and "text/csv" in accept):
+        return Response(
+            usage.to_csv(rep, gpu),
+            media_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": 'attachment; filename="usage.csv"'},
+        )
+    return rep

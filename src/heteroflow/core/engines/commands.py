@@ -26,8 +26,12 @@ real CLI in ``flags.py`` by the tests.
   ``--enable-metrics``; pipeline: ``--pp-size --nnodes --node-rank --dist-init-addr A:50000``.
 * llama.cpp: the official image's ENTRYPOINT is already ``/app/llama-server``
   (.devops/*.Dockerfile), so only flags: ``-m --host --port --alias -ngl 999|0
-  [--tensor-split 1,1] --metrics [--embeddings]``; the same args run our process-runtime
-  launcher (``process_argv``).
+  [--tensor-split 1,1] --metrics --jinja [--embeddings]``; the same args run our
+  process-runtime launcher (``process_argv``). ``--jinja`` always: the Jinja template
+  engine is what renders ``tools`` and parses tool calls; current builds default to it,
+  older images (before it became the default) need the flag, and both accept it.
+* Tool calling (vLLM, SGLang): the parser of the model's family (``tool_parsers``) after
+  the platform's flags, unless the task's ``engine_args`` choose their own.
 * TensorRT-LLM: ``trtllm-serve <engine dir> --host 0.0.0.0 --port P [--tp_size N]``; since
   TensorRT-LLM 1.0 made PyTorch the default backend (TensorRT-LLM#5312/#5717), a pre-built
   engine directory also needs ``--backend trt`` (the alias both 1.x spellings accept), left
@@ -40,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from heteroflow.core.engines import mindie
+from heteroflow.core.engines import mindie, tool_parsers
 from heteroflow.core.engines.errors import CommandError
 from heteroflow.core.engines.kv_offload import kv_offload_args, parse_version
 from heteroflow.core.engines.registry import ENGINES, EngineSpec
@@ -171,6 +175,10 @@ def _validate(s: LaunchShape, spec: EngineSpec) -> None:
     _check(not (s.extra_args and name == "mindie"), "MindIE takes no extra_args (config.json)")
 
 
+def _tool_args(s: LaunchShape) -> tuple[str, ...]:
+    return tool_parsers.command_args(s.engine, s.model_path, s.extra_args, embeddings=s.embeddings)
+
+
 def _vllm(s: LaunchShape) -> EngineCommand:
     legacy = bool(s.engine_version) and parse_version(s.engine_version) < _VLLM_CLI_SINCE
     if legacy:
@@ -187,6 +195,8 @@ def _vllm(s: LaunchShape) -> EngineCommand:
         if s.pipeline_rank > 0:
             args.append("--headless")
     args += ["--gpu-memory-utilization", _fraction(s.gpu_memory_utilization)]
+    if not (s.parallelism == "pipeline" and s.pipeline_rank > 0):  # headless: no API server
+        args += _tool_args(s)
     env: dict[str, str] = {}
     if s.sleep_mode:
         args.append("--enable-sleep-mode")
@@ -207,6 +217,7 @@ def _sglang(s: LaunchShape) -> EngineCommand:
         addr = f"[{s.master_addr}]" if ":" in s.master_addr else s.master_addr
         args += ["--pp-size", stages, "--nnodes", stages, "--node-rank", str(s.pipeline_rank)]
         args += ["--dist-init-addr", f"{addr}:{SGLANG_DIST_INIT_PORT}"]
+    args += _tool_args(s)
     if s.embeddings:
         args.append("--is-embedding")
     entrypoint = ("python3", "-m", "sglang.launch_server")
@@ -222,7 +233,7 @@ def _llamacpp(s: LaunchShape) -> EngineCommand:
     if s.gpus > 1:
         split = s.tensor_split or (1.0,) * s.gpus
         args += ["--tensor-split", ",".join(_number(v) for v in split)]
-    args.append("--metrics")
+    args += ["--metrics", "--jinja"]
     if s.embeddings:
         args.append("--embeddings")
     return EngineCommand((*args, *s.extra_args), None)

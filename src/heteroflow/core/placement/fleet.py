@@ -6,15 +6,27 @@ tasks = 10^8 checks). The index hands ``place`` the nodes most likely to win fir
 
 1. nodes that hold the task's model (locality is the strongest preference);
 2. for a shared-card inference task, nodes with a partly booked card of the task's
-   tenant / sharing group (stacking there is what binpack wants);
+   tenant / sharing group (stacking there is what binpack wants) — skipping, for now,
+   those where no card has both the commitment and the memory left (they would only
+   fail: they come later, so a failing node is still counted once);
 3. nodes by how many wholly free cards they have — fewest that are still enough first
    (binpack) or most first (spread) — then the rest, so that a task that fits nowhere
    is still checked against every node and its reason counts them all.
 
 Buckets are kept per card model, so a task that names a ``gpu_type`` never walks nodes
-of other types. Nodes that cannot take the task whatever its size — offline, above the
-load threshold, or (for inference) at the container cap — are held back to the end.
-``update`` re-files a node after a booking.
+of other types, and a model whose largest card cannot hold the task's estimate once the
+B3 reservation is kept free is walked last (none of its cards can admit the task).
+Nodes that cannot take the task whatever its size — offline, above the load threshold,
+or (for inference) at the container cap — are held back to the end, where they are
+counted by their set of card models rather than one by one. ``update`` re-files a node
+after a booking.
+
+None of this changes a decision, only how soon it is reached: a node is skipped only
+where it could not pass, and it is still examined (or counted) once, in the tail, when
+nothing passed before it (tests/unit/test_scheduler_scale.py checks placements and
+reasons against the index without these shortcuts). One exception by design: a node
+with cards of several models is met in the walk of its first model that can really
+hold the estimate, which can be later than before the reservation was counted.
 """
 
 from __future__ import annotations
@@ -23,7 +35,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from heteroflow.core.placement import filters as f
-from heteroflow.core.placement.model import NodeView, TaskDemand
+from heteroflow.core.placement.model import NodeView, Reservation, TaskDemand
+
+_NO_RESERVATION = Reservation(0, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +55,10 @@ class FleetIndex:
         pack: bool = True,
         load_threshold_pct: float = 100.0,
         inference_cap: int = 1 << 30,
+        reservation: Reservation = _NO_RESERVATION,
     ) -> None:
         self.nodes = nodes
+        self.reservation = reservation
         self.pack = pack
         self.cap = inference_cap
         self._offline = {n.id for n in nodes if not n.online}
@@ -56,6 +72,8 @@ class FleetIndex:
         self.by_id = {n.id: n for n in nodes}
         self._models: dict[str, list[NodeView]] = {}
         self._cpu: list[NodeView] = []
+        self._gpu_nodes: list[NodeView] = []
+        self._by_kind: dict[str, list[NodeView]] = {}  # card model -> nodes, fleet order
         # (card model, at the inference cap) -> free-card count -> nodes (insertion order);
         # nodes offline or over the load threshold are in no bucket
         self._buckets: dict[tuple[str, bool], dict[int, dict[str, NodeView]]] = {}
@@ -65,9 +83,15 @@ class FleetIndex:
         # a partly booked card of that tenant / sharing group with that much room
         self._partial: dict[tuple[str, str], dict[int, dict[str, NodeView]]] = {}
         self._partial_of: dict[str, list[tuple[tuple[str, str], int]]] = {}
+        # node id -> (share key or "" for any, commitment left, memory left) of each card
+        # that could still take shared inference work: a cheap, conservative pre-check,
+        # filled on first use
+        self._shared_room: dict[str, tuple[tuple[str, int, int], ...]] = {}
         self._capped: set[str] = set()  # at the inference container cap
         self._card_mb: dict[str, int] = {}  # card model -> largest card of it
         self._vendor: dict[str, str] = {}  # card model -> vendor
+        # (estimate, engine vendors) -> card models in the order _likely walks them
+        self._kinds_memo: dict[tuple[int, frozenset[str]], list[str]] = {}
         for n in nodes:
             for m in n.models:
                 self._models.setdefault(m, []).append(n)
@@ -76,8 +100,12 @@ class FleetIndex:
                 self._card_mb[c.model] = max(self._card_mb.get(c.model, 0), c.memory_total_mb)
                 self._vendor[c.model] = c.vendor
             self._kinds[n.id] = kinds
+            for k in kinds:
+                self._by_kind.setdefault(k, []).append(n)
             if not kinds:
                 self._cpu.append(n)
+            else:
+                self._gpu_nodes.append(n)
             self._file(n)
 
     def _file(self, n: NodeView) -> None:
@@ -110,21 +138,48 @@ class FleetIndex:
                 self._buckets[(k, capped)][free].pop(n.id, None)
         for key, room in self._partial_of.get(n.id, ()):
             self._partial[key][room].pop(n.id, None)
+        self._shared_room.pop(n.id, None)
         self._file(n)
 
-    def _kinds_for(self, t: TaskDemand) -> list[str]:
-        """Card models the task's engine drives whose cards can hold its estimate,
-        smallest first (best fit), then the rest (tried last, for the reason)."""
-        fits = sorted(
-            (
-                m
-                for m, mb in self._card_mb.items()
-                if mb >= t.estimated_gpu_memory_mb
-                and (not t.engine_vendors or self._vendor[m] in t.engine_vendors)
-            ),
-            key=lambda m: (self._card_mb[m], m),
+    def _may_share(self, n: NodeView, t: TaskDemand) -> bool:
+        """False only when no card of the node can take the shared task (``card_admits``
+        would refuse every one: another key's work, not enough commitment or memory
+        left); the node's type, vendor and gates are left to ``evaluate``."""
+        rooms = self._shared_room.get(n.id)
+        if rooms is None:  # worked out when first asked, dropped when the node is booked
+            rooms = self._shared_room[n.id] = tuple(
+                (c.share_key if c.holders else "", 100 - c.committed_pct,
+                 c.available_mb(self.reservation))
+                for c in n.cards
+                if not c.whole_holders and c.holders == c.inference
+            )
+        pct, need, key = t.gpu_memory_utilization, t.estimated_gpu_memory_mb, t.share_key
+        return any(
+            left >= pct and (not need or mb >= need) and (not k or not key or k == key)
+            for k, left, mb in rooms
         )
-        return fits + sorted(m for m in self._card_mb if m not in fits)
+
+    def _kinds_for(self, t: TaskDemand) -> list[str]:
+        """Card models the task's engine drives whose cards can hold its estimate with
+        the reservation kept free, smallest first (best fit), then the rest (tried last,
+        for the reason: none of their cards can admit the task)."""
+        key = (t.estimated_gpu_memory_mb, t.engine_vendors)
+        memo = self._kinds_memo.get(key)
+        if memo is None:
+            res = self.reservation
+            fits = sorted(
+                (
+                    m
+                    for m, mb in self._card_mb.items()
+                    if mb - res.of(mb) >= t.estimated_gpu_memory_mb
+                    and (not t.engine_vendors or self._vendor[m] in t.engine_vendors)
+                ),
+                key=lambda m: (self._card_mb[m], m),
+            )
+            memo = self._kinds_memo[key] = fits + sorted(
+                m for m in self._card_mb if m not in fits
+            )
+        return memo
 
     def order(self, t: TaskDemand) -> Iterator[NodeView | Tally | None]:
         """Every node once: likely winners first; then ``None`` (``place`` stops there
@@ -137,25 +192,42 @@ class FleetIndex:
         bulk: dict[str, int] = {}
         gated = self._gated if t.gpu_required else self._offline
         capped = self._capped if t.inference else set()
+        tenant, kinds_of = t.tenant_id, self._kinds
+        ruled: dict[tuple[str, ...], str] = {}  # by the node's card models: 1 of ~10 sets
         for n in self.nodes:
-            if n.id in seen:
+            nid = n.id
+            if nid in seen:
                 continue
-            if not n.visible_to(t.tenant_id):
+            if n.tenants and tenant and tenant not in n.tenants:  # not n.visible_to(tenant)
                 why = f.RESERVED
-            elif n.id in gated:
+            elif nid in gated:
                 why = f.OFFLINE if not n.online else f.OVERLOADED
-            elif n.id in capped:
+            elif nid in capped:
                 why = f.CONTAINER_CAP
             else:
-                why = self._ruled_out(n, t)
+                kinds = kinds_of[nid]
+                cached = ruled.get(kinds)
+                if cached is None:
+                    cached = ruled[kinds] = self._ruled_out(kinds, t)
+                why = cached
             if why:
                 bulk[why] = bulk.get(why, 0) + 1
             else:
                 yield n
         yield Tally(bulk)
 
-    def _ruled_out(self, n: NodeView, t: TaskDemand) -> str:
-        kinds = self._kinds[n.id]
+    def preemption_candidates(self, t: TaskDemand) -> list[NodeView]:
+        """The nodes ``plan_preemption`` would look at for the task, in fleet order:
+        online, with cards of its ``gpu_type`` (or any cards, for GPU work)."""
+        if t.gpu_type:
+            pool = self._by_kind.get(t.gpu_type, [])
+        elif t.gpu_required:
+            pool = self._gpu_nodes
+        else:
+            pool = self.nodes
+        return [n for n in pool if n.id not in self._offline]
+
+    def _ruled_out(self, kinds: tuple[str, ...], t: TaskDemand) -> str:
         if t.gpu_required == 0:
             return ""
         if not kinds:
@@ -180,6 +252,10 @@ class FleetIndex:
                     seen.add(n.id)
                     yield n
 
+        def roomy(nodes: Iterable[NodeView]) -> Iterator[NodeView]:
+            # not marked seen when skipped: a later bucket or the tail still counts it
+            return fresh(n for n in nodes if n.id not in seen and self._may_share(n, t))
+
         if t.model_path:
             yield from fresh(self._models.get(t.model_path, ()))
         if t.gpu_required == 0:
@@ -191,7 +267,7 @@ class FleetIndex:
             for k in kinds:
                 rooms = self._partial.get((t.share_key, k), {})
                 for room in sorted((r for r in rooms if r >= least), reverse=not self.pack):
-                    yield from fresh(rooms[room].values())
+                    yield from roomy(rooms[room].values())
         need = t.gpu_required
         # nodes with enough wholly free cards, over every fitting kind, before the rest
         empty: dict[int, dict[str, NodeView]] = {}

@@ -53,8 +53,8 @@ class CardView:
         return self.holders == 0 and self.committed_pct == 0 and self.committed_mb == 0
 
     def available_mb(self, reservation: Reservation, *, borrow: bool = False) -> int:
-        committed = self.committed_mb - (self.sleeping_mb if borrow else 0)
-        used = max(self.memory_used_mb, committed)
+        committed = self.committed_mb - self.sleeping_mb if borrow else self.committed_mb
+        used = self.memory_used_mb if self.memory_used_mb > committed else committed
         return self.memory_total_mb - used - reservation.of(self.memory_total_mb)
 
 

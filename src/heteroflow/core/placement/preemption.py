@@ -59,7 +59,14 @@ def plan_preemption(
             (o for o in node.occupants if may_preempt(t, o)),
             key=lambda o: (o.priority, -o.per_card_pct),
         )
-        if not lower or not _could_fit(node, t, {o.task_id for o in lower}):
+        if not lower:
+            continue
+        if best is not None and best[0] <= (1, lower[0].priority):
+            continue  # any plan here moves >= 1 task of priority >= lower[0]'s: not better
+        if not _could_fit(node, t, {o.task_id for o in lower}):
+            continue
+        if not any(o.sleeping for o in lower) and not _fits_without(node, t, lower, res, pool,
+                                                                    policy):
             continue
         trial = node.clone()
         victims: list[Occupant] = []
@@ -74,6 +81,25 @@ def plan_preemption(
                     best = (key, Preemption(node.id, tuple(victims)))
                 break
     return best[1] if best else None
+
+
+def _fits_without(
+    node: NodeView,
+    t: TaskDemand,
+    movable: list[Occupant],
+    res: Reservation,
+    pool: range,
+    policy: Policy,
+) -> bool:
+    """Does the task fit once every movable task has left? Room only grows as tasks
+    leave (commitment, memory, holders, the container count; a sleeping occupant's
+    borrow counters are the exception, so the caller asks only without one), so when
+    this says no, no prefix of victims makes room: one evaluation instead of one per
+    victim on the nodes that cannot be freed."""
+    trial = node.clone()
+    for o in movable:
+        unbook_occupant(trial, o)
+    return evaluate(trial, t, res, pool, policy)[0] is not None
 
 
 def _could_fit(node: NodeView, t: TaskDemand, movable: set[str]) -> bool:

@@ -1,0 +1,22 @@
+"""Platform switches (/api/v1/platform-settings): operators only (L1)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from heteroflow.api.deps import DB, Who
+from heteroflow.schemas.dedup import PlatformSettingsRead, PlatformSettingsUpdate
+from heteroflow.services import platform_settings
+
+router = APIRouter(prefix="/api/v1/platform-settings", tags=["platform settings"])
+
+
+@router.get("", response_model=PlatformSettingsRead)
+def get_settings(s: DB, who: Who) -> PlatformSettingsRead:
+    return platform_settings.get_settings(s, who)
+
+
+@router.put("", response_model=PlatformSettingsRead)
+def put_settings(req: PlatformSettingsUpdate, s: DB, who: Who) -> PlatformSettingsRead:
+    """Set the switches given; fields left out keep their value. Unknown keys: 400."""
+    return platform_settings.put_settings(s, who, req)

@@ -1,0 +1,404 @@
+"""Past one machine (issue 18, item 2): a cluster on this machine, hosts in network
+namespaces, and kills while traffic flows.
+
+Two ``heteroflow server`` instances on one PostgreSQL (A started first, so A leads),
+two ``heteroflow gateway`` on one Redis, and three ``heteroflow agent`` — each agent in
+its own network namespace on a private bridge, with its own address, serving the real
+llama.cpp engine (process runtime) there: three "nodes" the gateways reach over the
+bridge, as they would reach other machines. Agents and gateways talk to server B, as
+they would to a load balancer's address; the leader-only loops (the node watch, the
+recovery loop) run wherever the lease is.
+
+A service of two replicas on two nodes takes chat completions through both gateways
+(OpenAI SDK, no retries; a client that cannot connect to a gateway goes to the other,
+as behind a load balancer). Then, in turn:
+
+0. server B — the one every agent reaches — stalls (SIGSTOP) for longer than the
+   lost-node delay: server A, leading, hears from no node, takes it for the control
+   plane's fault and moves nothing (``core.recovery.evacuation_paused``); no request
+   fails, since the data path does not go through a server;
+1. server A (the leader) is killed with SIGKILL: the lease moves to B within its TTL,
+   and no request fails (the data path does not go through a server);
+2. gateway 1 is killed: only what was in flight there may fail;
+3. one node is killed (every process in its namespace: agent and engine — the machine
+   is gone): the gateways take its replica out, the node is declared lost and its task
+   rebuilt on another node, and traffic goes on.
+
+At most the requests in flight at the two data-path kills may fail. Needs root and
+``ip`` (iproute2) for the namespaces, PostgreSQL and Redis; skipped without them unless
+``HETEROFLOW_REQUIRE_NETNS=1`` (``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from heteroflow.models.tiny_gguf import write_tiny_gguf
+from tests.conftest import free_port
+
+from .conftest import (
+    ADMIN_PASSWORD,
+    GATEWAY_TOKEN,
+    NODE_TOKEN,
+    Proc,
+    Stack,
+    spawn,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+THREADS = 4
+LOST_AFTER_S = 3  # no heartbeat for this long: a node's work moves (offline 2 s + 1 s)
+REDIS_URL = os.environ.get("HETEROFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+@dataclass
+class Net:
+    """A bridge in this namespace (the control plane's side) and one namespace per node."""
+
+    bridge: str
+    host_ip: str  # the bridge's address: where the nodes reach the servers
+    nodes: list[tuple[str, str]]  # (namespace, its address)
+
+    def kill_node(self, namespace: str) -> list[int]:
+        """SIGKILL every process in ``namespace``: the machine is gone."""
+        out = subprocess.run(
+            ["ip", "netns", "pids", namespace], capture_output=True, text=True, check=False
+        ).stdout
+        pids = [int(p) for p in out.split()]
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    for _ in range(50):
+        net = ipaddress.IPv4Network(f"10.{random.randint(100, 250)}.{random.randint(0, 255)}.0/24")
+        if f" {str(net.network_address)[:-1]}" not in used:
+            return net
+    raise RuntimeError("no free 10.x.y.0/24 for the test bridge")
+
+
+@contextmanager
+def network(nodes: int) -> Iterator[Net]:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        reason = "network namespaces need root and iproute2's ip"
+        if os.environ.get("HETEROFLOW_REQUIRE_NETNS") == "1":
+            pytest.fail(f"{reason} (HETEROFLOW_REQUIRE_NETNS=1)")
+        pytest.skip(reason)
+    tag = secrets.token_hex(2)
+    subnet = _free_subnet()
+    hosts = list(subnet.hosts())
+    bridge = f"hfbr{tag}"
+    net = Net(bridge, str(hosts[0]), [])
+    try:
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("addr", "add", f"{hosts[0]}/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        for i in range(1, nodes + 1):
+            ns, veth, address = f"hf{tag}n{i}", f"hfv{tag}{i}", str(hosts[10 + i])
+            _ip("netns", "add", ns)
+            net.nodes.append((ns, address))
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", veth, "master", bridge, "up")
+            _ip("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        yield net
+    finally:
+        for ns, _ in net.nodes:
+            net.kill_node(ns)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
+
+
+@dataclass
+class Load:
+    """``THREADS`` clients sending chat completions through the gateways in turn, as
+    behind a load balancer: a gateway a client cannot reach is left for the others."""
+
+    gateways: list[str]
+    key: str
+    model: str
+    ok: int = 0
+    # (sent, ended, gateway index, what) of each request that failed
+    failures: list[tuple[float, float, int, str]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def _run(self, first: int) -> None:
+        clients = [
+            openai.OpenAI(base_url=g + "/v1", api_key=self.key, max_retries=0, timeout=30)
+            for g in self.gateways
+        ]
+        alive = list(range(len(clients)))
+        i = first
+        while not self.stop.is_set():
+            g = alive[i % len(alive)]
+            i += 1
+            sent = time.monotonic()
+            try:
+                out = clients[g].chat.completions.create(
+                    model=self.model, messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=4, temperature=0,
+                )
+                assert out.choices[0].message.content is not None
+            except Exception as exc:  # every failure is the finding
+                with self.lock:
+                    self.failures.append(
+                        (sent, time.monotonic(), g, f"{type(exc).__name__}: {exc}")
+                    )
+                if isinstance(exc, openai.APIConnectionError) and len(alive) > 1:
+                    alive.remove(g)  # the balancer takes it out
+            else:
+                with self.lock:
+                    self.ok += 1
+
+    def start(self) -> Load:
+        for n in range(THREADS):
+            t = threading.Thread(target=self._run, args=(n,), daemon=True)
+            t.start()
+            self.threads.append(t)
+        return self
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(40)
+
+    def lost(self, kills: list[tuple[float, float, int | None]]) -> list[str]:
+        """Failures not explained by a kill. A kill is a window (from the moment it began
+        until the gateways had taken the dead process out) and, for a gateway, its index.
+        A request is lost to a kill when it overlapped that window — in flight on the
+        dying process, or sent on a connection to it before its death was noticed — or
+        went to a gateway already dead (never processed; its client leaves it at once)."""
+        out = []
+        for sent, ended, g, what in self.failures:
+            overlapped = any(sent <= end and ended >= start for start, end, _ in kills)
+            to_dead = any(g == gw and sent >= start for start, _, gw in kills if gw is not None)
+            if not (overlapped or to_dead):
+                out.append(what)
+        return out
+
+    def failed_during(self, start: float, end: float) -> int:
+        return sum(1 for sent, ended, _, _ in self.failures if sent <= end and ended >= start)
+
+
+def _leader(url: str, headers: dict[str, str]) -> str | None:
+    r = httpx.get(url + "/api/v1/servers", headers=headers, timeout=5)
+    return r.json()["leader"] if r.status_code == 200 else None
+
+
+def _running(st: Stack, group_id: str, dead: str) -> list[dict[str, Any]] | None:
+    g = st.group(group_id)
+    live = [t for t in g["tasks"] if t["status"] == "running" and t["node_id"] != dead]
+    return live if len(live) == 2 else None
+
+
+@pytest.mark.feature("P1")
+def test_a_cluster_survives_a_server_a_gateway_and_a_node_dying_under_traffic(
+    tmp_path: Path, pg_empty_url: str
+) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    model_file = write_tiny_gguf(models / "tiny.gguf")
+    (tmp_path / "node.json").write_text(
+        json.dumps({"allowed_volume_prefixes": [str(models)], "model_scan_dirs": [str(models)]})
+    )
+    pool = random.randint(22000, 31000)
+    with network(3) as net:
+        common = {
+            "HETEROFLOW_DATABASE_URL": pg_empty_url,
+            "HETEROFLOW_ADMIN_PASSWORD": ADMIN_PASSWORD,
+            "HETEROFLOW_NODE_TOKEN": NODE_TOKEN,
+            "HETEROFLOW_GATEWAY_TOKEN": GATEWAY_TOKEN,
+            "HETEROFLOW_PORT_POOL_START": str(pool),
+            "HETEROFLOW_PORT_POOL_END": str(pool + 40),
+            "HETEROFLOW_SCHEDULER_INTERVAL_S": "0.2",
+            "HETEROFLOW_SNAPSHOT_INTERVAL_S": "0.2",
+            "HETEROFLOW_LEADER_LEASE_TTL_S": "3",
+            "HETEROFLOW_LEADER_RENEW_INTERVAL_S": "1",
+            "HETEROFLOW_NODE_OFFLINE_AFTER_S": "2",
+            "HETEROFLOW_NODE_MIGRATE_AFTER_S": str(LOST_AFTER_S - 2),
+            "HETEROFLOW_RECOVERY_INTERVAL_S": "0.5",
+        }
+        url = {s: f"http://{net.host_ip}:{free_port()}" for s in "ab"}
+        procs: list[Proc] = []
+        st = Stack(tmp_path, models, model_file, url["b"], "")
+        try:
+            for s in "ab":  # A first: A takes the lease
+                port = url[s].rsplit(":", 1)[1]
+                procs.append(spawn(
+                    f"server-{s}", ["server", "--host", net.host_ip, "--port", port],
+                    {**common, "HETEROFLOW_DATA_DIR": str(tmp_path / s)}, tmp_path,
+                ))
+                wait_for(lambda u=url[s]: httpx.get(u + "/healthz", timeout=1).status_code
+                         == 200, 30, f"server {s}")
+            server_a, server_b = procs[0], procs[1]
+            gateways = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+            for n, gw in enumerate(gateways, 1):
+                procs.append(spawn(
+                    f"gateway-{n}",
+                    ["gateway", "--server", url["b"], "--token", GATEWAY_TOKEN,
+                     "--port", gw.rsplit(":", 1)[1]],
+                    {"HETEROFLOW_GATEWAY_POLL_INTERVAL_S": "0.3",
+                     "HETEROFLOW_REDIS_URL": REDIS_URL,
+                     "HETEROFLOW_REDIS_KEY_PREFIX": f"hf-cluster-{secrets.token_hex(4)}:"},
+                    tmp_path,
+                ))
+            agents: dict[str, str] = {}  # node name -> its namespace
+            for i, (ns, address) in enumerate(net.nodes, 1):
+                name = f"node-{i}"
+                agents[name] = ns
+                procs.append(spawn(f"agent-{i}", ["agent"], {
+                    "HETEROFLOW_AGENT_SERVER_URL": url["b"],
+                    "HETEROFLOW_AGENT_NODE_TOKEN": NODE_TOKEN,
+                    "HETEROFLOW_AGENT_NODE_NAME": name,
+                    "HETEROFLOW_AGENT_ADDRESS": address,
+                    "HETEROFLOW_AGENT_CONFIG_FILE": str(tmp_path / "node.json"),
+                    "HETEROFLOW_AGENT_WORK_DIR": str(tmp_path / f"agent-{i}"),
+                    "HETEROFLOW_AGENT_HEARTBEAT_INTERVAL_S": "0.3",
+                    "HETEROFLOW_AGENT_CPU_THREADS": "1",
+                    "HETEROFLOW_AGENT_RUNTIME": "process",
+                }, tmp_path, prefix=("ip", "netns", "exec", ns)))
+            st.procs = procs
+            r = httpx.post(url["b"] + "/api/v1/auth/login",
+                           json={"username": "admin", "password": ADMIN_PASSWORD})
+            st.token = r.json()["access_token"]
+            servers = st.api("GET", "/api/v1/servers").json()
+            leader_a = servers["leader"]
+            assert leader_a is not None
+            nodes = wait_for(lambda: len(st.api("GET", "/api/v1/nodes").json()) == 3
+                             and st.api("GET", "/api/v1/nodes").json(), 30, "3 nodes")
+            node_ids = {n["name"]: n["id"] for n in nodes}
+            assert {n["address"] for n in nodes} == {a for _, a in net.nodes}
+
+            g = st.create_service("chat", parallelism="split", world_size=2)
+            group_id, key = g["id"], g["api_key"]
+            tasks = wait_for(lambda: _running(st, group_id, ""), 60, "two replicas running")
+            on = [t["node_id"] for t in tasks]
+            assert len(set(on)) == 2, f"both replicas on one node: {on}"  # CPU work spreads
+
+            load = Load(gateways, key, "chat-model").start()
+            try:
+                wait_for(lambda: load.ok >= 20, 30, "traffic through both gateways")
+
+                # 0. the server the agents reach stalls (a VM pause, a long GC) for
+                # longer than the lost-node delay: every heartbeat is late at once, the
+                # control plane's fault and not the nodes' — nothing may move, nothing fail
+                stalled = time.monotonic()
+                server_b.popen.send_signal(signal.SIGSTOP)
+                time.sleep(LOST_AFTER_S + 1)
+                server_b.popen.send_signal(signal.SIGCONT)
+                ok = load.ok
+                wait_for(lambda: load.ok >= ok + 10, 20, "traffic after the server's stall")
+                stall_failed = load.failed_during(stalled, time.monotonic())
+                after_stall = st.group(group_id)
+                assert sorted(t["id"] for t in after_stall["tasks"]
+                              if t["status"] == "running") == sorted(t["id"] for t in tasks), (
+                    "a replica was moved off a node that was only unheard during the stall"
+                )
+
+                # 1. the leading server dies
+                killed_server = time.monotonic()
+                server_a.popen.send_signal(signal.SIGKILL)
+                server_a.popen.wait(10)
+                leader_b = wait_for(
+                    lambda: (ld := _leader(url["b"], st.headers)) and ld != leader_a and ld,
+                    3 + 1 + 5, "server B to take the lease",
+                )
+                moved_after = time.monotonic() - killed_server
+
+                # 2. a gateway dies
+                killed_gateway = time.monotonic()
+                procs[2].popen.send_signal(signal.SIGKILL)
+                procs[2].popen.wait(10)
+                gateway_gone = time.monotonic()
+                ok = load.ok
+                wait_for(lambda: load.ok >= ok + 10, 20, "traffic through gateway 2 alone")
+
+                # 3. a node dies: its agent and its engine
+                dead = next(n for n, nid in node_ids.items() if nid == on[0])
+                killed_node = time.monotonic()
+                gone = net.kill_node(agents[dead])
+                node_gone = time.monotonic()
+                assert len(gone) >= 2  # the agent and its engine
+                rebuilt = wait_for(lambda: _running(st, group_id, node_ids[dead]), 60,
+                                   "the lost node's replica rebuilt on another node")
+                recovered_after = time.monotonic() - killed_node
+                ok = load.ok
+                wait_for(lambda: load.ok >= ok + 10, 20, "traffic after the rebuild")
+            finally:
+                load.finish()
+            dead_gateway = sum(1 for f in load.failures if f[2] == 0 and f[0] >= killed_gateway)
+            # the gateways take a dead backend out at its first failed request or probe
+            # (probes every 1 s): a request sent in that second may meet the dead engine
+            node_window = (killed_node, node_gone + 2.0, None)
+            gateway_window = (killed_gateway, gateway_gone, 0)
+            summary = (
+                f"ok {load.ok}, failed {len(load.failures)} (during the server's stall "
+                f"{stall_failed}; during the gateway's kill "
+                f"{load.failed_during(*gateway_window[:2])}, sent to the dead gateway before "
+                f"its clients left it {dead_gateway}; during the node's death and ejection "
+                f"{load.failed_during(*node_window[:2])}); lease moved {moved_after:.1f} s "
+                f"after kill -9 of the leader; replica rebuilt {recovered_after:.1f} s after "
+                f"the node died"
+            )
+            print(summary)
+            assert leader_b != leader_a
+            assert {t["node_id"] for t in rebuilt} <= set(node_ids.values()) - {node_ids[dead]}
+            # the server's death cost nothing; nothing was lost but what the data-path kills
+            # had in flight or sent before the dead process was taken out: at most one
+            # request per client at each
+            assert load.failed_during(killed_server, killed_server) == 0, load.failures
+            assert stall_failed == 0, summary
+            assert load.lost([gateway_window, node_window]) == [], summary
+            assert load.failed_during(*gateway_window[:2]) <= THREADS, summary
+            assert load.failed_during(*node_window[:2]) <= THREADS, summary
+        except BaseException:
+            for p in procs:
+                print(p.tail())
+            _print_timeline(st, locals().get("group_id"), locals().get("load"))
+            raise
+        finally:
+            for p in reversed(procs):
+                p.stop()
+
+
+def _print_timeline(st: Stack, group_id: str | None, load: Load | None) -> None:
+    """What the control plane recorded and when requests failed: why a run failed."""
+    if group_id is not None:
+        with suppress(Exception):
+            for e in st.api("GET", f"/api/v1/task-groups/{group_id}/events").json():
+                print("event", e.get("created_at"), e.get("kind"), e.get("message"))
+    if load is not None:
+        wall = time.time() - time.monotonic()  # the events' clock
+        for sent, ended, g, what in load.failures:
+            print(f"failed sent={time.strftime('%H:%M:%S', time.gmtime(sent + wall))}"
+                  f"+{(sent + wall) % 1:.2f} took {ended - sent:.2f} s gateway={g} {what}")

@@ -1,0 +1,104 @@
+"""The heartbeat without the framework (api/heartbeat_fast.py): a success is answered
+before FastAPI, with the request id echoed and the latency counted under the route;
+everything else — a refusal, a failure, a body too large to hold — reaches the API whole
+and gets the API's own answer (test_heartbeat_writes.py compares every refusal with the
+declared route through the same dispatcher)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from heteroflow.api import heartbeat_fast
+from heteroflow.db.tables import Node
+
+from .conftest import NODE_TOKEN, Api
+from .test_heartbeat_writes import beat
+
+PATH = heartbeat_fast.PATH
+AUTH = {"Authorization": f"Bearer {NODE_TOKEN}", "content-type": "application/json"}
+
+
+@pytest.fixture
+def api_calls(api: Api) -> list[str]:
+    """The paths of the requests that reached the API's framework."""
+    dispatcher: Any = api.app.asgi
+    calls: list[str] = []
+    inner = dispatcher.api
+
+    async def spy(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            calls.append(scope["path"])
+        await inner(scope, receive, send)
+
+    dispatcher.api = spy
+    dispatcher.fast[("POST", PATH)].api = spy
+    return calls
+
+
+def heartbeats_counted(api: Api, status_class: str) -> int:
+    h = api.app.metrics.api.get(("POST", PATH, status_class))
+    return 0 if h is None else h.count
+
+
+@pytest.mark.feature("P1")
+def test_a_heartbeat_is_answered_before_the_framework(api: Api, api_calls: list[str]) -> None:
+    r = api.client.post(PATH, content=json.dumps(beat(name="fast")),
+                        headers={**AUTH, "x-request-id": "req-from-agent"})
+    assert r.status_code == 200 and r.json()["tasks"] == []
+    assert r.headers["x-request-id"] == "req-from-agent"
+    assert r.headers["content-type"] == "application/json"
+    assert api_calls == []  # FastAPI never saw it
+    assert heartbeats_counted(api, "2xx") == 1
+    r = api.client.post(PATH, content=json.dumps(beat(name="fast")), headers=AUTH)
+    assert r.status_code == 200 and r.headers["x-request-id"].startswith("req_")
+    with api.app.db.session() as s:
+        assert s.scalars(select(Node.name)).all() == ["fast"]
+
+
+def test_a_refused_heartbeat_gets_the_apis_own_answer(api: Api, api_calls: list[str]) -> None:
+    bad = api.client.post(PATH, content=json.dumps(beat()),
+                          headers={**AUTH, "Authorization": "Bearer guess"})
+    assert bad.status_code == 401 and api_calls == [PATH]
+    assert bad.headers["x-request-id"].startswith("req_")  # the API's own middleware
+    invalid = api.client.post(PATH, content=b'{"name": 1}', headers=AUTH)
+    assert invalid.status_code == 400 and api_calls == [PATH, PATH]
+    assert "name" in json.dumps(invalid.json())  # the API's validation answer
+    assert heartbeats_counted(api, "2xx") == 0
+    assert heartbeats_counted(api, "4xx") == 2  # counted once each, by the API
+
+
+def test_a_body_larger_than_the_fast_path_holds_reaches_the_api_whole(
+    api: Api, api_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(heartbeat_fast, "MAX_FAST_BODY", 64)
+    body = json.dumps(beat(name="large")).encode()
+    assert len(body) > 64
+    chunks = iter([body[:40], body[40:100], body[100:]])
+    r = api.client.post(PATH, content=chunks, headers=AUTH)  # streamed in three parts
+    assert r.status_code == 200 and api_calls == [PATH]
+    with api.app.db.session() as s:
+        assert s.scalars(select(Node.name)).all() == ["large"]
+
+
+def test_a_heartbeat_that_fails_is_handed_to_the_api(
+    api: Api, api_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dispatcher: Any = api.app.asgi
+    fast = dispatcher.fast[("POST", PATH)]
+    real, failures = fast.work, list[int]()
+
+    def flaky(request: Any, ctx: Any, body: bytes) -> bytes:
+        if not failures:
+            failures.append(1)
+            raise ConnectionError("the database went away for a moment")
+        return bytes(real(request, ctx, body))
+
+    monkeypatch.setattr(fast, "work", flaky)
+    r = api.client.post(PATH, content=json.dumps(beat(name="again")), headers=AUTH)
+    assert r.status_code == 200 and api_calls == [PATH]  # the API's own try succeeded
+    with api.app.db.session() as s:
+        assert s.scalars(select(Node.name)).all() == ["again"]

@@ -1,0 +1,106 @@
+"""bench/control_plane.py (issue 18, item 3): the simulated agents' bodies are what the
+server accepts, beat after beat; the figures and the command line say what they claim.
+
+The run itself (a real server on PostgreSQL and hundreds of agents for minutes) is the
+benchmark, not a test: ``--quick`` is its smoke run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from heteroflow.schemas.nodes import Heartbeat
+from heteroflow.testing import clusters
+
+from .bench_module import load_bench
+
+cp = load_bench("control_plane")
+
+
+def step(**over: Any) -> dict[str, Any]:
+    return {"agents": 100, "beats": 200, "p99_ms": 10.0, "errors": 0, "errors_in_warmup": 0,
+            **over}
+
+
+def test_the_agents_bodies_are_heartbeats_the_server_accepts_beat_after_beat() -> None:
+    rng = random.Random(3)
+    body = cp.agent_heartbeat("h100-sxm-8", "bench-00001", rng).model_dump()
+    first = json.loads(json.dumps(body))
+    cards = [(g["memory_used_mb"], g["temperature_c"]) for g in body["inventory"]["gpus"]]
+    models, ports = [], []
+    for beat in range(1, 400):
+        cp.churn(body, rng, beat)
+        # what the server reads: the JSON the agent sends, validated as the route does
+        hb = Heartbeat.model_validate_json(json.dumps(body))
+        models.append(len(hb.models))
+        ports.append(len(hb.host_ports_in_use))
+        assert hb.host_ports_in_use == sorted(set(hb.host_ports_in_use))
+    assert len(hb.inventory.gpus) == 8
+    assert [(g.memory_used_mb, g.temperature_c) for g in hb.inventory.gpus] != cards
+    assert {g["uuid"] for g in first["inventory"]["gpus"]} == {
+        g.uuid for g in hb.inventory.gpus
+    }
+    # models appear and go, and so do ports, but neither list runs away
+    assert len(set(models)) > 1 and max(models) <= cp.MODELS_PER_NODE + 1
+    assert len(set(ports)) > 1 and max(ports) <= 41
+
+
+def test_every_agent_reports_the_cards_of_an_eight_card_kind() -> None:
+    rng = random.Random(1)
+    for kind, _ in cp.FLEET_MIX:
+        hb = cp.agent_heartbeat(kind, "n1", rng)
+        declared = clusters.load(kind)
+        assert [g.model for g in hb.inventory.gpus] == [c.model for c in declared.cards]
+        assert all(g.source == "nvml" and g.temperature_c is not None
+                   for g in hb.inventory.gpus)
+        assert len(hb.models) == cp.MODELS_PER_NODE and hb.host_ports_in_use
+
+
+def test_the_fleet_mix_is_seeded_and_proportioned() -> None:
+    kinds = cp.fleet_kinds(2000, 7)
+    assert kinds == cp.fleet_kinds(2000, 7) != cp.fleet_kinds(2000, 8)
+    share = {k: kinds.count(k) / len(kinds) for k, _ in cp.FLEET_MIX}
+    for kind, pct in cp.FLEET_MIX:
+        assert abs(share[kind] - pct / 100) < 0.04, kind
+
+
+def test_held_is_the_largest_step_under_the_limit_without_errors() -> None:
+    steps = [step(agents=250), step(agents=500, p99_ms=49.9), step(agents=1000, p99_ms=50.0)]
+    assert cp.held(steps) == 500
+    assert cp.held([step(agents=250, errors_in_warmup=1)]) == 0
+    assert cp.held([step(agents=250, errors=1)]) == 0
+    assert cp.held([step(agents=250, beats=0)]) == 0
+    assert cp.percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
+    assert cp.percentile([float(i) for i in range(1, 101)], 99) == 99.0
+    assert cp.percentile([], 99) == 0.0
+
+
+def test_pinning_puts_the_load_apart_from_the_servers() -> None:
+    assert cp.parse_pin("auto", [0, 1]) == ([0], [1])
+    assert cp.parse_pin("auto", [0, 1, 2, 3]) == ([0, 1, 2], [3])
+    assert cp.parse_pin("auto", [0, 1, 2, 3], servers=2) == ([0, 1, 2], [3])
+    # not a CPU for each server and the load: nothing is pinned
+    assert cp.parse_pin("auto", [0, 1], servers=2) == (None, None)
+    assert cp.parse_pin("auto", [0]) == (None, None)
+    assert cp.parse_pin("none", [0, 1]) == (None, None)
+    assert cp.parse_pin("0-2,5:3", [0, 1]) == ([0, 1, 2, 5], [3])
+    for bad in ("0", ":1", "0:"):
+        with pytest.raises(ValueError, match="SERVER_CPUS:LOAD_CPUS"):
+            cp.parse_pin(bad, [0, 1])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--pin", "0"], ["--server-env", "NO_EQUALS"], ["--steps", "0"], ["--servers", ""]],
+)
+def test_bad_arguments_stop_before_anything_starts(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        cp.main(argv)
+    assert stopped.value.code == 2
+    assert "error:" in capsys.readouterr().err

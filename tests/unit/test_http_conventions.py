@@ -1,0 +1,169 @@
+"""http_conventions: request ids, CORS policy, stream headers, compressed bodies; and the
+provably-unwritten resend of ``upstream`` (issue 15, items 6 and 8)."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from typing import Any
+
+import aiohttp
+import pytest
+
+from heteroflow.gateway import http_conventions as hc
+from heteroflow.gateway import upstream as upstream_mod
+from heteroflow.gateway.errors import OpenAIError
+from heteroflow.gateway.retry import request_unwritten
+from heteroflow.gateway.upstream import Upstream, UpstreamFailure
+from heteroflow.schemas.routing import Backend
+
+LIMIT = 1000
+
+
+def test_request_id_is_the_callers_when_usable_else_new() -> None:
+    assert hc.request_id(b"trace-42") == "trace-42"
+    assert hc.request_id(b"x" * 128) == "x" * 128
+    for bad in (None, b"", b"x" * 129, b"bad\nid", b"caf\xc3\xa9"):
+        rid = hc.request_id(bad)
+        assert rid.startswith("req_") and len(rid) == 36
+    assert hc.new_request_id() != hc.new_request_id()
+
+
+def test_stream_headers_replace_the_engines_cache_control() -> None:
+    got = hc.stream_headers([(b"content-type", b"text/event-stream"), (b"cache-control", b"x")])
+    assert got == [
+        (b"content-type", b"text/event-stream"),
+        (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no"),
+    ]
+
+
+def test_cors_off_adds_nothing_and_refuses_preflights() -> None:
+    cors = hc.Cors([])
+    assert not cors.enabled
+    assert cors.answer_headers(b"https://app.example") == []
+    assert cors.preflight_headers(b"https://app.example", None) is None
+
+
+def test_cors_list_allows_listed_origins_only_and_varies_on_origin() -> None:
+    cors = hc.Cors(["https://app.example/", " "])
+    allowed = dict(cors.answer_headers(b"https://app.example"))
+    assert allowed[b"access-control-allow-origin"] == b"https://app.example"
+    assert b"x-request-id" in allowed[b"access-control-expose-headers"]
+    assert allowed[b"vary"] == b"Origin"
+    assert cors.answer_headers(b"https://evil.example") == [(b"vary", b"Origin")]
+    assert cors.preflight_headers(b"https://evil.example", None) is None
+    asked = b"authorization, x-stainless-os"
+    pre = dict(cors.preflight_headers(b"https://app.example", asked) or [])
+    assert pre[b"access-control-allow-headers"] == asked
+    assert pre[b"access-control-allow-methods"] == hc.ALLOWED_METHODS
+    # a malformed list of requested headers: the SDKs' own list instead
+    pre = dict(cors.preflight_headers(b"https://app.example", b"a b, (c)") or [])
+    assert pre[b"access-control-allow-headers"] == hc.DEFAULT_ALLOWED_HEADERS
+
+
+def test_cors_any_origin_answers_star_without_vary() -> None:
+    cors = hc.Cors(["*"])
+    assert dict(cors.answer_headers(b"https://x.example"))[b"access-control-allow-origin"] == b"*"
+    assert b"vary" not in dict(cors.answer_headers(b"https://x.example"))
+    assert cors.answer_headers(None) == []  # no Origin: not a browser's cross-origin call
+
+
+def test_begin_keeps_the_request_id_in_the_scope() -> None:
+    scope: dict[str, Any] = {"headers": [(b"x-request-id", b"abc"), (b"origin", b"https://a")]}
+    headers = hc.Conventions(["https://a"]).begin(scope)
+    assert scope[hc.REQUEST_ID_KEY] == "abc"
+    assert (b"x-request-id", b"abc") in headers
+    assert (b"access-control-allow-origin", b"https://a") in headers
+
+
+BODY = b'{"model": "m", "messages": []}'
+
+
+@pytest.mark.parametrize(
+    ("encoding", "data"),
+    [
+        (b"gzip", gzip.compress(BODY)),
+        (b"x-gzip", gzip.compress(BODY)),
+        (b"GZIP", gzip.compress(BODY[:10]) + gzip.compress(BODY[10:])),  # two members
+        (b"deflate", zlib.compress(BODY)),  # RFC 9110: zlib format
+        (b"deflate", zlib.compress(BODY)[2:-4]),  # raw deflate, as some clients send
+        (b"identity", BODY),
+        (b"deflate, gzip", gzip.compress(zlib.compress(BODY))),  # applied in that order
+    ],
+)
+def test_compressed_bodies_are_decoded(encoding: bytes, data: bytes) -> None:
+    assert hc.decode_body(data, encoding, LIMIT) == BODY
+
+
+def test_a_zip_bomb_stops_at_the_limit() -> None:
+    bomb = gzip.compress(b"0" * (LIMIT * 1000))
+    err = hc.decode_body(bomb, b"gzip", LIMIT)
+    assert isinstance(err, OpenAIError) and err.status == 413
+    exact = gzip.compress(b"0" * LIMIT)
+    assert hc.decode_body(exact, b"gzip", LIMIT) == b"0" * LIMIT
+
+
+def test_unknown_or_corrupt_encodings_are_client_errors() -> None:
+    err = hc.decode_body(BODY, b"br", LIMIT)
+    assert isinstance(err, OpenAIError) and err.status == 415
+    assert "'br'" in err.message and err.code == "unsupported_content_encoding"
+    for data in (BODY, gzip.compress(BODY)[:-10], gzip.compress(BODY) + b"junk"):
+        err = hc.decode_body(data, b"gzip", LIMIT)
+        assert isinstance(err, OpenAIError) and err.status == 400, data
+
+
+def test_only_a_request_that_could_not_be_written_counts_as_unwritten() -> None:
+    closing = aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+    assert request_unwritten(closing)
+    assert request_unwritten(aiohttp.ClientOSError(None, "Can not write request body for x"))
+    assert not request_unwritten(aiohttp.ClientOSError(104, "Connection reset by peer"))
+    assert not request_unwritten(aiohttp.ServerDisconnectedError())
+
+
+class _Session:
+    """Stands in for aiohttp's session: fails ``fail`` times, then answers ``answer``."""
+
+    def __init__(self, fail: BaseException | None, answer: object) -> None:
+        self.fail = fail
+        self.answer = answer
+        self.calls: list[dict[str, str]] = []
+        self.closed = False
+
+    async def post(self, url: str, *, data: bytes, headers: dict[str, str]) -> object:
+        self.calls.append(headers)
+        if self.fail is not None:
+            raise self.fail
+        return self.answer
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class _Answer:
+    content_type = "application/json"
+
+
+@pytest.mark.parametrize(
+    ("error", "resent"),
+    [
+        (aiohttp.ClientOSError(None, "Can not write request body for http://b"), True),
+        (aiohttp.ServerDisconnectedError(), False),  # may have been read: never resent
+    ],
+)
+async def test_open_resends_once_on_a_fresh_connection_only_when_unwritten(
+    monkeypatch: pytest.MonkeyPatch, error: BaseException, resent: bool
+) -> None:
+    up = Upstream(models_cache_ttl_s=30, upstream_timeout_s=5, connect_timeout_s=1)
+    pooled, fresh = _Session(error, None), _Session(None, _Answer())
+    st = up._state()
+    await st.session.close()
+    st.session = pooled  # type: ignore[assignment]
+    monkeypatch.setattr(up, "_fresh", lambda _st: fresh)
+    got = await up.open("http://b/v1/chat/completions", b"{}", Backend("t", "http://b"), "req_1")
+    assert len(pooled.calls) == 1
+    assert pooled.calls[0][upstream_mod.REQUEST_ID_HEADER] == "req_1"
+    if resent:
+        assert isinstance(got, _Answer) and len(fresh.calls) == 1
+    else:
+        assert isinstance(got, UpstreamFailure) and got.error.status == 502 and not fresh.calls
