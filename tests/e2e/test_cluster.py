@@ -44,6 +44,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,11 @@ from .conftest import (
 pytestmark = pytest.mark.e2e
 
 THREADS = 4
-LOST_AFTER_S = 3  # no heartbeat for this long: a node's work moves (offline 2 s + 1 s)
+# no heartbeat for this long: a node is offline, then lost and its work moves. Heartbeats
+# go every 0.3 s; on a busy CI machine one server's PostgreSQL commit can stall for
+# seconds, and a healthy node taken for lost there fails a healthy replica.
+OFFLINE_AFTER_S = 3
+LOST_AFTER_S = OFFLINE_AFTER_S + 2
 REDIS_URL = os.environ.get("HETEROFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
@@ -244,12 +249,13 @@ def test_a_cluster_survives_a_server_a_gateway_and_a_node_dying_under_traffic(
             "HETEROFLOW_SNAPSHOT_INTERVAL_S": "0.2",
             "HETEROFLOW_LEADER_LEASE_TTL_S": "3",
             "HETEROFLOW_LEADER_RENEW_INTERVAL_S": "1",
-            "HETEROFLOW_NODE_OFFLINE_AFTER_S": "2",
-            "HETEROFLOW_NODE_MIGRATE_AFTER_S": str(LOST_AFTER_S - 2),
+            "HETEROFLOW_NODE_OFFLINE_AFTER_S": str(OFFLINE_AFTER_S),
+            "HETEROFLOW_NODE_MIGRATE_AFTER_S": str(LOST_AFTER_S - OFFLINE_AFTER_S),
             "HETEROFLOW_RECOVERY_INTERVAL_S": "0.5",
         }
         url = {s: f"http://{net.host_ip}:{free_port()}" for s in "ab"}
         procs: list[Proc] = []
+        marks: dict[str, float] = {}  # what the test did, when (monotonic)
         st = Stack(tmp_path, models, model_file, url["b"], "")
         try:
             for s in "ab":  # A first: A takes the lease
@@ -306,16 +312,18 @@ def test_a_cluster_survives_a_server_a_gateway_and_a_node_dying_under_traffic(
             assert len(set(on)) == 2, f"both replicas on one node: {on}"  # CPU work spreads
 
             load = Load(gateways, key, "chat-model").start()
+            marks["traffic"] = time.monotonic()
             try:
                 wait_for(lambda: load.ok >= 20, 30, "traffic through both gateways")
 
                 # 0. the server the agents reach stalls (a VM pause, a long GC) for
                 # longer than the lost-node delay: every heartbeat is late at once, the
                 # control plane's fault and not the nodes' — nothing may move, nothing fail
-                stalled = time.monotonic()
+                stalled = marks["server B stopped"] = time.monotonic()
                 server_b.popen.send_signal(signal.SIGSTOP)
                 time.sleep(LOST_AFTER_S + 1)
                 server_b.popen.send_signal(signal.SIGCONT)
+                marks["server B resumed"] = time.monotonic()
                 ok = load.ok
                 wait_for(lambda: load.ok >= ok + 10, 20, "traffic after the server's stall")
                 stall_failed = load.failed_during(stalled, time.monotonic())
@@ -326,17 +334,18 @@ def test_a_cluster_survives_a_server_a_gateway_and_a_node_dying_under_traffic(
                 )
 
                 # 1. the leading server dies
-                killed_server = time.monotonic()
+                killed_server = marks["leader A killed"] = time.monotonic()
                 server_a.popen.send_signal(signal.SIGKILL)
                 server_a.popen.wait(10)
                 leader_b = wait_for(
                     lambda: (ld := _leader(url["b"], st.headers)) and ld != leader_a and ld,
                     3 + 1 + 5, "server B to take the lease",
                 )
-                moved_after = time.monotonic() - killed_server
+                marks["B leads"] = time.monotonic()
+                moved_after = marks["B leads"] - killed_server
 
                 # 2. a gateway dies
-                killed_gateway = time.monotonic()
+                killed_gateway = marks["gateway 1 killed"] = time.monotonic()
                 procs[2].popen.send_signal(signal.SIGKILL)
                 procs[2].popen.wait(10)
                 gateway_gone = time.monotonic()
@@ -345,13 +354,14 @@ def test_a_cluster_survives_a_server_a_gateway_and_a_node_dying_under_traffic(
 
                 # 3. a node dies: its agent and its engine
                 dead = next(n for n, nid in node_ids.items() if nid == on[0])
-                killed_node = time.monotonic()
+                killed_node = marks[f"{dead} killed"] = time.monotonic()
                 gone = net.kill_node(agents[dead])
                 node_gone = time.monotonic()
                 assert len(gone) >= 2  # the agent and its engine
                 rebuilt = wait_for(lambda: _running(st, group_id, node_ids[dead]), 60,
                                    "the lost node's replica rebuilt on another node")
-                recovered_after = time.monotonic() - killed_node
+                marks["rebuilt"] = time.monotonic()
+                recovered_after = marks["rebuilt"] - killed_node
                 ok = load.ok
                 wait_for(lambda: load.ok >= ok + 10, 20, "traffic after the rebuild")
             finally:
@@ -376,29 +386,54 @@ def test_a_cluster_survives_a_server_a_gateway_and_a_node_dying_under_traffic(
             # the server's death cost nothing; nothing was lost but what the data-path kills
             # had in flight or sent before the dead process was taken out: at most one
             # request per client at each
-            assert load.failed_during(killed_server, killed_server) == 0, load.failures
-            assert stall_failed == 0, summary
-            assert load.lost([gateway_window, node_window]) == [], summary
-            assert load.failed_during(*gateway_window[:2]) <= THREADS, summary
-            assert load.failed_during(*node_window[:2]) <= THREADS, summary
+            wrong = [what for what, bad in (
+                ("requests failed at the leader's kill",
+                 load.failed_during(killed_server, killed_server) > 0),
+                ("requests failed during the server's stall", stall_failed > 0),
+                ("requests failed outside the data-path kills",
+                 bool(load.lost([gateway_window, node_window]))),
+                (f"over {THREADS} failed at the gateway's kill",
+                 load.failed_during(*gateway_window[:2]) > THREADS),
+                (f"over {THREADS} failed at the node's kill",
+                 load.failed_during(*node_window[:2]) > THREADS),
+            ) if bad]
+            if wrong:
+                pytest.fail("; ".join(wrong) + f"\n{summary}", pytrace=False)
         except BaseException:
             for p in procs:
                 print(p.tail())
-            _print_timeline(st, locals().get("group_id"), locals().get("load"))
+            # last, where the tail of a CI log keeps it
+            print(_timeline(st, locals().get("group_id"), locals().get("load"), marks))
             raise
         finally:
             for p in reversed(procs):
                 p.stop()
 
 
-def _print_timeline(st: Stack, group_id: str | None, load: Load | None) -> None:
-    """What the control plane recorded and when requests failed: why a run failed."""
+def _timeline(
+    st: Stack, group_id: str | None, load: Load | None, marks: dict[str, float]
+) -> str:
+    """What the test did, what the control plane recorded and when requests failed, on
+    one clock (seconds since the traffic began), short enough for a CI log's tail."""
+    t0 = marks.get("traffic", min(marks.values(), default=time.monotonic()))
+    wall = time.time() - time.monotonic()  # the events' clock
+    rows: list[tuple[float, str]] = [(at - t0, f"TEST {what}") for what, at in marks.items()]
     if group_id is not None:
         with suppress(Exception):
             for e in st.api("GET", f"/api/v1/task-groups/{group_id}/events").json():
-                print("event", e.get("created_at"), e.get("kind"), e.get("message"))
+                at = datetime.fromisoformat(str(e["created_at"]).replace("Z", "+00:00"))
+                message = " ".join(str(e.get("message", "")).split())[:110]
+                rows.append((at.timestamp() - wall - t0, f"event {e.get('kind')}: {message}"))
     if load is not None:
-        wall = time.time() - time.monotonic()  # the events' clock
-        for sent, ended, g, what in load.failures:
-            print(f"failed sent={time.strftime('%H:%M:%S', time.gmtime(sent + wall))}"
-                  f"+{(sent + wall) % 1:.2f} took {ended - sent:.2f} s gateway={g} {what}")
+        runs: list[list[Any]] = []  # failures in a row: [first, last, count, gateway, what]
+        for sent, _, g, what in sorted(load.failures):
+            what = " ".join(what.split())[:90]
+            last = runs[-1] if runs else None
+            if last is not None and (last[3], last[4]) == (g, what) and sent - last[1] < 1.0:
+                last[1], last[2] = sent, last[2] + 1
+            else:
+                runs.append([sent, sent, 1, g, what])
+        for first, last, count, g, what in runs:
+            rows.append((first - t0, f"FAILED x{count} until +{last - t0:.2f} via gateway "
+                                     f"{g + 1}: {what}"))
+    return "\n".join(f"{at:+8.2f} {what}" for at, what in sorted(rows)[:60])

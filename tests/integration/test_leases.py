@@ -97,6 +97,22 @@ def test_release_lets_another_instance_take_over_at_once(db: Database) -> None:
     assert store.try_acquire_or_renew(CONTROLLERS, "a", at(2), TTL) is None
 
 
+def test_the_elector_says_since_when_it_leads(db: Database) -> None:
+    """The recovery loop counts a node's silence from then at the earliest."""
+    a = Leadership(DbLeaseStore(db), holder="a", ttl_s=TTL, interval_s=1)
+    b = Leadership(DbLeaseStore(db), holder="b", ttl_s=TTL, interval_s=1)
+    a.reconcile_once(T0)
+    a.reconcile_once(at(5))  # renewed in time: the same reign
+    assert a.leading_since(at(5)) == T0
+    b.reconcile_once(at(5))
+    assert b.leading_since(at(5)) is None
+    a.reconcile_once(at(30))  # renewed late, but nobody else led in between
+    assert a.leading_since(at(30)) == T0
+    a.release(at(31))
+    b.reconcile_once(at(31))
+    assert (a.leading_since(at(31)), b.leading_since(at(32))) == (None, at(31))
+
+
 def test_a_stale_leaders_fenced_write_is_refused_and_rolled_back(db: Database) -> None:
     store = DbLeaseStore(db)
     assert store.try_acquire_or_renew(CONTROLLERS, "a", T0, TTL) == 1

@@ -49,8 +49,8 @@ class Leadership:
         self.interval_s = interval_s
         self.instance = instance
         self.lease = lease
-        # (epoch, valid until): replaced as a whole, read from other threads
-        self._held: tuple[int, datetime] | None = None
+        # (epoch, valid until, held since): replaced as a whole, read from other threads
+        self._held: tuple[int, datetime, datetime] | None = None
 
     def listening_on(self, address: str, port: int) -> None:
         """The instance's address, once its socket is bound (shown by GET /servers)."""
@@ -60,8 +60,15 @@ class Leadership:
     def reconcile_once(self, now: datetime) -> None:
         epoch = self.store.try_acquire_or_renew(self.lease, self.holder, now, self.ttl_s)
         before = self._held
-        self._held = None if epoch is None else (epoch, now + timedelta(seconds=self.ttl_s))
-        if epoch is not None and (before is None or before[0] != epoch):
+        taken = epoch is not None and (before is None or before[0] != epoch)
+        if epoch is None:
+            self._held = None
+        else:
+            # leading since this round, unless it renewed (same epoch: nobody else led
+            # in between, even if the renewal came late)
+            since = now if taken or before is None else before[2]
+            self._held = (epoch, now + timedelta(seconds=self.ttl_s), since)
+        if taken:
             log.info("instance %s leads (lease %s, epoch %d)", self.holder, self.lease, epoch)
         elif epoch is None and before is not None:
             log.warning("instance %s lost the lease %s", self.holder, self.lease)
@@ -71,6 +78,11 @@ class Leadership:
     def epoch(self, now: datetime) -> int | None:
         held = self._held
         return held[0] if held is not None and now <= held[1] else None
+
+    def leading_since(self, now: datetime) -> datetime | None:
+        """When this instance took the lease it holds at ``now`` (None: it does not)."""
+        held = self._held
+        return held[2] if held is not None and now <= held[1] else None
 
     def is_leader(self, now: datetime) -> bool:
         return self.epoch(now) is not None

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 class HoldsLease(Protocol):
     def fence(self, now: datetime) -> Fence | None: ...
 
+    def leading_since(self, now: datetime) -> datetime | None: ...
+
 
 class Recovery:
     name = "recovery"
@@ -51,6 +53,7 @@ class Recovery:
         self.offline_after_s = offline_after_s
         self.migrate_after_s = migrate_after_s
         self._held: list[str] = []  # lost nodes whose work waits (logged once per change)
+        self._disrupted_at: datetime | None = None  # the last round that held evacuation
 
     def reconcile_once(self, now: datetime) -> None:
         self.run_round(now)
@@ -62,6 +65,7 @@ class Recovery:
         fence = self.leadership.fence(now)
         if fence is None:
             raise LeaseLost("this instance does not lead: recovery skipped")
+        calm = [t for t in (self.leadership.leading_since(now), self._disrupted_at) if t]
         with self.db.session() as s:
             fenced(s, fence, self.clock.now())
             result = recover(
@@ -70,7 +74,10 @@ class Recovery:
                 self.policy,
                 offline_after_s=self.offline_after_s,
                 migrate_after_s=self.migrate_after_s,
+                calm_since=max(calm) if calm else None,
             )
+        if result.held:
+            self._disrupted_at = now
         if result.held != self._held:
             if result.held:
                 log.warning(
@@ -80,7 +87,8 @@ class Recovery:
                     len(result.held), ", ".join(result.held[:10]),
                 )
             else:
-                log.info("recovery: moving work off lost nodes again")
+                log.info("recovery: the disruption is over; lost nodes' work moves once "
+                         "they stay silent for a whole lost-node delay from now")
             self._held = result.held
         if result.rebuilt or result.gave_up or result.evacuated or result.timed_out:
             log.info(

@@ -92,6 +92,8 @@ class RecoveryResult:
     gave_up: list[str] = field(default_factory=list)  # the failed tasks left as they are
     # lost nodes whose work was not moved: too many lost at once (core.recovery)
     held: list[str] = field(default_factory=list)
+    # lost nodes whose work waits out a whole lost-node delay counted from ``calm_since``
+    waiting: list[str] = field(default_factory=list)
 
 
 def recover(
@@ -101,11 +103,17 @@ def recover(
     *,
     offline_after_s: float,
     migrate_after_s: float,
+    calm_since: datetime | None = None,
 ) -> RecoveryResult:
-    """One level-triggered round; running it twice does nothing more."""
+    """One level-triggered round; running it twice does nothing more.
+
+    ``calm_since``: since when this leader has seen the fleet without a disruption (it
+    took the lease, or the last round that held evacuation): a node's silence counts
+    only from then (``evacuate_lost_nodes``).
+    """
     out = RecoveryResult()
     evacuate_lost_nodes(s, clock, out, offline_after_s, migrate_after_s,
-                        policy.disruption_threshold)
+                        policy.disruption_threshold, calm_since)
     evacuate_lost_cards(s, clock, out, migrate_after_s)
     stop_run_timeouts(s, clock, out)
     rebuild_failed(s, clock, policy, out)
@@ -150,7 +158,13 @@ def evacuate_lost_nodes(
     offline_after_s: float,
     migrate_after_s: float,
     disruption_threshold: float,
+    calm_since: datetime | None = None,
 ) -> None:
+    """Step 1. A node's silence counts from ``calm_since`` at the earliest: after a
+    disruption (``evacuation_paused``) the nodes come back one by one, and the last ones
+    heard must not lose their work for being a second later than the others; a leader
+    that just took the lease cannot tell a node's silence from heartbeats that went to
+    its dead predecessor. Either way every node gets a whole lost-node delay again."""
     now = clock.now()
     cutoff = now - timedelta(seconds=offline_after_s + migrate_after_s)
     lost = {n.id: n for n in s.scalars(select(Node).where(Node.last_heartbeat_at < cutoff))}
@@ -170,6 +184,9 @@ def evacuate_lost_nodes(
     if evacuation_paused(len(holding), int(online or 0), disruption_threshold):
         out.held = holding
         _note_held(s, clock, tasks, lost, int(online or 0))
+        return
+    if calm_since is not None and calm_since > cutoff:
+        out.waiting = holding
         return
     for t in tasks:
         node = lost[str(t.node_id)]
