@@ -131,7 +131,9 @@ class ServerApp:
             monotonic=self.clock.monotonic,
         )
         api = create_api(self.ctx, self.metrics)
-        heartbeat = HeartbeatFastPath(api, self.ctx, nodes_routes.heartbeat_work, self.metrics)
+        heartbeat = self.heartbeats = HeartbeatFastPath(
+            api, self.ctx, nodes_routes.heartbeat_work, self.metrics
+        )
         self.asgi = Dispatcher(
             self.gateway, api, metrics=self._metrics_text,
             fast={("POST", heartbeat_fast.PATH): heartbeat},
@@ -323,4 +325,5 @@ class ServerApp:
         # After the last request ended: nothing counted is lost.
         await self.usage.close()
         await self.gateway.aclose()
+        self.heartbeats.close()
         self.db.dispose()

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -131,6 +131,7 @@ class Database:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @classmethod
     def from_url(cls, url: str) -> Database:
@@ -141,6 +142,14 @@ class Database:
         """A unit of work: committed on success, rolled back on any error."""
         with self._sessions() as s, s.begin():
             yield s
+
+    @contextmanager
+    def autocommit(self) -> Iterator[Connection]:
+        """A connection whose statements each commit on their own: for work that is one
+        read and at most one write (the heartbeat's refresh), without the two round
+        trips of BEGIN and COMMIT, nor the session's machinery around them."""
+        with self._autocommit.connect() as conn:
+            yield conn
 
     @contextmanager
     def read_snapshot(self) -> Iterator[Session]:

@@ -11,7 +11,18 @@ from datetime import timedelta
 from typing import Any
 
 import orjson
-from sqlalchemy import Row, Text, and_, bindparam, cast, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Row,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
@@ -144,16 +155,13 @@ def _json_text(value: Any) -> str:
 def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
     """Register or refresh the node; the reply lists the tasks it should run.
 
-    The hot path of the control plane (every node, every 5 s; ``bench/control_plane.py``):
-    one read (the node's id and cards, which steady columns are unchanged, the tasks
-    placed there) and one UPDATE of what changed: two round trips to the database.
+    The whole path, in the caller's transaction: registers a new node, and writes a
+    card that vanished (``fault.gpu_lost``) with the refresh. The common beat goes
+    through ``refresh`` instead.
     """
     now = clock.now()
     reported = reported_columns(hb)
-    rows = s.execute(
-        _FIND_NODE,
-        {"node_name": hb.name, **{f"steady_{k}": _json_text(reported[k]) for k in STEADY_COLUMNS}},
-    ).all()
+    rows = _find(s, hb, reported)
     if not rows:
         node_id = new_id("node")
         s.execute(
@@ -163,18 +171,52 @@ def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
         )
         return HeartbeatReply(node_id=node_id, tasks=[])  # a new id has no tasks yet
     found = rows[0]
-    node_id, stored_gpus = str(found.node_id), list(found.node_gpus)
-    listed = {g.index for g in hb.inventory.gpus}
-    vanished = [g for g in stored_gpus if int(g["index"]) not in listed]
+    vanished = _vanished(found, hb)
     if vanished:  # lost (all of them when NVML stops answering): fault.gpu_lost per group
-        node = s.get(Node, node_id)
+        node = s.get(Node, str(found.node_id))
         if node is not None:
             faults.gpu_lost(s, clock, node, vanished)
+    return _refreshed(s, rows, reported, now)
+
+
+def refresh(conn: Connection, clock: Clock, hb: Heartbeat) -> HeartbeatReply | None:
+    """The common beat of a known node, on an autocommit connection: one read (the
+    node's id and cards, which steady columns are unchanged, the tasks placed there) and
+    one UPDATE of what changed — two round trips, no transaction: the UPDATE is the one
+    write. None, having written nothing, when the beat needs ``heartbeat``'s
+    transaction (a new node, a card gone).
+
+    The hot path of the control plane (every node, every 5 s; ``bench/control_plane.py``).
+    """
+    reported = reported_columns(hb)
+    rows = _find(conn, hb, reported)
+    if not rows or _vanished(rows[0], hb):
+        return None
+    return _refreshed(conn, rows, reported, clock.now())
+
+
+def _find(db: Session | Connection, hb: Heartbeat, reported: dict[str, Any]) -> list[Any]:
+    steady = {f"steady_{k}": _json_text(reported[k]) for k in STEADY_COLUMNS}
+    return list(db.execute(_FIND_NODE, {"node_name": hb.name, **steady}).all())
+
+
+def _vanished(found: Any, hb: Heartbeat) -> list[Any]:
+    """The stored cards this beat's inventory no longer lists."""
+    listed = {g.index for g in hb.inventory.gpus}
+    return [g for g in found.node_gpus if int(g["index"]) not in listed]
+
+
+def _refreshed(
+    db: Session | Connection, rows: list[Any], reported: dict[str, Any], now: Any
+) -> HeartbeatReply:
+    """The node's UPDATE (the time and what changed) and the reply from ``_find``'s rows."""
+    found = rows[0]
+    node_id = str(found.node_id)
     steady_same = {k: bool(found._mapping[f"same_{k}"]) for k in STEADY_COLUMNS}
-    s.execute(
+    db.execute(
         _UPDATE_NODE,
         {"node_id_": node_id, "last_heartbeat_at": now,
-         **changed_columns(reported, stored_gpus, steady_same)},
+         **changed_columns(reported, list(found.node_gpus), steady_same)},
     )
     return HeartbeatReply(
         node_id=node_id,

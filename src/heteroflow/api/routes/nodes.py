@@ -53,7 +53,9 @@ def heartbeat_work(request: Request, ctx: ServerContext, body: bytes) -> bytes |
     JSON, or None when the route must answer (not a JSON heartbeat, a wrong token).
 
     One trip to the thread pool does it all — the token, the body parsed by pydantic
-    from the bytes, the unit of work and its commit, the reply — where the route takes
+    from the bytes, the refresh (``services.nodes.refresh``: a read and an UPDATE in
+    autocommit; the route's transaction only for a new node or a card gone), the
+    reply — where the route takes
     four (its dependencies, the endpoint, the commit), each a wait for the GIL under
     load; a session committed in its own trip also never waits for a thread while it
     holds a connection (a burst of registrations once deadlocked the pool that way).
@@ -66,8 +68,11 @@ def heartbeat_work(request: Request, ctx: ServerContext, body: bytes) -> bytes |
         hb = Heartbeat.model_validate_json(body)
     except (Unauthorized, ValidationError):
         return None
-    with ctx.db.session() as s:  # committed before the answer, as with the DB dependency
-        reply = nodes.heartbeat(s, ctx.clock, hb)
+    with ctx.db.autocommit() as conn:  # the common beat: one read, one UPDATE
+        reply = nodes.refresh(conn, ctx.clock, hb)
+    if reply is None:  # a new node, a card gone: the route's whole transaction
+        with ctx.db.session() as s:  # committed before the answer, as with the DB dependency
+            reply = nodes.heartbeat(s, ctx.clock, hb)
     return reply.model_dump_json().encode()
 
 
