@@ -204,22 +204,6 @@ def _drop_schema(url: str) -> None:
     eng.dispose()
 
 
-_HEAD: list[str] = []  # the newest revision, read once
-
-
-def _head_revision() -> str:
-    if not _HEAD:
-        from alembic.config import Config
-        from alembic.script import ScriptDirectory
-
-        from heteroflow.db.engine import MIGRATIONS_DIR
-
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-        _HEAD.append(str(ScriptDirectory.from_config(cfg).get_current_head()))
-    return _HEAD[0]
-
-
 _RESET_ENGINES: dict[str, Any] = {}
 
 
@@ -227,7 +211,7 @@ def _reset_schema(url: str) -> None:
     """Empty every table when the schema is at the head; otherwise rebuild it."""
     from sqlalchemy import create_engine, inspect, text
 
-    from heteroflow.db.engine import make_engine, migrate
+    from heteroflow.db.engine import head_revision, make_engine, migrate
     from heteroflow.db.tables import Base
 
     wanted = {t.name for t in Base.metadata.sorted_tables}
@@ -245,7 +229,7 @@ def _reset_schema(url: str) -> None:
                 if "alembic_version" in tables
                 else None
             )
-            if version == _head_revision() and tables - {"alembic_version"} == wanted:
+            if version == head_revision() and tables - {"alembic_version"} == wanted:
                 # DELETE, dependents first: a test leaves a few rows, and TRUNCATE's
                 # fixed cost per table (new files, locks) made it 10x slower (46 vs 5 ms
                 # for the 19 tables, once per PostgreSQL test)
