@@ -152,14 +152,12 @@ class WatchResult:
     back: list[str] = field(default_factory=list)
 
 
-def _latest_marks(s: Session) -> dict[str, Event]:
-    """Node id -> its latest node-level node_lost / node_back row."""
+def latest_marks(s: Session, node_ids: list[str] | None = None) -> dict[str, Event]:
+    """Node id -> its latest node-level node_lost / node_back row (of ``node_ids`` only,
+    when given)."""
     node_level = (Event.group_id.is_(None), Event.kind.in_([k.value for k in NODE_MARKS]))
-    latest = (
-        select(func.max(Event.id))
-        .where(*node_level, Event.node_id.is_not(None))
-        .group_by(Event.node_id)
-    )
+    which = Event.node_id.is_not(None) if node_ids is None else Event.node_id.in_(node_ids)
+    latest = select(func.max(Event.id)).where(*node_level, which).group_by(Event.node_id)
     rows = s.scalars(select(Event).where(Event.id.in_(latest)))
     return {str(e.node_id): e for e in rows}
 
@@ -168,7 +166,7 @@ def watch_nodes(s: Session, clock: Clock, offline_after_s: float) -> WatchResult
     """One level-triggered round: record nodes lost with live tasks, and their return."""
     now = clock.now()
     cutoff = now - timedelta(seconds=offline_after_s)
-    marks = _latest_marks(s)
+    marks = latest_marks(s)
     result = WatchResult()
     newly_offline: list[Node] = []
     # Only the nodes whose state may change this round: those past the cutoff, and those

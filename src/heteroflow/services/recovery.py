@@ -205,22 +205,18 @@ def _note_held(
     why a lost node's services did not move (the operator's first question)."""
     pairs = sorted({(str(t.node_id), t.group_id) for t in tasks})
     node_ids = sorted({n for n, _ in pairs})
-    # each node's current loss: its latest node-level node_lost row (0: not written yet)
-    since = dict(
-        s.execute(
-            select(Event.node_id, func.max(Event.id))
-            .where(Event.node_id.in_(node_ids), Event.group_id.is_(None),
-                   Event.kind == EventKind.NODE_LOST.value)
-            .group_by(Event.node_id)
-        ).all()
-    )
+    # each node's current loss: its latest node-level mark, a node_lost (0: not yet written)
+    since = {
+        n: m.id for n, m in faults.latest_marks(s, node_ids).items()
+        if m.kind == EventKind.NODE_LOST
+    }
     told = set(
         s.execute(
             select(Event.node_id, Event.group_id, Event.id)
             .where(Event.node_id.in_(node_ids), Event.kind == EventKind.EVACUATION_HELD.value)
         ).all()
     )
-    done = {(n, g) for n, g, i in told if i > (since.get(n) or 0)}
+    done = {(n, g) for n, g, i in told if i > since.get(str(n), 0)}
     held = len(node_ids)
     for node_id, group_id in pairs:
         if (node_id, group_id) in done:
