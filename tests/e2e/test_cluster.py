@@ -215,6 +215,14 @@ class Load:
         return sum(1 for sent, ended, _, _ in self.failures if sent <= end and ended >= start)
 
 
+def _answers(gateway: str, key: str, model: str) -> bool:
+    r = httpx.post(gateway + "/v1/chat/completions", timeout=30,
+                   headers={"Authorization": f"Bearer {key}"},
+                   json={"model": model, "max_tokens": 1,
+                         "messages": [{"role": "user", "content": "hi"}]})
+    return r.status_code == 200
+
+
 def _leader(url: str, headers: dict[str, str]) -> str | None:
     r = httpx.get(url + "/api/v1/servers", headers=headers, timeout=5)
     return r.json()["leader"] if r.status_code == 200 else None
@@ -310,6 +318,12 @@ def test_a_cluster_survives_a_server_a_gateway_and_a_node_dying_under_traffic(
             tasks = wait_for(lambda: _running(st, group_id, ""), 60, "two replicas running")
             on = [t["node_id"] for t in tasks]
             assert len(set(on)) == 2, f"both replicas on one node: {on}"  # CPU work spreads
+            # running in the API is not yet routed: each gateway sees the backends at its
+            # next poll of the routing snapshot (503 "no healthy backend" until then, as
+            # the first CI failures were). Traffic starts once both gateways answer, as a
+            # load balancer's readiness check would have it.
+            for gw in gateways:
+                wait_for(lambda g=gw: _answers(g, key, "chat-model"), 30, f"{gw} to route")
 
             load = Load(gateways, key, "chat-model").start()
             marks["traffic"] = time.monotonic()
