@@ -26,6 +26,7 @@ import pytest
 
 from heteroflow.core.engines.capabilities import UNKNOWN, Capabilities
 from heteroflow.gateway.app import GatewayApp
+from heteroflow.gateway.errors import Receive, Scope, Send
 from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
@@ -34,7 +35,7 @@ from heteroflow.schemas.routing import (
     SnapshotHolder,
     hash_key,
 )
-from heteroflow.testing.fake_openai_backend import UvicornThread
+from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 from tests.conftest import free_port
 
 LAUNCHER = [sys.executable, "-m", "heteroflow.engines.llamacpp_server"]
@@ -70,6 +71,20 @@ class Engine:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class RequestIdTap:
+    """A fake engine that notes the x-request-id of every POST it gets."""
+
+    def __init__(self, app: FakeOpenAIBackend) -> None:
+        self.app = app
+        self.request_ids: list[str | None] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            rid = dict(scope["headers"]).get(b"x-request-id")
+            self.request_ids.append(None if rid is None else rid.decode())
+        await self.app(scope, receive, send)
 
 
 def start_engine(

@@ -16,10 +16,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from heteroflow.gateway.app import MAX_BODY_BYTES
-from heteroflow.gateway.errors import Receive, Scope, Send
 from heteroflow.schemas.routing import SnapshotHolder
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
-from tests.gateway_stack import serve_gateway, snapshot, target
+from tests.gateway_stack import RequestIdTap, serve_gateway, snapshot, target
 
 KEY = "sk-http-conventions-0001"
 ORIGIN = "https://app.example"
@@ -27,23 +26,9 @@ MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "chat", "messages": MSG}
 
 
-class HeaderTap:
-    """The fake engine, noting the x-request-id of every request it gets."""
-
-    def __init__(self, app: FakeOpenAIBackend) -> None:
-        self.app = app
-        self.request_ids: list[str | None] = []
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            rid = dict(scope["headers"]).get(b"x-request-id")
-            self.request_ids.append(None if rid is None else rid.decode())
-        await self.app(scope, receive, send)
-
-
 @dataclass
 class Env:
-    tap: HeaderTap
+    tap: RequestIdTap
     url: str  # CORS on for ORIGIN
     plain_url: str  # CORS off (the default)
 
@@ -54,7 +39,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env() -> Iterator[Env]:
     thread = UvicornThread()
-    tap = HeaderTap(FakeOpenAIBackend(["engine-h"], name="h"))
+    tap = RequestIdTap(FakeOpenAIBackend(["engine-h"], name="h"))
     url = f"http://127.0.0.1:{thread.serve(tap)}"
     holder = SnapshotHolder(snapshot({"chat": target("h", url)}, key=KEY))
     try:

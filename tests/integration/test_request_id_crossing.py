@@ -20,32 +20,17 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from heteroflow.gateway.errors import Receive, Scope, Send
 from heteroflow.logs import make_handler
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
-from tests.gateway_stack import serve_gateway, snapshot, target
+from tests.gateway_stack import RequestIdTap, serve_gateway, snapshot, target
 
 KEY = "sk-request-id-crossing-0001"
 MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
-class Tap:
-    """The fake engine, noting the x-request-id of every POST it gets."""
-
-    def __init__(self, app: FakeOpenAIBackend) -> None:
-        self.app = app
-        self.request_ids: list[str | None] = []
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            rid = dict(scope["headers"]).get(b"x-request-id")
-            self.request_ids.append(None if rid is None else rid.decode())
-        await self.app(scope, receive, send)
-
-
 @dataclass
 class Env:
-    tap: Tap
+    tap: RequestIdTap
     engine_url: str
     client: openai.OpenAI
     log: io.StringIO
@@ -65,7 +50,7 @@ class Env:
 @pytest.fixture
 def env() -> Iterator[Env]:
     thread = UvicornThread()
-    tap = Tap(FakeOpenAIBackend(["engine-x"], name="x"))
+    tap = RequestIdTap(FakeOpenAIBackend(["engine-x"], name="x"))
     engine_url = f"http://127.0.0.1:{thread.serve(tap)}"
     log = io.StringIO()
     handler = make_handler("json", log)  # HETEROFLOW_LOG_FORMAT=json, as the CLI sets it
