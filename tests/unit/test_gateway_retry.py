@@ -1,59 +1,14 @@
-"""Failover of a request whose backend connection failed: which errors prove that nothing
-was sent, the bound on attempts, and the choice of the next backend (gateway.retry with
-the Balancer). Pure: no sockets."""
+"""Failover of a request whose backend connection failed: the bound on attempts and the
+choice of the next backend (gateway.retry with the Balancer). Pure: no sockets. Which
+failures prove that nothing was sent is the wire client's, proven on real sockets in
+tests/integration/test_http_wire.py."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import aiohttp
-import pytest
-
 from heteroflow.gateway.balancing import Balancer
 from heteroflow.gateway.health import PassiveHealth
-from heteroflow.gateway.retry import may_fail_over, nothing_sent, without
+from heteroflow.gateway.retry import may_fail_over, without
 from heteroflow.schemas.routing import Backend, RouteTarget
-
-# What ClientConnectorError's message reads; any object with these attributes will do.
-_KEY = SimpleNamespace(host="10.0.0.1", port=8000, ssl=True, is_ssl=False)
-
-
-def _refused() -> OSError:
-    return ConnectionRefusedError(111, "Connection refused")
-
-
-@pytest.mark.parametrize(
-    "exc",
-    [
-        aiohttp.ClientConnectorError(_KEY, _refused()),  # type: ignore[arg-type]
-        aiohttp.ClientConnectorDNSError(_KEY, OSError(-2, "Name or service not known")),  # type: ignore[arg-type]
-        aiohttp.ClientProxyConnectionError(_KEY, _refused()),  # type: ignore[arg-type]
-        aiohttp.ConnectionTimeoutError("Connection timeout to host http://10.0.0.1:8000"),
-    ],
-    ids=type,
-)
-def test_connect_phase_errors_prove_that_nothing_was_sent(exc: BaseException) -> None:
-    assert nothing_sent(exc)
-
-
-@pytest.mark.parametrize(
-    "exc",
-    [
-        aiohttp.ServerDisconnectedError(),  # the backend may have read the request
-        aiohttp.ClientOSError(104, "Connection reset by peer"),
-        aiohttp.ClientConnectionResetError("Cannot write to closing transport"),
-        aiohttp.SocketTimeoutError("Timeout on reading data from socket"),  # the read timeout
-        aiohttp.ServerTimeoutError(),
-        TimeoutError(),
-        aiohttp.ClientPayloadError(),
-        aiohttp.ClientResponseError(None, (), status=500),  # type: ignore[arg-type]
-        aiohttp.InvalidURL("x"),
-        ConnectionRefusedError(),  # not raised by session.post unwrapped: no guess
-    ],
-    ids=type,
-)
-def test_anything_after_the_connection_was_made_is_not_proof(exc: BaseException) -> None:
-    assert not nothing_sent(exc)
 
 
 def test_at_most_max_retries_further_attempts_and_only_when_nothing_was_sent() -> None:

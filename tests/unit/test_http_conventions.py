@@ -7,13 +7,12 @@ import gzip
 import zlib
 from typing import Any
 
-import aiohttp
 import pytest
 
 from heteroflow.gateway import http_conventions as hc
 from heteroflow.gateway import upstream as upstream_mod
 from heteroflow.gateway.errors import OpenAIError
-from heteroflow.gateway.retry import request_unwritten
+from heteroflow.gateway.http_wire import Disconnected, Unwritten
 from heteroflow.gateway.upstream import Upstream, UpstreamFailure
 from heteroflow.schemas.routing import Backend
 
@@ -113,31 +112,28 @@ def test_unknown_or_corrupt_encodings_are_client_errors() -> None:
         assert isinstance(err, OpenAIError) and err.status == 400, data
 
 
-def test_only_a_request_that_could_not_be_written_counts_as_unwritten() -> None:
-    closing = aiohttp.ClientConnectionResetError("Cannot write to closing transport")
-    assert request_unwritten(closing)
-    assert request_unwritten(aiohttp.ClientOSError(None, "Can not write request body for x"))
-    assert not request_unwritten(aiohttp.ClientOSError(104, "Connection reset by peer"))
-    assert not request_unwritten(aiohttp.ServerDisconnectedError())
-
-
-class _Session:
-    """Stands in for aiohttp's session: fails ``fail`` times, then answers ``answer``."""
+class _Pool:
+    """Stands in for the wire pool: the pooled attempt fails with ``fail``, a fresh one
+    answers ``answer``."""
 
     def __init__(self, fail: BaseException | None, answer: object) -> None:
         self.fail = fail
         self.answer = answer
-        self.calls: list[dict[str, str]] = []
-        self.closed = False
+        self.calls: list[tuple[bytes, bool]] = []
 
-    async def post(self, url: str, *, data: bytes, headers: dict[str, str]) -> object:
-        self.calls.append(headers)
-        if self.fail is not None:
+    async def request(
+        self,
+        method: bytes,
+        url: str,
+        body: bytes = b"",
+        headers: bytes = b"",
+        *,
+        fresh: bool = False,
+    ) -> object:
+        self.calls.append((headers, fresh))
+        if not fresh and self.fail is not None:
             raise self.fail
         return self.answer
-
-    async def close(self) -> None:
-        self.closed = True
 
 
 class _Answer:
@@ -147,23 +143,24 @@ class _Answer:
 @pytest.mark.parametrize(
     ("error", "resent"),
     [
-        (aiohttp.ClientOSError(None, "Can not write request body for http://b"), True),
-        (aiohttp.ServerDisconnectedError(), False),  # may have been read: never resent
+        (Unwritten("closed before the write"), True),
+        (Disconnected("closed after the write"), False),  # may have been read: never resent
     ],
 )
 async def test_open_resends_once_on_a_fresh_connection_only_when_unwritten(
-    monkeypatch: pytest.MonkeyPatch, error: BaseException, resent: bool
+    error: BaseException, resent: bool
 ) -> None:
     up = Upstream(models_cache_ttl_s=30, upstream_timeout_s=5, connect_timeout_s=1)
-    pooled, fresh = _Session(error, None), _Session(None, _Answer())
-    st = up._state()
-    await st.session.close()
-    st.session = pooled  # type: ignore[assignment]
-    monkeypatch.setattr(up, "_fresh", lambda _st: fresh)
+    pool = _Pool(error, _Answer())
+    up._state().pool = pool  # type: ignore[assignment]
     got = await up.open("http://b/v1/chat/completions", b"{}", Backend("t", "http://b"), "req_1")
-    assert len(pooled.calls) == 1
-    assert pooled.calls[0][upstream_mod.REQUEST_ID_HEADER] == "req_1"
+    assert pool.calls[0] == (
+        b"Content-Type: application/json\r\n"
+        + b"%s: req_1\r\n" % upstream_mod.REQUEST_ID_HEADER.encode(),
+        False,
+    )
     if resent:
-        assert isinstance(got, _Answer) and len(fresh.calls) == 1
+        assert isinstance(got, _Answer) and [fresh for _, fresh in pool.calls] == [False, True]
     else:
-        assert isinstance(got, UpstreamFailure) and got.error.status == 502 and not fresh.calls
+        assert isinstance(got, UpstreamFailure) and got.error.status == 502
+        assert not got.nothing_sent and len(pool.calls) == 1

@@ -35,7 +35,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import aiohttp
 import orjson
 
 from heteroflow.core.clock import Clock, SystemClock
@@ -62,6 +61,7 @@ from heteroflow.gateway.http_conventions import (
     decode_body,
     stream_headers,
 )
+from heteroflow.gateway.http_wire import Response, WireError
 from heteroflow.gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
 from heteroflow.gateway.idempotency import Idempotency, Pending, Recorder
 from heteroflow.gateway.limits import Limiter, Ticket
@@ -677,7 +677,7 @@ class GatewayApp:
         model: str,
         raw: bytes,
         dirty: bool,
-    ) -> aiohttp.ClientResponse | UpstreamFailure:
+    ) -> Response | UpstreamFailure:
         """One attempt: the request as ``backend`` must see it, sent; its response headers.
 
         ``raw`` is the body as the client sent it with ``model`` (``dirty``: ``body`` was
@@ -801,7 +801,7 @@ class _Relayed(NamedTuple):
 
 
 async def _relay(
-    resp: aiohttp.ClientResponse,
+    resp: Response,
     send: Send,
     watch: _Watch,
     base_url: str,
@@ -818,7 +818,7 @@ async def _relay(
     JSON answer (``_relay_assembled``). Bytes in a content-encoding are relayed as they
     came.
     """
-    ctype = resp.headers.get("Content-Type", "")
+    ctype = resp.headers.get("Content-Type") or ""
     if not streamed and resp.status < 300 and ctype.startswith("text/event-stream"):
         return await _relay_assembled(resp, send, watch, base_url, usage, path)
     # ASGI wants lower-case header names; raw_headers keep the backend's spelling.
@@ -830,7 +830,7 @@ async def _relay(
             watch.finished = True
             await errors.send_error(send, errors.upstream_timeout())
             return _Relayed(False, True)
-        except aiohttp.ClientError as exc:
+        except WireError as exc:
             logger.warning(
                 "backend %s: reading the answer failed: %s", base_url, type(exc).__name__
             )
@@ -838,7 +838,7 @@ async def _relay(
             await errors.send_error(send, errors.upstream_error())
             return _Relayed(False, True)
         watch.finished = True
-        readable = resp.headers.get("Content-Encoding", "identity") == "identity"
+        readable = (resp.headers.get("Content-Encoding") or "identity") == "identity"
         if resp.status >= 400 and readable:
             err = engine_errors.engine_error(resp.status, data, ctype, path)
             await errors.send_error(send, err)
@@ -856,12 +856,12 @@ async def _relay(
     headers = stream_headers(headers)  # issue 15: cache-control: no-cache, no proxy buffering
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
     try:
-        async for chunk in resp.content.iter_any():
+        async for chunk in resp.iter_any():
             out = usage.feed(chunk)  # whole events only; the hidden usage event dropped
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
         tail = usage.finish()
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except WireError as exc:
         # Headers are gone already; an SSE error event is how OpenAI clients learn that
         # the stream broke (the SDK raises APIError on it) instead of a silent truncation.
         logger.warning("backend %s: stream broke: %s", base_url, type(exc).__name__)
@@ -883,7 +883,7 @@ async def _relay(
 
 
 async def _relay_assembled(
-    resp: aiohttp.ClientResponse,
+    resp: Response,
     send: Send,
     watch: _Watch,
     base_url: str,
@@ -896,12 +896,12 @@ async def _relay_assembled(
     asm = assemble.Assembler(path)
     answer: dict[str, Any] | errors.OpenAIError
     try:
-        async for chunk in resp.content.iter_any():
+        async for chunk in resp.iter_any():
             asm.feed_sse(chunk)
         answer = asm.result()
     except TimeoutError:
         answer = errors.upstream_timeout()
-    except aiohttp.ClientError as exc:
+    except WireError as exc:
         logger.warning("backend %s: stream broke: %s", base_url, type(exc).__name__)
         answer = errors.upstream_error()
     watch.finished = True
