@@ -121,15 +121,9 @@ class _Pool:
         self.answer = answer
         self.calls: list[tuple[bytes, bool]] = []
 
-    async def request(
-        self,
-        method: bytes,
-        url: str,
-        body: bytes = b"",
-        headers: bytes = b"",
-        *,
-        fresh: bool = False,
-    ) -> object:
+    async def request(self, *args: bytes | str, fresh: bool = False) -> object:
+        headers = args[3]  # (method, url, body, headers), as Upstream.open passes them
+        assert isinstance(headers, bytes)
         self.calls.append((headers, fresh))
         if not fresh and self.fail is not None:
             raise self.fail
