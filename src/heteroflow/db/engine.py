@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -129,15 +130,12 @@ def migrate(engine: Engine, revision: str = "head") -> None:
     _alembic(engine, command.upgrade, revision)
 
 
-_HEAD: list[str] = []  # the newest revision of this install's migrations, read once
-
-
+@functools.cache
 def head_revision() -> str:
-    if not _HEAD:
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-        _HEAD.append(str(ScriptDirectory.from_config(cfg).get_current_head()))
-    return _HEAD[0]
+    """The newest revision of this install's migrations (read once per process)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return str(ScriptDirectory.from_config(cfg).get_current_head())
 
 
 def _revision_of(engine: Engine) -> str | None:

@@ -345,8 +345,6 @@ class _Conn(asyncio.Protocol):
     def _end_message(self, resp: Response) -> None:
         self._stop_timer()
         resp.complete = True
-        if not resp.headers_done:
-            resp.headers_done = True
         resp._wake()
 
     def _check_silence(self) -> None:
@@ -354,12 +352,12 @@ class _Conn(asyncio.Protocol):
         resp = self.resp
         if resp is None or resp.complete or self.lost:
             return
-        silent_until = self._last + self._timeout_s
-        if self._paused or self._loop.time() < silent_until:
-            # bytes came meanwhile, or we stopped reading (the client is slow, not the
-            # backend): look again one whole timeout after the last byte
-            base = self._loop.time() if self._paused else self._last
-            self._timer = self._loop.call_at(base + self._timeout_s, self._check_silence)
+        now = self._loop.time()
+        if self._paused:  # we stopped reading (the client is slow, not the backend)
+            self._timer = self._loop.call_at(now + self._timeout_s, self._check_silence)
+            return
+        if now < self._last + self._timeout_s:  # bytes came meanwhile: from the last one
+            self._timer = self._loop.call_at(self._last + self._timeout_s, self._check_silence)
             return
         resp._fail(ReadTimeout(f"no answer from the backend in {self._timeout_s:g} s"))
         self.abort()
@@ -398,12 +396,11 @@ class Pool:
         connect_timeout_s: float,
         read_timeout_s: float,
         keepalive_s: float,
-        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._keepalive_s = keepalive_s
-        self._ssl = ssl_context
+        self._ssl: ssl.SSLContext | None = None  # made at the first https backend
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
         self._targets: dict[str, _Target] = {}
         self._sweep: asyncio.TimerHandle | None = None

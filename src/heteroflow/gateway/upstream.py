@@ -107,8 +107,6 @@ class Upstream:
         self._failing: set[str] = set()  # base_urls whose last lookup failed (log once)
         # base_urls that close after an SSE answer (llama.cpp): also ``assembles()``
         self._closes_streams: set[str] = set()
-        # base_url -> the header lines every request to it carries (its own key)
-        self._auth_lines: dict[tuple[str, str], bytes] = {}
 
     def _state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
@@ -127,11 +125,7 @@ class Upstream:
     def _headers(self, backend: Backend, request_id: str, close: bool) -> bytes:
         lines = _FORWARD_HEADERS
         if backend.auth:  # an external backend's own key (routing file)
-            key = (backend.base_url, backend.auth)
-            auth = self._auth_lines.get(key)
-            if auth is None:
-                auth = self._auth_lines[key] = header("Authorization", backend.auth)
-            lines += auth
+            lines += header("Authorization", backend.auth)
         if request_id:
             lines += header(REQUEST_ID_HEADER, request_id)
         if close:
@@ -241,14 +235,13 @@ class Upstream:
         return entry
 
     def retain(self, live_base_urls: Iterable[str]) -> None:
-        """Forget cached model ids, idle connections and auth lines of backends that left
-        the routing snapshot."""
+        """Forget cached model ids and idle connections of backends that left the routing
+        snapshot."""
         live = set(live_base_urls)
         for url in [u for u in self._models if u not in live]:
             del self._models[url]
         self._failing &= live
         self._closes_streams &= live
-        self._auth_lines = {k: v for k, v in self._auth_lines.items() if k[0] in live}
         for st in self._states.values():
             st.pool.retain(live)
 
