@@ -236,7 +236,10 @@ async def test_a_pooled_connection_the_backend_closed_is_not_used_again() -> Non
             resp = await pool.request(b"POST", srv.url + "/x", b"{}")
             assert await resp.read() == b"{}"
             resp.release()
-            await asyncio.sleep(0.05)  # the close reaches us before the next request
+            for _ in range(500):  # the close reaches us before the next request
+                if all(c.lost for conns in pool._idle.values() for c in conns):
+                    break
+                await asyncio.sleep(0.01)
         pool.close()
     assert srv.connections == 3
 
@@ -259,6 +262,9 @@ async def test_a_pooled_connection_found_closing_at_the_write_is_unwritten() -> 
     assert len(srv.heads) == 1  # the second request never left
 
 
+_CHUNKS = 24
+
+
 async def test_silence_times_out_but_a_slow_steady_stream_does_not() -> None:
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         body = await srv.read_request(r)
@@ -267,22 +273,24 @@ async def test_silence_times_out_but_a_slow_steady_stream_does_not() -> None:
             return
         w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
         w.write(b"Transfer-Encoding: chunked\r\n\r\n")
-        for i in range(6):  # 0.6 s in all, never silent for 0.3 s
-            await asyncio.sleep(0.1)
+        # 1.2 s in all, never silent for the 0.6 s timeout (a busy box may stall the
+        # loop half a second without failing it)
+        for i in range(_CHUNKS):
+            await asyncio.sleep(0.05)
             w.write(b"%x\r\ndata: %d\n\n\r\n" % (len(b"data: %d\n\n" % i), i))
             await w.drain()
         w.write(b"0\r\n\r\n")
 
     srv = _Server(handler)
     async with srv:
-        pool = _pool(read_timeout_s=0.3)
+        pool = _pool(read_timeout_s=0.6)
         with pytest.raises(wire.ReadTimeout) as err:
             await pool.request(b"POST", srv.url + "/x", b"silent")
         assert not err.value.nothing_sent and isinstance(err.value, TimeoutError)
         resp = await pool.request(b"POST", srv.url + "/x", b"steady")
         got = b"".join([chunk async for chunk in resp.iter_any()])
         resp.release()
-        assert got == b"".join(b"data: %d\n\n" % i for i in range(6))
+        assert got == b"".join(b"data: %d\n\n" % i for i in range(_CHUNKS))
         pool.close()
 
 
