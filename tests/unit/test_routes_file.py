@@ -217,3 +217,18 @@ def test_external_backend_keys_come_from_the_environment(
            "keys": {}}
     with pytest.raises(RoutesFileError, match=r"models\.m\.api_key_env: with targets"):
         load_routes(_write(tmp_path / "b.json", bad), version=1)
+
+
+@pytest.mark.parametrize("value", ["sk-a\nX-Injected: 1", "sk-a\r\nb", "sk a", "sk-\ta", "sk-é"])
+def test_an_external_key_a_header_cannot_carry_is_refused_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """Not a 500 at every request to that backend later: the file is refused, naming
+    the variable and never its value."""
+    monkeypatch.setenv("PROVIDER_KEY", value)
+    data = {"models": {"ext": {"backends": ["https://api.example.com/v1"],
+                               "api_key_env": "PROVIDER_KEY"}}, "keys": {}}
+    with pytest.raises(RoutesFileError, match=r"models\.ext\.api_key_env: the environment "
+                       r"variable PROVIDER_KEY holds a character") as err:
+        load_routes(_write(tmp_path / "r.json", data), version=1)
+    assert "sk" not in str(err.value)

@@ -195,6 +195,12 @@ def _auth(env_name: str | None, where: str) -> str:
     value = os.environ.get(env_name, "").strip()
     if not value:
         raise ValueError(f"{where}: the environment variable {env_name} is not set")
+    if not all("!" <= c <= "~" for c in value):  # the value itself is never echoed
+        raise ValueError(
+            f"{where}: the environment variable {env_name} holds a character an HTTP "
+            "header cannot carry (a line break, a control character, a space or one "
+            "outside ASCII)"
+        )
     return f"Bearer {value}"
 
 
