@@ -7,6 +7,8 @@ declared route through the same dispatcher)."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from heteroflow.api import heartbeat_fast
 from heteroflow.db.tables import Node
 
 from .conftest import NODE_TOKEN, Api
-from .test_heartbeat_writes import beat
+from .test_heartbeat_writes import beat, node_updates
 
 PATH = heartbeat_fast.PATH
 AUTH = {"Authorization": f"Bearer {NODE_TOKEN}", "content-type": "application/json"}
@@ -91,14 +93,74 @@ def test_a_heartbeat_that_fails_is_handed_to_the_api(
     fast = dispatcher.fast[("POST", PATH)]
     real, failures = fast.work, list[int]()
 
-    def flaky(request: Any, ctx: Any, body: bytes) -> bytes:
+    def flaky(ctx: Any, beats: Any) -> list[bytes | None]:
         if not failures:
             failures.append(1)
             raise ConnectionError("the database went away for a moment")
-        return bytes(real(request, ctx, body))
+        return list(real(ctx, beats))
 
     monkeypatch.setattr(fast, "work", flaky)
     r = api.client.post(PATH, content=json.dumps(beat(name="again")), headers=AUTH)
     assert r.status_code == 200 and api_calls == [PATH]  # the API's own try succeeded
     with api.app.db.session() as s:
         assert s.scalars(select(Node.name)).all() == ["again"]
+
+
+def post_together(
+    api: Api, bodies: list[dict[str, Any]]
+) -> tuple[list[threading.Thread], list[Any]]:
+    """Heartbeats sent at once, each from its own thread: the threads, and the answers
+    they fill in."""
+    answers: list[Any] = [None] * len(bodies)
+
+    def one(i: int) -> None:
+        answers[i] = api.client.post(PATH, content=json.dumps(bodies[i]), headers=AUTH)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    return threads, answers
+
+
+@pytest.mark.feature("P1")
+def test_beats_that_arrive_together_are_refreshed_as_one_batch(api: Api) -> None:
+    """While the heartbeat threads are busy, the beats that arrive wait together and the
+    next free thread takes them all: one read and one UPDATE statement for the batch,
+    and still each node gets its own reply and its own row."""
+    fast: Any = api.app.asgi.fast[("POST", PATH)]
+    real, batches, gate = fast.work, list[list[str]](), threading.Event()
+
+    def held(ctx: Any, beats: Any) -> Any:
+        batches.append([json.loads(b.body)["name"] for b in beats])
+        assert gate.wait(20)  # the first batches wait while the rest arrive
+        return real(ctx, beats)
+
+    fast.work = held
+    names = [f"n{i:02d}" for i in range(12)]
+    gate.set()
+    ids = {n: api.client.post(PATH, content=json.dumps(beat(name=n)), headers=AUTH).json()[
+        "node_id"] for n in names}
+    gate.clear()
+    batches.clear()
+    bodies = [beat(name=n, inventory={**beat()["inventory"], "memory_available_mb": 1000 + i})
+              for i, n in enumerate(names)]
+    with node_updates(api) as updates:
+        threads, answers = post_together(api, bodies)
+        deadline = time.monotonic() + 20
+        while (len(batches) < heartbeat_fast.WORKERS
+               or len(fast._waiting) < len(names) - heartbeat_fast.WORKERS):
+            assert time.monotonic() < deadline, (batches, len(fast._waiting))
+            time.sleep(0.01)
+        gate.set()
+        for t in threads:
+            t.join(20)
+    assert sorted(map(len, batches)) == [1] * heartbeat_fast.WORKERS + [
+        len(names) - heartbeat_fast.WORKERS]
+    assert sorted(n for b in batches for n in b) == names
+    for body, answer in zip(bodies, answers, strict=True):
+        assert answer.status_code == 200
+        assert answer.json() == {"node_id": ids[body["name"]], "tasks": []}
+    assert len(updates) == len(batches)  # one UPDATE statement per batch
+    with api.app.db.session() as s:
+        stored = {n: m for n, m in s.execute(select(Node.name, Node.memory_available_mb))}
+    assert stored == {n: 1000 + i for i, n in enumerate(names)}

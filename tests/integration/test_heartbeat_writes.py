@@ -23,6 +23,8 @@ from sqlalchemy import event, select, update
 
 from heteroflow.api import errors
 from heteroflow.api.deps import DB, AgentNode, Ctx
+from heteroflow.api.heartbeat_fast import Beat
+from heteroflow.api.routes.nodes import heartbeat_work
 from heteroflow.db.tables import Node
 from heteroflow.schemas.nodes import Heartbeat, HeartbeatReply
 from heteroflow.services import nodes
@@ -165,6 +167,71 @@ def test_a_card_gone_from_the_inventory_is_still_noticed(api: Api) -> None:
     api.clock.advance(5)
     send(api, beat())  # card 1 vanished: no task on it, so no event, but the row moves on
     assert [g["index"] for g in stored(api, node_id)["gpus"]] == [0]
+
+
+# -- a batch of beats (services.nodes.refresh_many, routes.nodes.heartbeat_work) -------
+def test_of_two_beats_of_one_node_in_a_batch_the_later_is_stored(api: Api) -> None:
+    """The earlier beat's change must not land after the later one's: the later beat
+    equals the stored row, so it writes no models, and the earlier (which would) writes
+    nothing at all."""
+    node_id = send(api, beat())
+    api.clock.advance(5)
+    earlier, later = Heartbeat.model_validate(beat(models=[])), Heartbeat.model_validate(beat())
+    with api.app.db.autocommit() as conn:
+        replies = nodes.refresh_many(conn, api.clock, [earlier, later])
+    assert [r.node_id if r else None for r in replies] == [node_id, node_id]
+    row = stored(api, node_id)
+    assert row["models"] == expected(beat())["models"]
+    assert row["last_heartbeat_at"] == api.clock.now()
+
+
+def test_a_batch_leaves_a_new_node_and_a_lost_card_to_the_transaction(api: Api) -> None:
+    card1 = {**CARD, "index": 1, "uuid": "GPU-1"}
+    two = send(api, beat(name="two", inventory={"gpus": [CARD, card1]}))
+    steady = send(api, beat(name="steady"))
+    api.clock.advance(5)
+    bodies = [beat(name="new"), beat(name="two"),
+              beat(name="steady", inventory={**beat()["inventory"], "memory_available_mb": 5})]
+    with api.app.db.autocommit() as conn:
+        replies = nodes.refresh_many(
+            conn, api.clock, [Heartbeat.model_validate(b) for b in bodies])
+    assert replies[:2] == [None, None]
+    assert replies[2] is not None and replies[2].node_id == steady
+    assert len(stored(api, two)["gpus"]) == 2  # left as it was for the transaction
+    with api.app.db.session() as s:
+        assert "new" not in s.scalars(select(Node.name)).all()
+    # the whole batch through the route's work: each beat answered, each written
+    fast: Any = api.app.asgi.fast[("POST", "/api/v1/agent/heartbeat")]
+    beats = [Beat({"type": "http", "app": fast.app, "headers": [
+        (b"content-type", b"application/json"),
+        (b"authorization", f"Bearer {NODE_TOKEN}".encode())]},
+        json.dumps(b).encode(), f"req_{i}") for i, b in enumerate(bodies)]
+    answers = [HeartbeatReply.model_validate_json(a or b"") for a in
+               heartbeat_work(api.app.ctx, beats)]
+    assert [a.node_id for a in answers][1:] == [two, steady]
+    assert [g["index"] for g in stored(api, two)["gpus"]] == [0]
+    assert stored(api, steady)["memory_available_mb"] == 5
+    with api.app.db.session() as s:
+        assert s.scalar(select(Node.id).where(Node.name == "new")) == answers[0].node_id
+
+
+def test_a_beat_the_route_must_answer_does_not_stop_the_rest_of_its_batch(api: Api) -> None:
+    steady = send(api, beat(name="steady"))
+    fast: Any = api.app.asgi.fast[("POST", "/api/v1/agent/heartbeat")]
+
+    def one(token: str, body: bytes) -> Beat:
+        return Beat({"type": "http", "app": fast.app, "headers": [
+            (b"content-type", b"application/json"),
+            (b"authorization", f"Bearer {token}".encode())]}, body, "req_x")
+
+    answers = heartbeat_work(api.app.ctx, [
+        one("guess", json.dumps(beat(name="steady")).encode()),
+        one(NODE_TOKEN, b'{"name": 1}'),
+        one(NODE_TOKEN, json.dumps(beat(name="steady")).encode()),
+    ])
+    assert answers[:2] == [None, None]
+    assert answers[2] is not None
+    assert HeartbeatReply.model_validate_json(answers[2]).node_id == steady
 
 
 # -- the answers: the declared FastAPI route against the real one ----------------------

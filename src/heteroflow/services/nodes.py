@@ -7,6 +7,7 @@ names its fault (``fault.container_lost`` / ``engine_exited`` / ``unhealthy``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -72,19 +73,16 @@ _GROUPS = TaskGroup.metadata.tables[TaskGroup.__tablename__]
 # SET takes the columns named in the parameters (those that changed)
 _UPDATE_NODE = update(_NODES).where(_NODES.c.id == bindparam("node_id_"))
 _INSERT_NODE = insert(_NODES)
-# One read: the node's id and cards, per steady column whether its stored text is this
-# beat's, and the tasks the agent should run (``assignment``'s columns), one row each
-# (or one row without a task).
-_FIND_NODE = (
+# One read for a batch of beats: per node its id, name and cards, the stored text of
+# each steady column (compared with the beat's in Python: the text is what the engine
+# wrote, so equal text means an equal value), and the tasks the agent should run
+# (``assignment``'s columns), one row each (or one row without a task).
+_FIND_NODES = (
     select(
         _NODES.c.id.label("node_id"),
+        _NODES.c.name.label("node_name"),
         _NODES.c.gpus.label("node_gpus"),
-        *(
-            (cast(_NODES.c[k], Text) == bindparam(f"steady_{k}", type_=Text)).label(
-                f"same_{k}"
-            )
-            for k in STEADY_COLUMNS
-        ),
+        *(cast(_NODES.c[k], Text).label(f"text_{k}") for k in STEADY_COLUMNS),
         *(
             _TASKS.c[k]
             for k in (
@@ -105,8 +103,8 @@ _FIND_NODE = (
             ),
         ).outerjoin(_GROUPS, _GROUPS.c.id == _TASKS.c.group_id)
     )
-    .where(_NODES.c.name == bindparam("node_name"))
-    .order_by(_TASKS.c.created_at)
+    .where(_NODES.c.name.in_(bindparam("names", expanding=True)))
+    .order_by(_NODES.c.name, _TASKS.c.created_at)
 )
 
 
@@ -157,11 +155,11 @@ def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
 
     The whole path, in the caller's transaction: registers a new node, and writes a
     card that vanished (``fault.gpu_lost``) with the refresh. The common beat goes
-    through ``refresh`` instead.
+    through ``refresh_many`` instead.
     """
     now = clock.now()
     reported = reported_columns(hb)
-    rows = _find(s, hb, reported)
+    rows = _find(s, [hb.name]).get(hb.name)
     if not rows:
         node_id = new_id("node")
         s.execute(
@@ -170,34 +168,54 @@ def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
              **reported},
         )
         return HeartbeatReply(node_id=node_id, tasks=[])  # a new id has no tasks yet
-    found = rows[0]
-    vanished = _vanished(found, hb)
+    vanished = _vanished(rows[0], hb)
     if vanished:  # lost (all of them when NVML stops answering): fault.gpu_lost per group
-        node = s.get(Node, str(found.node_id))
+        node = s.get(Node, str(rows[0].node_id))
         if node is not None:
             faults.gpu_lost(s, clock, node, vanished)
-    return _refreshed(s, rows, reported, now)
+    write, reply = _refreshed(rows, reported, now)
+    s.execute(_UPDATE_NODE, write)
+    return reply
 
 
-def refresh(conn: Connection, clock: Clock, hb: Heartbeat) -> HeartbeatReply | None:
-    """The common beat of a known node, on an autocommit connection: one read (the
-    node's id and cards, which steady columns are unchanged, the tasks placed there) and
-    one UPDATE of what changed — two round trips, no transaction: the UPDATE is the one
-    write. None, having written nothing, when the beat needs ``heartbeat``'s
-    transaction (a new node, a card gone).
+def refresh_many(
+    conn: Connection, clock: Clock, beats: Sequence[Heartbeat]
+) -> list[HeartbeatReply | None]:
+    """The common beats of known nodes, a batch at once, on an autocommit connection:
+    one read for them all (``_FIND_NODES``) and one UPDATE statement per set of changed
+    columns, its rows sent together (an executemany: psycopg pipelines them) — a few
+    round trips for the batch, no transaction: each row is one node's own write.
 
+    A reply per beat, in order; None, having written nothing for it, for a beat that
+    needs ``heartbeat``'s transaction (a new node, a card gone). Of two beats of one node
+    in the batch only the later writes (it is the newer state; both get its task list).
     The hot path of the control plane (every node, every 5 s; ``bench/control_plane.py``).
     """
-    reported = reported_columns(hb)
-    rows = _find(conn, hb, reported)
-    if not rows or _vanished(rows[0], hb):
-        return None
-    return _refreshed(conn, rows, reported, clock.now())
+    now = clock.now()
+    found = _find(conn, list({hb.name for hb in beats}))
+    last = {hb.name: i for i, hb in enumerate(beats)}
+    replies: list[HeartbeatReply | None] = []
+    writes: dict[frozenset[str], list[dict[str, Any]]] = {}
+    for i, hb in enumerate(beats):
+        rows = found.get(hb.name)
+        if not rows or _vanished(rows[0], hb):
+            replies.append(None)
+            continue
+        write, reply = _refreshed(rows, reported_columns(hb), now)
+        if last[hb.name] == i:
+            writes.setdefault(frozenset(write), []).append(write)
+        replies.append(reply)
+    for rows_alike in writes.values():
+        conn.execute(_UPDATE_NODE, rows_alike)
+    return replies
 
 
-def _find(db: Session | Connection, hb: Heartbeat, reported: dict[str, Any]) -> list[Any]:
-    steady = {f"steady_{k}": _json_text(reported[k]) for k in STEADY_COLUMNS}
-    return list(db.execute(_FIND_NODE, {"node_name": hb.name, **steady}).all())
+def _find(db: Session | Connection, names: list[str]) -> dict[str, list[Any]]:
+    """``_FIND_NODES``'s rows by node name (a name not stored is absent)."""
+    found: dict[str, list[Any]] = {}
+    for row in db.execute(_FIND_NODES, {"names": names}):
+        found.setdefault(row.node_name, []).append(row)
+    return found
 
 
 def _vanished(found: Any, hb: Heartbeat) -> list[Any]:
@@ -207,21 +225,25 @@ def _vanished(found: Any, hb: Heartbeat) -> list[Any]:
 
 
 def _refreshed(
-    db: Session | Connection, rows: list[Any], reported: dict[str, Any], now: Any
-) -> HeartbeatReply:
-    """The node's UPDATE (the time and what changed) and the reply from ``_find``'s rows."""
+    rows: list[Any], reported: dict[str, Any], now: Any
+) -> tuple[dict[str, Any], HeartbeatReply]:
+    """The node's UPDATE parameters (the time and what changed) and the reply, from
+    ``_find``'s rows of that node."""
     found = rows[0]
     node_id = str(found.node_id)
-    steady_same = {k: bool(found._mapping[f"same_{k}"]) for k in STEADY_COLUMNS}
-    db.execute(
-        _UPDATE_NODE,
-        {"node_id_": node_id, "last_heartbeat_at": now,
-         **changed_columns(reported, list(found.node_gpus), steady_same)},
-    )
-    return HeartbeatReply(
+    steady_same = {
+        k: found._mapping[f"text_{k}"] == _json_text(reported[k]) for k in STEADY_COLUMNS
+    }
+    write = {
+        "node_id_": node_id,
+        "last_heartbeat_at": now,
+        **changed_columns(reported, list(found.node_gpus), steady_same),
+    }
+    reply = HeartbeatReply(
         node_id=node_id,
         tasks=[assignment(r, r.parallelism) for r in rows if r.id is not None],
     )
+    return write, reply
 
 
 def assignment(t: Task | Row[*tuple[Any, ...]], parallelism: str) -> TaskAssignment:

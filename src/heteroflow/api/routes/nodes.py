@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
 
 from heteroflow.api.context import ServerContext
 from heteroflow.api.deps import DB, AgentNode, Ctx, Who, get_node_id
+from heteroflow.api.heartbeat_fast import Beat
 from heteroflow.core.errors import Unauthorized
+from heteroflow.logs import REQUEST_ID
 from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.nodes import (
     Heartbeat,
@@ -18,6 +23,8 @@ from heteroflow.schemas.nodes import (
     TemplateRead,
 )
 from heteroflow.services import nodes
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/api/v1", tags=["nodes"])
 
@@ -48,32 +55,57 @@ def heartbeat(hb: Heartbeat, ctx: Ctx, s: DB, _node: AgentNode) -> HeartbeatRepl
     return nodes.heartbeat(s, ctx.clock, hb)
 
 
-def heartbeat_work(request: Request, ctx: ServerContext, body: bytes) -> bytes | None:
-    """The route's work in the calling thread, for ``api.heartbeat_fast``: the reply's
-    JSON, or None when the route must answer (not a JSON heartbeat, a wrong token).
+def heartbeat_work(ctx: ServerContext, beats: Sequence[Beat]) -> list[bytes | None]:
+    """The route's work for a batch of heartbeats in the calling thread, for
+    ``api.heartbeat_fast``: per beat the reply's JSON, or None when the route must answer
+    it (not a JSON heartbeat, a wrong token, a failure of its own). Raises when the
+    batch's refresh fails: the route then answers each beat.
 
-    One trip to the thread pool does it all — the token, the body parsed by pydantic
-    from the bytes, the refresh (``services.nodes.refresh``: a read and an UPDATE in
-    autocommit; the route's transaction only for a new node or a card gone), the
-    reply — where the route takes
-    four (its dependencies, the endpoint, the commit), each a wait for the GIL under
-    load; a session committed in its own trip also never waits for a thread while it
-    holds a connection (a burst of registrations once deadlocked the pool that way).
+    One trip to a thread does the batch — per beat the token and the body parsed by
+    pydantic from the bytes, then one refresh for all (``services.nodes.refresh_many``:
+    one read and the UPDATEs, in autocommit), and the replies — where the route takes
+    four trips per beat (its dependencies, the endpoint, the commit), each a wait for
+    the GIL under load. A new node or a card gone takes the route's transaction, its own
+    session committed before the answer, as with the DB dependency; a session committed
+    in its own trip never waits for a thread while it holds a connection (a burst of
+    registrations once deadlocked the pool that way).
     """
+    parsed = [_parsed(ctx, beat) for beat in beats]
+    with ctx.db.autocommit() as conn:
+        refreshed = iter(nodes.refresh_many(conn, ctx.clock, [hb for hb in parsed if hb]))
+    replies: list[bytes | None] = []
+    for beat, hb in zip(beats, parsed, strict=True):
+        reply = None if hb is None else next(refreshed) or _registered(ctx, beat, hb)
+        replies.append(None if reply is None else reply.model_dump_json().encode())
+    return replies
+
+
+def _parsed(ctx: ServerContext, beat: Beat) -> Heartbeat | None:
+    """The beat's body, if it is a JSON heartbeat sent with a valid node token."""
+    request = Request(beat.scope)
     headers = request.headers
     if headers.get("content-type", "").split(";", 1)[0].strip().lower() != "application/json":
         return None
     try:
         get_node_id(request, ctx, headers.get("authorization"), headers.get("x-heteroflow-node"))
-        hb = Heartbeat.model_validate_json(body)
+        return Heartbeat.model_validate_json(beat.body)
     except (Unauthorized, ValidationError):
         return None
-    with ctx.db.autocommit() as conn:  # the common beat: one read, one UPDATE
-        reply = nodes.refresh(conn, ctx.clock, hb)
-    if reply is None:  # a new node, a card gone: the route's whole transaction
+
+
+def _registered(ctx: ServerContext, beat: Beat, hb: Heartbeat) -> HeartbeatReply | None:
+    """A beat the refresh left (a new node, a card gone), in the route's transaction;
+    None when that fails (the route tries it again and answers)."""
+    token = REQUEST_ID.set(beat.request_id)
+    try:
         with ctx.db.session() as s:  # committed before the answer, as with the DB dependency
-            reply = nodes.heartbeat(s, ctx.clock, hb)
-    return reply.model_dump_json().encode()
+            return nodes.heartbeat(s, ctx.clock, hb)
+    except Exception as exc:  # the route answers it, as it answers every error
+        log.debug("heartbeat of %s handed to the route: %s: %s", hb.name,
+                  type(exc).__name__, exc)
+        return None
+    finally:
+        REQUEST_ID.reset(token)
 
 
 @router.post("/agent/tasks/{task_id}/claim", response_model=TaskAssignment, tags=["agent"])
