@@ -5,7 +5,8 @@ on it (subprocesses, the shipped defaults: scheduler, node watch, snapshot publi
 the rest all run), and drives N simulated agents from this one process (asyncio +
 aiohttp). Each agent keeps its own keep-alive connection, as the real agent's client
 does, and posts ``POST /api/v1/agent/heartbeat`` every 5 s (the agent's default
-``heartbeat_interval_s``) on its own random phase, with the node token and, once
+``heartbeat_interval_s``, each pause ±10 % as the agent's ``beat_pause`` draws it) on
+its own random phase, with the node token and, once
 registered, its ``X-Heteroflow-Node`` header. Bodies are what the agent sends
 (``ServerClient.heartbeat``: ``Heartbeat.model_dump()``), built from the agent's own
 types (``GpuCard``, ``ScannedModel``) and the simulated 8-card node kinds of
@@ -38,6 +39,11 @@ CPU pinning (``--pin``): ``auto`` puts the servers on every CPU but the last and
 load generator on the last, when there are more CPUs than servers (on 2 cores: one
 server on CPU 0 and the load on CPU 1; two servers are not pinned); PostgreSQL is never
 pinned. ``none`` pins nothing; ``S:L`` gives CPU lists (``0:1``, ``0-2:3``).
+
+``--spread-s S`` gives the agents' phases in [0, S) instead of the whole interval: the
+fleet then beats in bursts, as after a stall of the server (a database failover) that
+every agent's beat waited through — the answers come at once, and each agent's next beat
+one interval later, together (until the agents' jitter spreads them out again).
 
 ``--server-env NAME=VALUE`` adds a setting to the servers (experiments: e.g. slower
 fleet-wide loops); ``--profile DIR`` records the first server with py-spy at each step
@@ -75,6 +81,7 @@ import orjson
 import psutil
 import psycopg
 
+from heteroflow.agent.daemon import beat_pause
 from heteroflow.agent.inventory import GpuCard
 from heteroflow.agent.model_scan import ScannedModel
 from heteroflow.schemas.nodes import GpuCardWire, Heartbeat, InventoryWire, ModelWire
@@ -405,7 +412,7 @@ async def agent(
                 load.error(f"{type(exc).__name__}: {exc}")
             load.samples.append(Sample(t0, clock() - t0, ok, lag))
             beat += 1
-            due += INTERVAL_S
+            due += beat_pause(INTERVAL_S, rng.random)  # the agent's own pause, jitter and all
             now = clock()
             if due < now:  # a beat that took longer than the interval: skip the missed slots
                 due += INTERVAL_S * (int((now - due) / INTERVAL_S) + 1)
@@ -443,7 +450,7 @@ async def pg_cpu_during(meter: CpuMeter, seconds: float) -> float:
 
 async def run_ramp(
     servers: list[Server], steps: list[int], step_s: float, meter: CpuMeter, seed: int,
-    profile: Path | None = None,
+    profile: Path | None = None, spread_s: float = INTERVAL_S,
 ) -> list[dict[str, Any]]:
     me = psutil.Process()
     load = Load()
@@ -462,7 +469,7 @@ async def run_ramp(
                 body = agent_heartbeat(kinds[i], name, rng).model_dump()
                 url = servers[i % len(servers)].url + HEARTBEAT_PATH
                 tasks.append(asyncio.create_task(
-                    agent(url, body, seed * 100_003 + i, rng.uniform(0, INTERVAL_S), load, stop)
+                    agent(url, body, seed * 100_003 + i, rng.uniform(0, spread_s), load, stop)
                 ))
             gc.collect()
             gc.freeze()  # the bodies live to the end: no full collection walks them again
@@ -530,6 +537,7 @@ def run_phase(
     n_servers: int, steps: list[int], step_s: float, seed: int,
     pin: tuple[list[int] | None, list[int] | None], cpus: list[int], workdir: Path,
     profile: Path | None = None, server_env: dict[str, str] | None = None,
+    spread_s: float = INTERVAL_S,
 ) -> dict[str, Any]:
     server_cpus, load_cpus = pin
     # this process (threads it starts later inherit it; the last phase's are gone)
@@ -545,7 +553,7 @@ def run_phase(
                 idle = idle_cpu_pct(meter, 5.0)
                 with asyncio.Runner(loop_factory=_loop_factory()) as runner:
                     ramp = runner.run(
-                        run_ramp(servers, steps, step_s, meter, seed, profile)
+                        run_ramp(servers, steps, step_s, meter, seed, profile, spread_s)
                     )
                 # the agents are gone, their nodes still online: what the server spends
                 # on a fleet of that size without a single heartbeat (controllers)
@@ -628,7 +636,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="py-spy record the first server of the one-server ramp at each "
                          "step into DIR (collapsed stacks; needs py-spy)")
+    ap.add_argument("--spread-s", type=float, default=INTERVAL_S, metavar="S",
+                    help="the agents' phases, uniform in [0, S): below the interval their "
+                         "beats come in bursts, as after a stall of the server that every "
+                         "agent waited through (default %(default)s: spread evenly)")
     args = ap.parse_args(argv)
+    if not 0 < args.spread_s <= INTERVAL_S:
+        ap.error(f"--spread-s must be in (0, {INTERVAL_S}]")
     steps = [100, 250, 500] if args.quick else [int(n) for n in args.steps.split(",") if n]
     step_s = 10.0 if args.quick else args.step_s
     counts = [1] if args.quick else [int(n) for n in args.servers.split(",") if n]
@@ -649,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
         "interval_s": INTERVAL_S,
         "p99_limit_ms": P99_LIMIT_MS,
         "step_s": step_s,
+        "spread_s": args.spread_s,
     }
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
@@ -658,7 +673,8 @@ def main(argv: list[str] | None = None) -> int:
             profile = args.profile if n == 1 else None
             phases.append(
                 run_phase(
-                    n, steps, step_s, args.seed, pins[n], cpus, Path(tmp), profile, server_env
+                    n, steps, step_s, args.seed, pins[n], cpus, Path(tmp), profile, server_env,
+                    args.spread_s,
                 )
             )
     print(json.dumps(report(phases, meta)))

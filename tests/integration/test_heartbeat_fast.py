@@ -122,7 +122,6 @@ def post_together(
     return threads, answers
 
 
-@pytest.mark.feature("P1")
 def test_beats_that_arrive_together_are_refreshed_as_one_batch(api: Api) -> None:
     """While the heartbeat threads are busy, the beats that arrive wait together and the
     next free thread takes them all: one read and one UPDATE statement for the batch,

@@ -27,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +69,22 @@ from heteroflow.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 MODEL_SCAN_EVERY = 12  # heartbeats (C10)
+
+
+# Each pause between two heartbeats is the interval ±10 %, drawn anew. Without it a
+# fleet whose beats were once lined up stays lined up: a stall of the server (a database
+# failover) that every agent's beat waited through is answered at once when it ends, and
+# every agent beats again one interval later, together, for ever — each interval one
+# burst instead of an even stream (bench/control_plane.py --spread-s: one server that
+# holds 2,500 agents spread evenly misses at 1,500 beating within one second). With the
+# jitter the phases drift apart by themselves: at 5 s, by about 0.3 s times the square
+# root of the beats since.
+BEAT_JITTER = 0.1
+
+
+def beat_pause(interval_s: float, draw: Callable[[], float] = random.random) -> float:
+    """Seconds until the next heartbeat: ``interval_s`` ± ``BEAT_JITTER``, uniformly."""
+    return interval_s * (1.0 - BEAT_JITTER + 2.0 * BEAT_JITTER * draw())
 
 
 @dataclass(frozen=True)
@@ -644,7 +662,7 @@ class Agent:
                     await self.tick()
                 except Exception as exc:
                     log.warning("heartbeat to %s failed: %s", self.settings.server_url, exc)
-                if await self._pause(stop, self.settings.heartbeat_interval_s):
+                if await self._pause(stop, beat_pause(self.settings.heartbeat_interval_s)):
                     break
         finally:
             watcher.cancel()
