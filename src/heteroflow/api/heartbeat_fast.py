@@ -11,10 +11,9 @@ counted under the route's template, as ``ObserveMiddleware`` does.
 
 Only the answer that succeeds is made here. A heartbeat the work declines (a wrong token,
 a body that is not a JSON heartbeat) or that fails (the database: every beat of the
-batch) is handed whole — its
-body replayed — to the API's declared route, which answers it as it answers any other
-request: every error is FastAPI's own by construction, and a heartbeat is only a
-refresh, so doing its work twice is harmless. The agents' machine calls are not
+batch) is handed whole — its body replayed — to the API's declared route, which answers
+it as it answers any other request: every error is FastAPI's own by construction, and a
+heartbeat is only a refresh, so doing its work twice is harmless. The agents' machine calls are not
 audited, so skipping the audit middleware changes nothing. A body larger than
 ``MAX_FAST_BODY`` also goes to the API.
 """

@@ -72,10 +72,16 @@ def heartbeat_work(ctx: ServerContext, beats: Sequence[Beat]) -> list[bytes | No
     """
     parsed = [_parsed(ctx, beat) for beat in beats]
     with ctx.db.autocommit() as conn:
-        refreshed = iter(nodes.refresh_many(conn, ctx.clock, [hb for hb in parsed if hb]))
+        refreshed = iter(
+            nodes.refresh_many(conn, ctx.clock, [hb for hb in parsed if hb is not None])
+        )
     replies: list[bytes | None] = []
     for beat, hb in zip(beats, parsed, strict=True):
-        reply = None if hb is None else next(refreshed) or _registered(ctx, beat, hb)
+        reply = None
+        if hb is not None:
+            reply = next(refreshed)
+            if reply is None:  # a new node, a card gone
+                reply = _registered(ctx, beat, hb)
         replies.append(None if reply is None else reply.model_dump_json().encode())
     return replies
 
