@@ -143,18 +143,28 @@ def test_beats_that_arrive_together_are_refreshed_as_one_batch(api: Api) -> None
     batches.clear()
     bodies = [beat(name=n, inventory={**beat()["inventory"], "memory_available_mb": 1000 + i})
               for i, n in enumerate(names)]
-    with node_updates(api) as updates:
-        threads, answers = post_together(api, bodies)
+    first, rest = heartbeat_fast.WORKERS, len(names) - heartbeat_fast.WORKERS
+
+    def until(what: Any) -> None:
         deadline = time.monotonic() + 20
-        while (len(batches) < heartbeat_fast.WORKERS
-               or len(fast._waiting) < len(names) - heartbeat_fast.WORKERS):
+        while not what():
             assert time.monotonic() < deadline, (batches, len(fast._waiting))
             time.sleep(0.01)
+
+    sent: list[tuple[list[threading.Thread], list[Any]]] = []
+    with node_updates(api) as updates:
+        for i in range(first):  # one beat at a time: each thread held with one...
+            sent.append(post_together(api, bodies[i:i + 1]))
+            until(lambda i=i: len(batches) == i + 1)
+        sent.append(post_together(api, bodies[first:]))  # ...while the rest wait
+        until(lambda: len(fast._waiting) == rest)
         gate.set()
-        for t in threads:
-            t.join(20)
-    assert sorted(map(len, batches)) == [1] * heartbeat_fast.WORKERS + [
-        len(names) - heartbeat_fast.WORKERS]
+        for threads, _ in sent:
+            for t in threads:
+                t.join(20)
+    answers = [a for _, part in sent for a in part]
+    # the beats that waited were taken in one batch by the first thread set free
+    assert [len(b) for b in batches] == [1] * first + [rest]
     assert sorted(n for b in batches for n in b) == names
     for body, answer in zip(bodies, answers, strict=True):
         assert answer.status_code == 200
