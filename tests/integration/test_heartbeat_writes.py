@@ -185,6 +185,23 @@ def test_of_two_beats_of_one_node_in_a_batch_the_later_is_stored(api: Api) -> No
     assert row["last_heartbeat_at"] == api.clock.now()
 
 
+def test_an_earlier_beat_that_lost_a_card_does_not_land_after_the_later_one(api: Api) -> None:
+    """Card 1 gone in the earlier beat and back in the later: the later (the node's
+    state) is what stays, not the earlier's transaction run after it."""
+    card1 = {**CARD, "index": 1, "uuid": "GPU-1"}
+    node_id = send(api, beat(inventory={"gpus": [CARD, card1]}))
+    api.clock.advance(5)
+    earlier = Heartbeat.model_validate(beat())  # card 1 missing
+    later = Heartbeat.model_validate(beat(inventory={"gpus": [CARD, card1]}))
+    with api.app.db.autocommit() as conn:
+        replies = nodes.refresh_many(conn, api.clock, [earlier, later])
+    assert [r.node_id if r else None for r in replies] == [node_id, node_id]
+    assert [g["index"] for g in stored(api, node_id)["gpus"]] == [0, 1]
+    with api.app.db.autocommit() as conn:  # the later one lost it: that one takes the
+        replies = nodes.refresh_many(conn, api.clock, [later, earlier])  # transaction
+    assert replies[0] is not None and replies[1] is None
+
+
 def test_a_batch_leaves_a_new_node_and_a_lost_card_to_the_transaction(api: Api) -> None:
     card1 = {**CARD, "index": 1, "uuid": "GPU-1"}
     two = send(api, beat(name="two", inventory={"gpus": [CARD, card1]}))

@@ -188,7 +188,8 @@ def refresh_many(
 
     A reply per beat, in order; None, having written nothing for it, for a beat that
     needs ``heartbeat``'s transaction (a new node, a card gone). Of two beats of one node
-    in the batch only the later writes (it is the newer state; both get its task list).
+    in the batch only the later writes or takes the transaction: it is the newer state,
+    and an older change must not land after it (the earlier gets the stored task list).
     The hot path of the control plane (every node, every 5 s; ``bench/control_plane.py``).
     """
     now = clock.now()
@@ -198,11 +199,12 @@ def refresh_many(
     writes: dict[frozenset[str], list[dict[str, Any]]] = {}
     for i, hb in enumerate(beats):
         rows = found.get(hb.name)
-        if not rows or _vanished(rows[0], hb):
+        newest = last[hb.name] == i
+        if not rows or (newest and _vanished(rows[0], hb)):
             replies.append(None)
             continue
         write, reply = _refreshed(rows, reported_columns(hb), now)
-        if last[hb.name] == i:
+        if newest:
             writes.setdefault(frozenset(write), []).append(write)
         replies.append(reply)
     for rows_alike in writes.values():
