@@ -34,6 +34,7 @@ from .conftest import NODE_TOKEN, Api
 AUTH = {"Authorization": f"Bearer {NODE_TOKEN}"}
 CARD = {"index": 0, "memory_total_mb": 81559, "model": "NVIDIA H100 80GB HBM3",
         "uuid": "GPU-0", "temperature_c": 40, "memory_used_mb": 100, "source": "nvml"}
+CARD1 = {**CARD, "index": 1, "uuid": "GPU-1"}
 MODEL = {"name": "llama-8b", "path": "/data/models/llama-8b", "format": "hf",
          "size_bytes": 16 << 30, "files": ["config.json", "model.safetensors"], "mtime": 1.7e9}
 
@@ -162,23 +163,35 @@ def test_a_value_written_by_someone_else_is_overwritten_by_the_next_beat(api: Ap
 
 
 def test_a_card_gone_from_the_inventory_is_still_noticed(api: Api) -> None:
-    two = beat(inventory={"gpus": [CARD, {**CARD, "index": 1, "uuid": "GPU-1"}]})
-    node_id = send(api, two)
+    node_id = send(api, beat(inventory={"gpus": [CARD, CARD1]}))
     api.clock.advance(5)
     send(api, beat())  # card 1 vanished: no task on it, so no event, but the row moves on
     assert [g["index"] for g in stored(api, node_id)["gpus"]] == [0]
 
 
 # -- a batch of beats (services.nodes.refresh_many, routes.nodes.heartbeat_work) -------
+def refresh(api: Api, *bodies: dict[str, Any]) -> list[HeartbeatReply | None]:
+    """``refresh_many`` on one batch of these bodies, as the fast path's thread runs it."""
+    with api.app.db.autocommit() as conn:
+        return nodes.refresh_many(
+            conn, api.clock, [Heartbeat.model_validate(b) for b in bodies])
+
+
+def as_beat(api: Api, body: bytes, token: str = NODE_TOKEN) -> Beat:
+    """A heartbeat request as the fast path hands it to ``heartbeat_work``."""
+    fast: Any = api.app.asgi.fast[("POST", "/api/v1/agent/heartbeat")]
+    headers = [(b"content-type", b"application/json"),
+               (b"authorization", f"Bearer {token}".encode())]
+    return Beat({"type": "http", "app": fast.app, "headers": headers}, body, "req_test")
+
+
 def test_of_two_beats_of_one_node_in_a_batch_the_later_is_stored(api: Api) -> None:
     """The earlier beat's change must not land after the later one's: the later beat
     equals the stored row, so it writes no models, and the earlier (which would) writes
     nothing at all."""
     node_id = send(api, beat())
     api.clock.advance(5)
-    earlier, later = Heartbeat.model_validate(beat(models=[])), Heartbeat.model_validate(beat())
-    with api.app.db.autocommit() as conn:
-        replies = nodes.refresh_many(conn, api.clock, [earlier, later])
+    replies = refresh(api, beat(models=[]), beat())
     assert [r.node_id if r else None for r in replies] == [node_id, node_id]
     row = stored(api, node_id)
     assert row["models"] == expected(beat())["models"]
@@ -188,41 +201,30 @@ def test_of_two_beats_of_one_node_in_a_batch_the_later_is_stored(api: Api) -> No
 def test_an_earlier_beat_that_lost_a_card_does_not_land_after_the_later_one(api: Api) -> None:
     """Card 1 gone in the earlier beat and back in the later: the later (the node's
     state) is what stays, not the earlier's transaction run after it."""
-    card1 = {**CARD, "index": 1, "uuid": "GPU-1"}
-    node_id = send(api, beat(inventory={"gpus": [CARD, card1]}))
+    node_id = send(api, beat(inventory={"gpus": [CARD, CARD1]}))
     api.clock.advance(5)
-    earlier = Heartbeat.model_validate(beat())  # card 1 missing
-    later = Heartbeat.model_validate(beat(inventory={"gpus": [CARD, card1]}))
-    with api.app.db.autocommit() as conn:
-        replies = nodes.refresh_many(conn, api.clock, [earlier, later])
+    earlier, later = beat(), beat(inventory={"gpus": [CARD, CARD1]})  # card 1 missing, back
+    replies = refresh(api, earlier, later)
     assert [r.node_id if r else None for r in replies] == [node_id, node_id]
     assert [g["index"] for g in stored(api, node_id)["gpus"]] == [0, 1]
-    with api.app.db.autocommit() as conn:  # the later one lost it: that one takes the
-        replies = nodes.refresh_many(conn, api.clock, [later, earlier])  # transaction
-    assert replies[0] is not None and replies[1] is None
+    replies = refresh(api, later, earlier)  # the later one lost it: that one takes the
+    assert replies[0] is not None and replies[1] is None  # transaction
 
 
 def test_a_batch_leaves_a_new_node_and_a_lost_card_to_the_transaction(api: Api) -> None:
-    card1 = {**CARD, "index": 1, "uuid": "GPU-1"}
-    two = send(api, beat(name="two", inventory={"gpus": [CARD, card1]}))
+    two = send(api, beat(name="two", inventory={"gpus": [CARD, CARD1]}))
     steady = send(api, beat(name="steady"))
     api.clock.advance(5)
     bodies = [beat(name="new"), beat(name="two"),
               beat(name="steady", inventory={**beat()["inventory"], "memory_available_mb": 5})]
-    with api.app.db.autocommit() as conn:
-        replies = nodes.refresh_many(
-            conn, api.clock, [Heartbeat.model_validate(b) for b in bodies])
+    replies = refresh(api, *bodies)
     assert replies[:2] == [None, None]
     assert replies[2] is not None and replies[2].node_id == steady
     assert len(stored(api, two)["gpus"]) == 2  # left as it was for the transaction
     with api.app.db.session() as s:
         assert "new" not in s.scalars(select(Node.name)).all()
     # the whole batch through the route's work: each beat answered, each written
-    fast: Any = api.app.asgi.fast[("POST", "/api/v1/agent/heartbeat")]
-    beats = [Beat({"type": "http", "app": fast.app, "headers": [
-        (b"content-type", b"application/json"),
-        (b"authorization", f"Bearer {NODE_TOKEN}".encode())]},
-        json.dumps(b).encode(), f"req_{i}") for i, b in enumerate(bodies)]
+    beats = [as_beat(api, json.dumps(b).encode()) for b in bodies]
     answers = [HeartbeatReply.model_validate_json(a or b"") for a in
                heartbeat_work(api.app.ctx, beats)]
     assert [a.node_id for a in answers][1:] == [two, steady]
@@ -234,17 +236,10 @@ def test_a_batch_leaves_a_new_node_and_a_lost_card_to_the_transaction(api: Api) 
 
 def test_a_beat_the_route_must_answer_does_not_stop_the_rest_of_its_batch(api: Api) -> None:
     steady = send(api, beat(name="steady"))
-    fast: Any = api.app.asgi.fast[("POST", "/api/v1/agent/heartbeat")]
-
-    def one(token: str, body: bytes) -> Beat:
-        return Beat({"type": "http", "app": fast.app, "headers": [
-            (b"content-type", b"application/json"),
-            (b"authorization", f"Bearer {token}".encode())]}, body, "req_x")
-
     answers = heartbeat_work(api.app.ctx, [
-        one("guess", json.dumps(beat(name="steady")).encode()),
-        one(NODE_TOKEN, b'{"name": 1}'),
-        one(NODE_TOKEN, json.dumps(beat(name="steady")).encode()),
+        as_beat(api, json.dumps(beat(name="steady")).encode(), token="guess"),
+        as_beat(api, b'{"name": 1}'),
+        as_beat(api, json.dumps(beat(name="steady")).encode()),
     ])
     assert answers[:2] == [None, None]
     assert answers[2] is not None
