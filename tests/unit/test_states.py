@@ -23,10 +23,11 @@ from heteroflow.services.transitions import IllegalTransition, transition
 EXPECTED_LEGAL: dict[str, set[str]] = {
     "pending": {"scheduled", "stopped"},
     "scheduled": {"starting", "pending", "stopped", "failed"},
-    "starting": {"running", "failed", "stopping", "stopped", "completed", "pending"},
-    "running": {"failed", "stopping", "stopped", "completed", "sleeping"},
+    # scheduled: its engine stopped with its own agent (started again on its placement)
+    "starting": {"running", "failed", "stopping", "stopped", "completed", "pending", "scheduled"},
+    "running": {"failed", "stopping", "stopped", "completed", "sleeping", "scheduled"},
     "sleeping": {"waking", "stopping", "stopped", "failed"},  # F1: asleep on its node
-    "waking": {"running", "sleeping", "stopping", "stopped", "failed"},  # F2
+    "waking": {"running", "sleeping", "stopping", "stopped", "failed", "scheduled"},  # F2
     "stopping": {"stopped", "failed", "pending"},  # pending: a preempted task requeued (B4)
     "stopped": set(),
     "failed": {"stopped"},

@@ -3,8 +3,10 @@
 Each heartbeat the server answers with the tasks placed on this node that should be
 starting or running. The agent converges on that list (level-triggered): it claims and
 launches ``scheduled`` tasks, stops anything it runs that is no longer listed (deleted
-or stopped tasks — the process runtime's zombie cleanup), and reports a listed task it
-does not run (e.g. after an agent restart) as failed instead of leaving it "running".
+or stopped tasks — the process runtime's zombie cleanup), and gives a listed task whose
+engine is gone (it stopped with the agent: a restart) back as ``scheduled`` instead of
+leaving it "running" — not failed: the same placement is claimed and started again, no
+rebuild counted. The agent's own shutdown gives back the engines it stops the same way.
 A watch loop detects engines that exit and runs the container-level health checks.
 Reports that cannot be delivered are kept and retried; nothing is silently lost.
 
@@ -230,12 +232,13 @@ class Agent:
                 await self._claim_and_start(t)
             elif managed.get(t.id) == "running":
                 self._adopt(t)  # C2: an engine that outlived the agent is watched again
-            else:  # starting/running on the server but gone here
-                what = "container" if self.runtime.name == "docker" else "engine process"
+            elif t.id not in managed:  # starting/running on the server, no engine here
+                await self._report(t.id, "scheduled", self._gone_with_agent())
+            else:  # a container that exited while the agent was away: its own exit
                 await self._report(
                     t.id,
                     "failed",
-                    f"{what} lost while the agent was away",
+                    "container exited while the agent was away",
                     fault="container_lost",
                 )
         for task_id in list(self.local):
@@ -259,6 +262,13 @@ class Agent:
                 continue
             log.warning("removing %s: the server does not list it (zombie cleanup)", task_id)
             await asyncio.to_thread(self.runtime.remove, task_id)
+
+    def _gone_with_agent(self) -> str:
+        """Why a listed task has no engine here: it stopped with this agent (a process
+        dies with its agent; a container is gone). Not the task's failure: the server
+        gives it back as ``scheduled`` on this node, and it is claimed and started again."""
+        what = "container" if self.runtime.name == "docker" else "engine process"
+        return f"{what} gone when the agent came back; starting it again on this node"
 
     def _follow(self, loc: Local, t: TaskAssignment) -> None:
         """The server's latest word on a task this agent runs: a health check changed
@@ -726,7 +736,11 @@ class Agent:
         for i in ids:
             self.runtime.forget(i)
             self.local.pop(i, None)
-            self.outbox[i] = Outgoing("failed", "agent shut down; engine stopped")
+            # not the task's failure: its placement waits for this agent to come back
+            self.outbox[i] = Outgoing(
+                "scheduled", "agent shut down; engine stopped: it starts again on this "
+                "node when the agent is back"
+            )
         try:
             await asyncio.wait_for(self._flush_outbox(), timeout=3)
         except Exception:

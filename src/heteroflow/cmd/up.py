@@ -136,7 +136,9 @@ class Demo:
     group_id: str
     model_name: str
     kept: bool  # the service of an earlier `up`, kept as it was
-    agent_owned: bool  # kept with tasks an agent claimed: the new agent adopts or fails them
+    # kept with tasks an agent claimed: the new agent adopts them, or gives them back as
+    # scheduled (their engines stopped with the last run) and starts them again
+    agent_owned: bool
 
 
 def _admin(app: ServerApp) -> Principal:
@@ -176,8 +178,9 @@ def _deploy_demo(app: ServerApp, req: TaskGroupCreate, key: str, *, keep: bool) 
 
     An earlier ``up``'s demo in the admin's tenant is kept whenever it serves the same
     model with the same engine arguments (its current tasks say so), whatever state its
-    tasks are in: the recovery loop rebuilds the tasks the last run's shutdown failed, so
-    the group, its endpoint and its key live on (issue 13). ``keep`` False is the
+    tasks are in: the last run's shutdown gave its engines back as ``scheduled``, and the
+    new agent starts them again on their placements (issue 26), so the group, its
+    endpoint and its key live on. ``keep`` False is the
     caller's word that the kept demo ended (failed) meanwhile: then its ended ranks are
     started afresh at once, as ``services start`` would (the rebuild count starts over).
     A demo its owner stopped stays stopped. Only a demo of another spec is deleted and a
@@ -429,7 +432,7 @@ class _Run:
         d = await asyncio.to_thread(_deploy_demo, app, req, key, keep=True)
         if d.kept:
             say(f"keeping the demo service {d.group_id} ({d.model_name}) from the last run")
-            if d.agent_owned:  # the agent's first reply: adopt the engine, or report it lost
+            if d.agent_owned:  # the agent's first reply: adopt the engine, or give it back
                 await _wait_heartbeat(app, self.node_name, self.stop, app.clock.now())
         else:
             say(f"deploying {d.model_name} from {model} as {d.group_id} …")

@@ -15,7 +15,10 @@ its cards' commitment and its inference-container slot, and its container (Docke
 kept for the wake; ``waking`` (F2): the engine is starting again on the same node. A
 task is routable only in ``running`` (a sleeping service is listed, and a request for it
 wakes it). A replica leaving a rolling update stays ``running`` with ``draining`` set
-(M11): no new requests, in-flight ones finish.
+(M11): no new requests, in-flight ones finish. ``starting``, ``running`` and
+``waking`` go back to ``scheduled`` when the engine stopped with its own agent (a
+restart of the agent or of ``heteroflow up``): it keeps its placement, and the agent
+claims and starts it again when it is back — no failure, no rebuild.
 
 File request (C7)::
 
@@ -69,12 +72,20 @@ T = TaskStatus
 TASK_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     T.PENDING: frozenset({T.SCHEDULED, T.STOPPED}),
     T.SCHEDULED: frozenset({T.STARTING, T.PENDING, T.STOPPED, T.FAILED}),
-    # back to the queue: a pool port found taken on the node at launch (P2)
-    T.STARTING: frozenset({T.RUNNING, T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED, T.PENDING}),
-    T.RUNNING: frozenset({T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED, T.SLEEPING}),
+    # back to the queue: a pool port found taken on the node at launch (P2); back to
+    # scheduled (starting, running, waking): its engine stopped with its own agent, which
+    # starts it again on the same placement when it is back (RESTARTED_WITH_AGENT)
+    T.STARTING: frozenset(
+        {T.RUNNING, T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED, T.PENDING, T.SCHEDULED}
+    ),
+    T.RUNNING: frozenset(
+        {T.FAILED, T.STOPPING, T.STOPPED, T.COMPLETED, T.SLEEPING, T.SCHEDULED}
+    ),
     # F1/F2: asleep on its node; woken there (or failed: node gone, container gone)
     T.SLEEPING: frozenset({T.WAKING, T.STOPPING, T.STOPPED, T.FAILED}),
-    T.WAKING: frozenset({T.RUNNING, T.SLEEPING, T.STOPPING, T.STOPPED, T.FAILED}),
+    T.WAKING: frozenset(
+        {T.RUNNING, T.SLEEPING, T.STOPPING, T.STOPPED, T.FAILED, T.SCHEDULED}
+    ),
     # back to the queue: a preempted task once its agent stopped it (B4)
     T.STOPPING: frozenset({T.STOPPED, T.FAILED, T.PENDING}),
     T.STOPPED: frozenset(),
@@ -89,14 +100,21 @@ HOLDS_RESOURCES = frozenset(
 )
 # Tasks an agent should be running (or starting) on its node.
 AGENT_OWNED = frozenset({T.STARTING, T.RUNNING, T.WAKING})
+# Tasks an agent gives back to ``scheduled`` when their engine stopped with the agent
+# itself (its shutdown, or found gone when it came back): not the task's failure, so
+# no fault and no rebuild — the same placement is claimed and started again.
+RESTARTED_WITH_AGENT = AGENT_OWNED
 # Tasks whose engine is (or should be) up: what the run timeout and the idle timer watch.
 ENGINE_UP = frozenset({T.STARTING, T.RUNNING, T.WAKING})
 TERMINAL = frozenset({T.STOPPED, T.FAILED, T.COMPLETED})
 
 # What an agent may report a task as (``TaskReport.status``): the report's target state.
 # ``starting`` is a note on a task still starting (a launch retried, and why); ``pending``
-# gives a task back to the scheduler because host ports the pool chose are taken (P2).
-ReportTarget = Literal[T.RUNNING, T.FAILED, T.STOPPED, T.COMPLETED, T.STARTING, T.PENDING]
+# gives a task back to the scheduler because host ports the pool chose are taken (P2);
+# ``scheduled`` gives it back to its own node because the engine stopped with the agent.
+ReportTarget = Literal[
+    T.RUNNING, T.FAILED, T.STOPPED, T.COMPLETED, T.STARTING, T.PENDING, T.SCHEDULED
+]
 
 
 class FileRequestStatus(WireEnum):

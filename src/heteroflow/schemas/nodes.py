@@ -141,7 +141,9 @@ class HeartbeatReply(BaseModel):
 
 
 class TaskReport(Strict):
-    # the state the report moves the task to (values: running | failed | stopped | completed)
+    # the state the report moves the task to (running | failed | stopped | completed; a
+    # note: starting; given back: pending (ports taken), scheduled (its engine stopped
+    # with the agent: started again on the same placement))
     status: ReportTarget
     message: ScrubbedStr = Field(default="", max_length=8192)
     argv: list[Annotated[ScrubbedStr, Field(max_length=MAX_TEXT_ITEM)]] | None = Field(

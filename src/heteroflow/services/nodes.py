@@ -34,7 +34,7 @@ from heteroflow.core.events import EventKind
 from heteroflow.core.ids import new_id
 from heteroflow.core.placement.model import may_use
 from heteroflow.core.ports import ports_from_dicts
-from heteroflow.core.states import TaskStatus
+from heteroflow.core.states import RESTARTED_WITH_AGENT, TaskStatus
 from heteroflow.db.tables import Event, Node, Task, TaskGroup
 from heteroflow.schemas.nodes import (
     GpuCardWire,
@@ -300,6 +300,9 @@ _REPORT_FROM: dict[TaskStatus, tuple[TaskStatus, ...]] = {
         TaskStatus.WAKING,
     ),
     TaskStatus.COMPLETED: (TaskStatus.STARTING, TaskStatus.RUNNING),
+    # the engine stopped with its own agent: the same placement is started again when the
+    # agent is back (no fault, no rebuild: a restart is not the service's failure)
+    TaskStatus.SCHEDULED: tuple(RESTARTED_WITH_AGENT),
     TaskStatus.STOPPED: (
         TaskStatus.STOPPING, TaskStatus.STARTING, TaskStatus.RUNNING, TaskStatus.SLEEPING,
         TaskStatus.WAKING,
@@ -323,7 +326,7 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
         return current.value
     if to == TaskStatus.PENDING:
         return _ports_taken(s, clock, node_id, t, rep.busy_ports, rep.message)
-    if current == TaskStatus.STOPPING and to == TaskStatus.FAILED:
+    if current == TaskStatus.STOPPING and to in (TaskStatus.FAILED, TaskStatus.SCHEDULED):
         to = TaskStatus.STOPPED  # it was asked to stop; an exit on the way is still a stop
     if rep.argv is not None:
         t.launch_argv = list(rep.argv)
