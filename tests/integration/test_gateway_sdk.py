@@ -148,9 +148,9 @@ def test_chat_non_stream_is_relayed_with_the_model_remapped(gw: Env) -> None:
     assert resp.choices[0].message.content == "tok tok tok"
     assert resp.id.startswith("a-")
     # The engine serves "engine-a", not the route's name: the gateway renamed it, and
-    # relays the engine's answer unchanged (so the engine's name shows in the reply).
+    # the answer names the model as it was called (issue 26), not by the engine's id.
     assert gw.a.received_models[-1] == "engine-a"
-    assert resp.model == "engine-a"
+    assert resp.model == "chat-model"
 
 
 @pytest.mark.feature("M1")
@@ -165,7 +165,7 @@ def test_chat_stream_arrives_chunk_by_chunk(gw: Env) -> None:
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "tok tok tok tok"
-    assert {c.model for c in chunks} == {"engine-a"}
+    assert {c.model for c in chunks} == {"chat-model"}  # as called (issue 26)
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
@@ -175,7 +175,7 @@ def test_completion_stream_and_non_stream(gw: Env) -> None:
     client = gw.client()
     resp = client.completions.create(model="text-model", prompt="say")
     assert resp.choices[0].text == "tok tok tok"
-    assert resp.model == "engine-a"
+    assert resp.model == "text-model" and gw.a.received_models[-1] == "engine-a"
     parts = [
         c.choices[0].text
         for c in client.completions.create(model="text-model", prompt="say", stream=True)
@@ -282,7 +282,7 @@ def test_published_snapshot_applies_to_the_next_request(gw: Env) -> None:
     routes["chat-model"] = (_target("moved", gw.b_url),)
     gw.holder.publish(_snapshot(routes))
     resp = client.chat.completions.create(model="chat-model", messages=MSG)
-    assert resp.id.startswith("b-") and resp.model == "engine-b"
+    assert resp.id.startswith("b-") and gw.b.received_models[-1] == "engine-b"
     gw.holder.publish(_snapshot(routes, with_key=False))
     with pytest.raises(openai.AuthenticationError):
         client.chat.completions.create(model="chat-model", messages=MSG)
@@ -311,9 +311,11 @@ def test_failed_models_lookup_keeps_the_name_and_is_retried(gw: Env) -> None:
     routes["chat-model"] = (_target("flaky", url),)
     gw.holder.publish(_snapshot(routes))
     client = gw.client()
-    assert client.chat.completions.create(model="chat-model", messages=MSG).model == "chat-model"
+    client.chat.completions.create(model="chat-model", messages=MSG)
+    assert flaky.received_models[-1] == "chat-model"
     flaky.models_status = 200
-    assert client.chat.completions.create(model="chat-model", messages=MSG).model == "engine-flaky"
+    client.chat.completions.create(model="chat-model", messages=MSG)
+    assert flaky.received_models[-1] == "engine-flaky"
     lookups = flaky.models_requests
     client.chat.completions.create(model="chat-model", messages=MSG)
     assert flaky.models_requests == lookups  # cached now
@@ -478,7 +480,7 @@ def test_a_stale_pooled_connection_is_never_resent_and_the_sdk_retries(gw: Env) 
         sdk = openai.OpenAI(base_url=gw.url, api_key=KEY, max_retries=2, timeout=10.0)
         gw.clients.append(sdk)
         reply = sdk.chat.completions.create(model="chat-model", messages=MSG)
-        assert reply.model == "engine-s"
+        assert reply.model == "chat-model"  # as called (issue 26)
     finally:
         server.close()
 

@@ -107,7 +107,8 @@ def test_standalone_gateway_serves_reloads_counts_and_flushes_at_exit(
     client = gateway.client
     r = client.chat.completions.create(model="chat", messages=MSG, extra_body={"fake_chunks": 2})
     assert r.choices[0].message.content == "tok tok"
-    assert r.model == "engine-s"  # remapped to the engine's own id, as with a server
+    # remapped to the engine's own id, as with a server; answered by the name called
+    assert engine[0].received_models[-1] == "engine-s" and r.model == "chat"
     chunks = list(
         client.chat.completions.create(
             model="chat", messages=MSG, stream=True, extra_body={"fake_prompt_tokens": 3}

@@ -19,7 +19,7 @@ import pytest
 
 from heteroflow.gateway.engine_errors import engine_error, is_backend_fault
 from heteroflow.gateway.errors import OpenAIError
-from heteroflow.gateway.normalize import Asked, asked, fix_answer, needs_parse
+from heteroflow.gateway.normalize import Asked, asked, fix_answer, needs_parse, rename_model
 from heteroflow.gateway.usage import Usage, UsageTracker
 from tests.openai_schema import conforms
 
@@ -346,9 +346,10 @@ def test_base64_is_encoded_as_openai_does_when_the_engine_answered_floats() -> N
     vec = obj["data"][0]["embedding"]
     assert isinstance(vec, str)
     assert struct.unpack("<4f", base64.b64decode(vec)) == (0.5, -0.25, 0.125, 1.0)
-    # an engine that encoded already (llama.cpp, vLLM): untouched and unparsed
+    # an engine that encoded already (llama.cpp, vLLM): untouched and unparsed (called
+    # by the name the engine answers, so no rename either: issue 26)
     encoded = EMBEDDING.replace(b"[0.5,-0.25,0.125,1.0]", b'"AAAAPwAAgL4AAAA+AACAPw=="')
-    a = _asked(EMBEDDINGS, {"input": "x", "encoding_format": "base64"})
+    a = _asked(EMBEDDINGS, {"input": "x", "encoding_format": "base64", "model": "tiny"})
     assert UsageTracker(hide=False, asked=a).answer(encoded) is encoded
     # and dimensions are checked on base64 vectors too
     a3 = _asked(EMBEDDINGS, {"input": "x", "encoding_format": "base64", "dimensions": 3})
@@ -432,3 +433,73 @@ def test_an_error_event_mid_stream_is_in_openai_shape() -> None:
     assert events[0] == {
         "error": {"message": "CUDA error", "type": "server_error", "param": None, "code": None}
     }
+
+
+# --- issue 26: every answer names the model as it was called -------------------------
+
+ENGINE_ID = "/data/models/tenant-c/secret.gguf"  # the engine's own name (a path)
+
+
+def _called(path: str, body: dict[str, Any]) -> Asked:
+    return _asked(path, {**body, "model": "shared-llm"})
+
+
+def test_a_json_answer_names_the_model_as_called_parsed_or_not() -> None:
+    vllm = VLLM_CHAT.replace(b'"model":"m"', b'"model":"%s"' % ENGINE_ID.encode())
+    a = _called(CHAT, {"messages": []})
+    assert not needs_parse(a, vllm)  # relayed unparsed: renamed on its bytes
+    out = UsageTracker(hide=False, asked=a).answer(vllm)
+    assert isinstance(out, bytes) and ENGINE_ID.encode() not in out
+    assert orjson.loads(out) == {**orjson.loads(vllm), "model": "shared-llm"}
+    # llama.cpp's answer is parsed (keys to add): renamed with the other fixes
+    assert _answer(a, LC_CHAT)["model"] == "shared-llm"
+    assembled = UsageTracker(hide=False, asked=a).assembled(orjson.loads(LC_CHAT))
+    assert isinstance(assembled, bytes) and orjson.loads(assembled)["model"] == "shared-llm"
+    assert _answer(_called(COMPLETIONS, {"prompt": "x"}), LC_COMPLETION_LIST)["model"] == (
+        "shared-llm")
+    # called by the engine's own name: the very bytes, not copied
+    same = _asked(CHAT, {"messages": [], "model": "m"})
+    assert UsageTracker(hide=False, asked=same).answer(VLLM_CHAT) is VLLM_CHAT
+
+
+def test_an_embeddings_answer_is_renamed_without_scanning_its_vectors() -> None:
+    a = _called(EMBEDDINGS, {"input": "x"})
+    head = EMBEDDING  # vLLM, llama.cpp: the key before the vectors
+    tail = orjson.dumps({  # OpenAI's order: after them
+        "object": "list", "data": [{"object": "embedding", "index": 0,
+                                    "embedding": [0.5] * 2000}],
+        "model": ENGINE_ID, "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+    for data in (head, tail):
+        assert not needs_parse(a, data)
+        assert _answer(a, data)["model"] == "shared-llm"
+    # parsed (base64 asked of an engine that answered floats): renamed too
+    b64 = _called(EMBEDDINGS, {"input": "x", "encoding_format": "base64"})
+    assert _answer(b64, EMBEDDING)["model"] == "shared-llm"
+
+
+@pytest.mark.parametrize("hide", [False, True])
+def test_every_stream_event_names_the_model_as_called(hide: bool) -> None:
+    stream = LC_COMPLETION_STREAM.replace(b'"model":"tiny"', b'"model":"%s"' % ENGINE_ID.encode())
+    events, _ = _stream(_called(COMPLETIONS, {"prompt": "hi", "stream": True}), hide, stream)
+    chunks = events[:-1]
+    assert chunks and all(c["model"] == "shared-llm" for c in chunks)
+    # an engine that changes its spelling mid-stream is renamed all the same
+    spaced = stream.replace(b'"model":"%s"' % ENGINE_ID.encode(), b'"model": "other"', 1)
+    events, _ = _stream(_called(COMPLETIONS, {"prompt": "hi", "stream": True}), hide, spaced)
+    assert all(c["model"] == "shared-llm" for c in events[:-1])
+
+
+def test_rename_model_touches_only_string_values_of_model_keys() -> None:
+    name = orjson.dumps("shared-llm")
+    cases = {
+        b'{"model": "a\\"b","x":{"model":null}}': b'{"model": "shared-llm","x":{"model":null}}',
+        b'{"model":"a\\\\","y":"\\"model\\":"}': b'{"model":"shared-llm","y":"\\"model\\":"}',
+        b'{"content":"model: x","model":"shared-llm"}': None,  # as called: the same bytes
+        b'{"model":"unterminated': None,
+    }
+    for data, want in cases.items():
+        out = rename_model(data, name)
+        assert out == (data if want is None else want), data
+        if want is None:
+            assert out is data
+    assert rename_model(b'{"model":"x"}', b"") == b'{"model":"x"}'  # no name: untouched

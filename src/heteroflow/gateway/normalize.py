@@ -12,6 +12,12 @@ re-serialises only then); ``StreamFix`` does the same per SSE event of a stream 
 in a chunk of its own, or none when the client did not ask; error events in OpenAI's
 shape), keeping the little state it needs (echo, text offsets). Engine errors are
 ``engine_errors``'.
+
+**The model as called (issue 26).** An engine names its model by its own id (a path, a
+file name, another tenant's name for a shared service); every answer names it as the
+caller called it (the route's public name, ``Asked.model``), on every route alike:
+``_fix_head`` on a parsed answer, ``rename_model`` on bytes (an unparsed JSON answer,
+each stream event) — no parse, and a copy only when the engine's name differs.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ class Asked:
     dimensions: int | None = None
     base64: bool = False
     created: int = 0  # what ``created`` is when an engine leaves it out (now)
+    # the name the caller called the model by ("" = leave the engine's), and as JSON
+    model: str = ""
+    model_json: bytes = b""
 
 
 def asked(path: str, body: dict[str, Any], now: int) -> Asked | OpenAIError:
@@ -55,6 +64,9 @@ def asked(path: str, body: dict[str, Any], now: int) -> Asked | OpenAIError:
     """
     kind = KINDS[path]
     stream = body.get("stream") is True
+    called = body.get("model")
+    model = called if isinstance(called, str) else ""
+    model_json = orjson.dumps(model) if model else b""
     n = body.get("n")
     n = n if type(n) is int and n > 0 else 1
     if kind == "embeddings":
@@ -64,6 +76,8 @@ def asked(path: str, body: dict[str, Any], now: int) -> Asked | OpenAIError:
             dimensions=dims if type(dims) is int else None,
             base64=body.get("encoding_format") == "base64",
             created=now,
+            model=model,
+            model_json=model_json,
         )
     logprobs = kind == "completions" and body.get("logprobs") not in (None, False)
     echo: tuple[str, ...] | None = None
@@ -77,7 +91,7 @@ def asked(path: str, body: dict[str, Any], now: int) -> Asked | OpenAIError:
             echo = tuple(prompt)
         else:
             return _refuse_echo("`echo` is supported only with a text prompt (or a list of them).")
-    return Asked(kind, stream, n, echo, logprobs, created=now)
+    return Asked(kind, stream, n, echo, logprobs, created=now, model=model, model_json=model_json)
 
 
 def _refuse_echo(message: str) -> OpenAIError:
@@ -122,7 +136,7 @@ def fix_answer(a: Asked, obj: dict[str, Any]) -> bool | OpenAIError:
 
 
 def _fix_head(obj: dict[str, Any], obj_type: str, a: Asked) -> bool:
-    changed = False
+    changed = _fix_model(obj, a)
     if obj.get("object") != obj_type:
         obj["object"] = obj_type
         changed = True
@@ -212,8 +226,15 @@ def _completion_logprobs(content: object, start: int) -> dict[str, list[Any]]:
     }
 
 
+def _fix_model(obj: dict[str, Any], a: Asked) -> bool:
+    if a.model and obj.get("model") != a.model:
+        obj["model"] = a.model
+        return True
+    return False
+
+
 def _fix_embeddings(a: Asked, obj: dict[str, Any]) -> bool | OpenAIError:
-    changed = False
+    changed = _fix_model(obj, a)
     if obj.get("object") != "list":
         obj["object"] = "list"
         changed = True
@@ -261,6 +282,73 @@ def _to_base64(vec: list[Any]) -> str:
     return base64.b64encode(floats.tobytes()).decode("ascii")
 
 
+_MODEL_KEY = b'"model":'
+_BLANKS = b" \t\r\n"
+# an embeddings answer's one ``model`` key: in its head (vLLM, llama.cpp) or, in
+# OpenAI's order, after the vectors (found from the end): megabytes are never scanned
+_HEAD = 1024
+
+
+def rename_model(data: bytes, name: bytes, *, one: bool = False) -> bytes:
+    """``data`` (JSON, or SSE events of JSON) with the string value of every ``"model"``
+    key replaced by ``name`` (a JSON string; empty: ``data`` as it is); ``one``: only the
+    top-level key of one JSON answer whose schema has no other (embeddings).
+
+    A key cannot occur unescaped inside a JSON string, so a byte search finds keys only;
+    nothing is parsed, and ``data`` is copied only when a value differs from ``name``.
+    """
+    if not name:
+        return data
+    if one:
+        i = data.find(_MODEL_KEY, 0, _HEAD)
+        return _rename_at(data, data.rfind(_MODEL_KEY) if i < 0 else i, name)
+    i = data.find(_MODEL_KEY)
+    if i < 0:
+        return data
+    view = memoryview(data)  # the answer is copied once, by the join
+    parts: list[bytes | memoryview] = []
+    start = 0
+    while i >= 0:
+        v, end = _value(data, i)
+        if end >= 0 and view[v:end] != name:
+            parts += (view[start:v], name)
+            start = end
+        i = data.find(_MODEL_KEY, max(v, end))
+    if not parts:
+        return data
+    parts.append(view[start:])
+    return b"".join(parts)
+
+
+def _rename_at(data: bytes, i: int, name: bytes) -> bytes:
+    if i < 0:
+        return data
+    v, end = _value(data, i)
+    view = memoryview(data)
+    if end < 0 or view[v:end] == name:
+        return data
+    return b"".join((view[:v], name, view[end:]))
+
+
+def _value(data: bytes, key: int) -> tuple[int, int]:
+    """Where the value of the ``"model":`` key at ``key`` starts and, when it is a
+    string, ends (-1: not a string — null, an object — or unterminated)."""
+    v, size = key + len(_MODEL_KEY), len(data)
+    while v < size and data[v] in _BLANKS:
+        v += 1
+    if v >= size or data[v] != 0x22:
+        return v, -1
+    j = data.find(b'"', v + 1)
+    while j >= 0:
+        k = j
+        while data[k - 1] == 0x5C:  # backslashes: the quote is escaped when they are odd
+            k -= 1
+        if (j - k) % 2 == 0:
+            return v, j + 1
+        j = data.find(b'"', j + 1)
+    return v, -1
+
+
 # --- streams -------------------------------------------------------------------------
 
 
@@ -277,6 +365,7 @@ class StreamFix:
     asked: Asked
     hide: bool
     _offsets: dict[int, int] = field(default_factory=dict)
+    _seen: bytes = b""  # the engine's ``"model":"…"`` as it last came (each event repeats it)
 
     @property
     def per_event(self) -> bool:
@@ -285,14 +374,32 @@ class StreamFix:
         return a.kind == "completions" and (a.echo is not None or a.logprobs)
 
     def raw(self, out: bytes) -> bytes:
-        """Byte-level fixes of whole events, no parsing: completions ids, and the
-        ``"usage":null`` vLLM puts in every chunk once usage is asked for."""
+        """Byte-level fixes of whole events, no parsing: the model as called, completions
+        ids, and the ``"usage":null`` vLLM puts in every chunk once usage is asked for."""
+        out = self._rename(out)
         if self.asked.kind == "completions" and b'"chatcmpl-' in out:
             out = out.replace(b'"id":"chatcmpl-', b'"id":"cmpl-')
             out = out.replace(b'"id": "chatcmpl-', b'"id": "cmpl-')
         if self.hide and b'"usage":null' in out:
             out = out.replace(b',"usage":null', b"").replace(b'"usage":null,', b"")
         return out
+
+    def _rename(self, out: bytes) -> bytes:
+        """``rename_model`` for two byte counts while the events repeat the engine's
+        ``"model":"…"`` as the first one spelt it (then one replace when it differs)."""
+        name = self.asked.model_json
+        keys = out.count(_MODEL_KEY) if name else 0
+        if not keys:
+            return out
+        seen = self._seen
+        if not seen or out.count(seen) != keys:  # the first event, or another spelling
+            i = out.find(_MODEL_KEY)
+            end = _value(out, i)[1]
+            seen = self._seen = out[i:end] if end >= 0 else b""
+            if not seen or out.count(seen) != keys:
+                return rename_model(out, name)
+        called = _MODEL_KEY + name
+        return out if seen == called else out.replace(seen, called)
 
     def event(self, obj: dict[str, Any]) -> list[dict[str, Any]] | None:
         """The events to send for one parsed event; None: send it unchanged."""

@@ -49,7 +49,7 @@ import orjson
 
 from heteroflow.core.clock import Clock
 from heteroflow.gateway.errors import OpenAIError
-from heteroflow.gateway.normalize import Asked, StreamFix, fix_answer, needs_parse
+from heteroflow.gateway.normalize import Asked, StreamFix, fix_answer, needs_parse, rename_model
 from heteroflow.schemas.routing import activity_to_wire
 from heteroflow.schemas.usage import GatewayLoad, UsageRow, activity_report_to_wire
 
@@ -187,14 +187,19 @@ class UsageTracker:
         """A whole 2xx JSON answer as the client is to get it (re-serialised only when a
         fix changed it), or the error to answer instead; its usage noted."""
         a = self._asked
-        if a is None or not needs_parse(a, data):
+        if a is None:
             self.usage = usage_from_json(data)
             return data
+        if not needs_parse(a, data):
+            self.usage = usage_from_json(data)
+            # issue 26: the model as called (an embeddings answer's one key is found
+            # without scanning its vectors)
+            return rename_model(data, a.model_json, one=a.kind == "embeddings")
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
             obj = None
-        if not isinstance(obj, dict):
+        if not isinstance(obj, dict):  # not an answer object: relayed as it came
             self.usage = usage_from_json(data)
             return data
         self.usage = _usage(obj.get("usage"))
