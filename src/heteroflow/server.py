@@ -35,6 +35,7 @@ from heteroflow.controllers.snapshot import SnapshotPublisher
 from heteroflow.controllers.wakes import WakeRetrier
 from heteroflow.controllers.windows import WindowExecutor  # issue 14 (K1)
 from heteroflow.core.clock import Clock, SystemClock
+from heteroflow.core.engine_access import ENGINE_KEY_SECRET, engine_key
 from heteroflow.core.recovery import RecoveryPolicy  # issue 13
 from heteroflow.db.engine import Database, migrate
 from heteroflow.gateway.app import GatewayApp
@@ -91,7 +92,11 @@ class ServerApp:
         )
         self.node_token = self.node_tokens.current
         self.gateway_token = shared_secret(self.db, "gateway_token", settings.gateway_token)
+        # C14: every engine key derives from it (core.engine_access.engine_key)
+        engine_secret = shared_secret(self.db, ENGINE_KEY_SECRET)
+        self.engine_key: Callable[[str], str] = partial(engine_key, engine_secret)
         register_secrets(  # issue 18 (P3): never in a log line, wherever they appear
+            engine_secret,
             self.node_token, settings.node_token, settings.node_token_previous,
             self.gateway_token, settings.jwt_secret, settings.admin_password,
             self.bootstrap.admin_password_generated or "",
@@ -113,6 +118,7 @@ class ServerApp:
             holder=self.holder,
             node_token=self.node_token,
             gateway_token=self.gateway_token,
+            engine_key=self.engine_key,
         )
         self.usage = UsageCollector(
             DbUsageSink(self.db, self.clock),  # issue 14: the clock stamps load reports
@@ -204,7 +210,8 @@ class ServerApp:
         )
         # --- end issue 13 (recovery) ---
         self.publisher = SnapshotPublisher(
-            self.db, self.holder, interval_s=settings.snapshot_interval_s
+            self.db, self.holder, interval_s=settings.snapshot_interval_s,
+            engine_key=self.engine_key,
         )
         # F3: wakes that had to wait for their node or their cards (leader-only)
         self.wakes = WakeRetrier(

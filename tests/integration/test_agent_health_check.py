@@ -22,6 +22,7 @@ import pytest
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.inventory import NvmlDiscovery
+from heteroflow.agent.launch import NoDoors
 from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.agent.runtime.protocol import LaunchSpec
 from heteroflow.schemas.nodes import TaskAssignment
@@ -43,7 +44,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 """
 
 
-class Launcher:
+class Launcher(NoDoors):
     """The launcher surface the watch loop uses, over a real process runtime."""
 
     probe_host = "127.0.0.1"

@@ -20,6 +20,7 @@ from heteroflow.agent import daemon
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.inventory import GpuCard, NodeInventory, NvmlDiscovery
+from heteroflow.agent.launch import NoDoors
 from heteroflow.agent.metrics import AgentMetrics
 from heteroflow.agent.runtime.protocol import LaunchFailed, PortInUse
 from heteroflow.core.clock import FakeClock
@@ -101,7 +102,7 @@ class FakeRuntime:
         pass
 
 
-class FakeLauncher:
+class FakeLauncher(NoDoors):
     """Launches by task id: ``ok-*`` start, ``bad-*`` fail, ``busy-*`` find the port taken."""
 
     probe_host = "127.0.0.1"
@@ -136,7 +137,7 @@ class NoLogs:
 
 
 async def _never_passes(
-    config: HealthCheckConfig, host: str, port: int, session: Any = None
+    config: HealthCheckConfig, host: str, port: int, session: Any = None, key: str = ""
 ) -> tuple[bool, str]:
     return False, "not yet"
 

@@ -16,6 +16,7 @@ import pytest
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.container_launch import build_container
 from heteroflow.agent.inventory import GpuCard
+from heteroflow.core.engine_access import ENGINE_ADDRESS
 from heteroflow.models.tiny_gguf import write_tiny_gguf
 from heteroflow.schemas.nodes import TaskAssignment
 from heteroflow.services.dry_run import (
@@ -162,7 +163,10 @@ def test_the_agent_launches_what_the_dry_run_showed(
         assert set(want) == set(launched)
         for field in want:
             assert want[field] == launched[field], field
-        assert {p["host_ip"] for p in want["ports"]} == {ADDRESS}
+        # C14: an engine's API port on the node's private loopback, behind its door
+        api, *others = want["ports"]
+        assert api["host_ip"] == (ENGINE_ADDRESS if t.task_type == "inference" else ADDRESS)
+        assert {p["host_ip"] for p in others} <= {ADDRESS}
         assert want["labels"]["heteroflow.task"] == t.id
         assert want["security"]["cap_drop"] == ["ALL"]
         if t.engine == "mindie":

@@ -13,6 +13,7 @@ import pytest
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.inventory import NvmlDiscovery
+from heteroflow.agent.launch import NoDoors
 from heteroflow.schemas.nodes import TaskAssignment
 from heteroflow.services.faults import WatchResult
 from heteroflow.settings import AgentSettings
@@ -223,7 +224,7 @@ class FakeRuntime:
         self.codes[task_id] = 143
 
 
-class FakeLauncher:
+class FakeLauncher(NoDoors):
     probe_host = "127.0.0.1"
 
     def __init__(self, runtime: FakeRuntime) -> None:

@@ -23,6 +23,7 @@ from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.host_ports import listening_ports
 from heteroflow.agent.inventory import NvmlDiscovery
+from heteroflow.agent.launch import NoDoors
 from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.agent.runtime.protocol import LaunchSpec
 from heteroflow.db.tables import Task
@@ -190,7 +191,7 @@ def test_a_launch_retry_is_noted_on_the_task(api: Api) -> None:
     assert [e["message"] for e in retries] == [note["message"]]
 
 
-class Launcher:
+class Launcher(NoDoors):
     """The real process runtime behind the launcher surface the agent uses."""
 
     probe_host = "127.0.0.1"

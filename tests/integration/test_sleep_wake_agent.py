@@ -27,7 +27,7 @@ import pytest
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.inventory import NodeInventory, NvmlDiscovery
-from heteroflow.agent.launch import host_port_for
+from heteroflow.agent.launch import NoDoors, host_port_for
 from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.agent.runtime.protocol import LaunchSpec
 from heteroflow.schemas.nodes import TaskAssignment
@@ -51,7 +51,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 CHECK = {"interval_seconds": 1, "start_period_seconds": 30, "unhealthy_threshold": 3}
 
 
-class EngineLauncher:
+class EngineLauncher(NoDoors):
     """The process runtime with a tiny engine standing in for llama.cpp."""
 
     probe_host = "127.0.0.1"
@@ -279,7 +279,7 @@ class RecordingRuntime:
         pass
 
 
-class RecordingLauncher:
+class RecordingLauncher(NoDoors):
     probe_host = "127.0.0.1"
 
     def __init__(self) -> None:

@@ -20,6 +20,7 @@ from heteroflow.agent.container_launch import build_container, task_shape
 from heteroflow.agent.inventory import GpuCard
 from heteroflow.agent.runtime.protocol import LaunchFailed
 from heteroflow.core.containers import HARDENED, ContainerPlan
+from heteroflow.core.engine_access import ENGINE_ADDRESS
 from heteroflow.core.engines import ENGINES, CommandError
 from heteroflow.core.placement import CardView, NodeView, Placement
 from heteroflow.core.ports import (
@@ -279,10 +280,13 @@ def test_every_engine_is_compared() -> None:
 def test_the_plan_publishes_on_the_nodes_address_with_labels_and_config_mounts(
     model: Path,
 ) -> None:
+    """The engine's API port on the node's private loopback, behind the door that
+    listens on the node's address at the same port (C14); any other port on the node's
+    address."""
     plan = group_plan("mindie", Shape("tp2", parallelism="tensor_parallel", world_size=2), model)
     shown = planned_recipe(plan, 0, placement(plan, 0), node_view("ascend"), "10.1.2.3")
     c = shown.plan
-    assert c.ports == {8000: ("10.1.2.3", POOL_START), 9090: ("10.1.2.3", POOL_START + 1)}
+    assert c.ports == {8000: (ENGINE_ADDRESS, POOL_START), 9090: ("10.1.2.3", POOL_START + 1)}
     assert c.labels["heteroflow.task"] == PLANNED_ID and c.labels["heteroflow.generation"] == "1"
     [cfg] = shown.config_files
     assert cfg.source == f"{PLANNED_CONFIG_DIR}/{PLANNED_ID}/{cfg.target.lstrip('/')}"

@@ -11,6 +11,7 @@ import pytest
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.launch import AGENT_OWNED_ENV, build_launch, host_port_for, task_env
 from heteroflow.agent.runtime.protocol import LaunchFailed
+from heteroflow.core.engine_access import ENGINE_ADDRESS
 from heteroflow.engines.llamacpp_server import LaunchArgsError, parse_args
 from heteroflow.schemas.nodes import TaskAssignment
 
@@ -150,7 +151,7 @@ def test_build_launch_llamacpp_argv(config: NodeConfig, model_dir: Path, tmp_pat
         "-m",
         model,
         "--host",
-        "127.0.0.1",
+        ENGINE_ADDRESS,
         "--port",
         "30001",
         "--alias",
@@ -177,7 +178,7 @@ def test_build_launch_argv_is_accepted_by_the_launchers_parser(
     spec = build_launch(t, config, cpu_threads=3, log_dir=tmp_path)
     parsed = parse_args(list(spec.argv[3:]))
     assert parsed.model == str((model_dir / "tiny.gguf").resolve())
-    assert parsed.host == "127.0.0.1"
+    assert parsed.host == ENGINE_ADDRESS
     assert parsed.port == 30001
     assert parsed.aliases == ("gemma",)
     assert parsed.threads == 3
@@ -362,22 +363,27 @@ def test_engine_args_cannot_override_agent_owned_flags(
     parsed = parse_args(list(spec.argv[3:]))
     expected = {
         "model": str((model_dir / "tiny.gguf").resolve()),
-        "host": "127.0.0.1",
+        "host": ENGINE_ADDRESS,
         "port": 30001,
     }
     assert getattr(parsed, field) == expected[field]
 
 
-def test_an_engine_listens_on_loopback_by_default(config: NodeConfig, tmp_path: Path) -> None:
-    spec = build_launch(assignment(), config, cpu_threads=0, log_dir=tmp_path)
-    argv = list(spec.argv)
-    assert argv[argv.index("--host") + 1] == "127.0.0.1" and spec.host == "127.0.0.1"
-
-
-def test_on_a_node_of_a_cluster_it_listens_on_the_nodes_address(
+def test_an_engine_listens_on_the_nodes_private_loopback(
     config: NodeConfig, tmp_path: Path
 ) -> None:
-    """Where the gateways reach it from other machines; its ports are checked there."""
-    spec = build_launch(assignment(), config, cpu_threads=0, log_dir=tmp_path, host="10.9.8.7")
+    """C14: never on the node's address, where only its door listens; its port is
+    checked where it listens."""
+    spec = build_launch(assignment(), config, cpu_threads=0, log_dir=tmp_path)
     argv = list(spec.argv)
-    assert argv[argv.index("--host") + 1] == "10.9.8.7" and spec.host == "10.9.8.7"
+    assert argv[argv.index("--host") + 1] == ENGINE_ADDRESS and spec.host == ENGINE_ADDRESS
+
+
+def test_the_engine_key_reaches_the_engine_in_its_environment_only(
+    config: NodeConfig, tmp_path: Path
+) -> None:
+    t = assignment().model_copy(update={"engine_key": "hfe-secret"})
+    spec = build_launch(t, config, cpu_threads=0, log_dir=tmp_path)
+    assert spec.env["LLAMA_API_KEY"] == "hfe-secret"
+    assert not any("hfe-secret" in a for a in spec.argv)
+    assert "hfe-secret" not in repr(t)

@@ -18,6 +18,7 @@ from heteroflow.agent import daemon
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.inventory import NodeInventory, NvmlDiscovery
+from heteroflow.agent.launch import NoDoors
 from heteroflow.agent.runtime.protocol import ContainerGone
 from heteroflow.core.clock import FakeClock
 from heteroflow.core.health import HealthCheckConfig
@@ -107,7 +108,7 @@ class FakeRuntime:
         return ""
 
 
-class FakeLauncher:
+class FakeLauncher(NoDoors):
     probe_host = "127.0.0.1"
 
     def __init__(self, runtime: FakeRuntime) -> None:
@@ -151,7 +152,7 @@ class Probe:
         self.calls = 0
 
     async def __call__(
-        self, config: HealthCheckConfig, host: str, port: int, session: Any = None
+        self, config: HealthCheckConfig, host: str, port: int, session: Any = None, key: str = ""
     ) -> tuple[bool, str]:
         self.calls += 1
         return self.ok, "HTTP 200" if self.ok else "connection refused"

@@ -5,7 +5,8 @@ the engine argv for the container port on all container interfaces, C3 environme
 the model mounted read-only, engine config files written under the work dir and
 mounted read-only, GPU arguments for the node's vendor, shared memory / IPC / host
 network per shape (C5), and ports published only on the node's address (127.0.0.1 on
-a single node — an open engine port would bypass the gateway's keys).
+a single node) — an engine's API port on the node's private loopback instead, behind
+the node's door (C14: an open engine port would bypass the gateway's keys).
 
 The model path is checked here, on the node (C4): an absolute path must sit inside
 the allow-list before anything about it is probed; a relative name means
@@ -17,15 +18,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from heteroflow.agent.config import NodeConfig
+from heteroflow.agent.engine_door import DoorKeeper
 from heteroflow.agent.engine_probe import VERSION_LABEL, kv_offload_check
 from heteroflow.agent.inventory import GpuCard, NodeInventory
 from heteroflow.agent.models import DATA_MODELS, ModelPathError, check_allowed
 from heteroflow.agent.runtime.protocol import LaunchFailed
 from heteroflow.core.containers import ContainerPlan
+from heteroflow.core.engine_access import key_env
 from heteroflow.core.paths import task_roots
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.core.recipe import NodeShape, TaskShape, container_plan
@@ -79,6 +83,7 @@ def task_shape(t: TaskAssignment, engine_version: str = "") -> TaskShape:
         kv_offload_gb=t.kv_offload_gb,
         engine_version=engine_version,
         generation=t.generation,
+        task_type=t.task_type,
     )
 
 
@@ -108,7 +113,9 @@ def build_container(
 
 
 class DockerLauncher:
-    """Starts task containers through a ``DockerRuntime``.
+    """Starts task containers through a ``DockerRuntime``, each engine behind its door
+    (C14: the API port published on the node's private loopback, the door on the node's
+    address; the engine's key in its environment where it reads one).
 
     ``observe`` receives every heartbeat's inventory: the cards decide the GPU
     arguments, and the engine probe (``prober``) reruns on its schedule.
@@ -127,7 +134,7 @@ class DockerLauncher:
     ) -> None:
         self.runtime = runtime
         self.config = config
-        self.probe_host = address
+        self.keeper = DoorKeeper(address)
         self._address = address
         self._work_dir = work_dir
         self._prober = prober
@@ -157,15 +164,31 @@ class DockerLauncher:
             work_dir=self._work_dir,
             engine_version=version,
         )
-        self.runtime.start(plan)
+        plan = replace(plan, env={**plan.env, **key_env(t.engine, t.engine_key)})
+        self.keeper.open_for(t)
+        try:
+            self.runtime.start(plan)
+        except Exception:
+            self.keeper.doors.close(t.id)
+            raise
         if t.kv_offload_gb:
             self._offload[t.id] = t.kv_offload_gb
         return (*(plan.entrypoint or ()), *plan.command)
 
     def resume(self, t: TaskAssignment) -> tuple[str, ...]:
         """C2's resume branch: the kept container starts again, exactly as created."""
+        self.keeper.open_for(t)
         self.runtime.resume(t.id)
         return ()
+
+    def probe_host_for(self, t: TaskAssignment, port: int) -> str:
+        return self.keeper.probe_host_for(t, port)
+
+    def keep_doors(self, tasks: list[TaskAssignment]) -> None:
+        self.keeper.keep_doors(tasks)
+
+    def close_doors(self) -> None:
+        self.keeper.close_doors()
 
     def _kv_offload_gate(self, t: TaskAssignment) -> str:
         """C12 on the node: the image's vLLM version picks the flag form; red lines."""

@@ -250,6 +250,8 @@ class Agent:
                 await self._stop_asleep(task_id)
                 managed.pop(task_id, None)
         await self._reap(managed, desired)
+        held = [loc.task for loc in (*self.local.values(), *self.asleep.values())]
+        await asyncio.to_thread(self.launcher.keep_doors, held)  # C14
 
     async def _reap(self, managed: dict[str, str], desired: dict[str, TaskAssignment]) -> None:
         """C8: remove what this agent started that the server no longer lists.
@@ -333,10 +335,12 @@ class Agent:
             port = host_port_for(t)
         except LaunchFailed:
             return "no engine port: /sleep skipped"
-        url = f"http://{self.launcher.probe_host}:{port}/sleep?level=2"
+        # the engine itself, over the loopback: its door never lets /sleep through (C14)
+        url = f"http://{self.launcher.probe_host_for(t, port)}:{port}/sleep?level=2"
         timeout = aiohttp.ClientTimeout(total=self.settings.vllm_sleep_timeout_s)
+        auth = {"Authorization": f"Bearer {t.engine_key}"}
         try:
-            async with self._session().post(url, timeout=timeout) as r:
+            async with self._session().post(url, timeout=timeout, headers=auth) as r:
                 if r.status < 300:
                     return "vLLM sleep level 2 done"
                 return f"/sleep answered HTTP {r.status} (sleep mode off?): skipped"
@@ -615,8 +619,9 @@ class Agent:
             if not (loc.tracker.due(now) or self._wake_probe_due(loc, now)):
                 continue
             loc.probed_at = now
+            host = self.launcher.probe_host_for(loc.task, loc.port)
             ok, detail = await probe(
-                loc.health, self.launcher.probe_host, loc.port, self._session()
+                loc.health, host, loc.port, self._session(), key=loc.task.engine_key
             )
             verdict = loc.tracker.record(ok, self.clock.monotonic(), detail)
             if loc.waking and verdict in (HealthVerdict.HEALTHY_FIRST, HealthVerdict.HEALTHY):
@@ -745,6 +750,7 @@ class Agent:
             await asyncio.wait_for(self._flush_outbox(), timeout=3)
         except Exception:
             log.warning("could not report %d stopped task(s) at shutdown", len(self.outbox))
+        await asyncio.to_thread(self.launcher.close_doors)
         if self._http is not None:
             await self._http.close()
         await self.client.aclose()

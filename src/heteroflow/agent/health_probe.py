@@ -39,12 +39,15 @@ def _describe(exc: BaseException, timeout_s: float) -> str:
 
 
 async def _probe_http(
-    config: HealthCheckConfig, host: str, port: int, session: aiohttp.ClientSession
+    config: HealthCheckConfig, host: str, port: int, session: aiohttp.ClientSession, key: str
 ) -> tuple[bool, str]:
     url = f"http://{_host_for_url(host)}:{port}{config.path}"
     timeout = aiohttp.ClientTimeout(total=config.timeout_s)
+    headers = {"Authorization": f"Bearer {key}"} if key else None
     try:
-        async with session.get(url, timeout=timeout, allow_redirects=False) as response:
+        async with session.get(
+            url, timeout=timeout, allow_redirects=False, headers=headers
+        ) as response:
             ok = 200 <= response.status < 300
             return ok, f"HTTP {response.status}"
     except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
@@ -69,17 +72,19 @@ async def probe(
     host: str,
     port: int,
     session: aiohttp.ClientSession | None = None,
+    key: str = "",
 ) -> tuple[bool, str]:
     """Run ``config``'s check once against ``host:port``; never raises for network errors.
 
     http: ``GET http://host:port{path}`` within ``timeout_s`` (redirects not followed);
     ok iff the status is 2xx, detail ``"HTTP <status>"``. tcp: ok iff a connection opens
     within ``timeout_s``. Pass a shared ``session`` to reuse connections; without one a
-    session is opened for this probe and closed after it.
+    session is opened for this probe and closed after it. ``key``: the engine's own key
+    (C14), sent as a bearer token — an engine whose key guards the checked path answers.
     """
     if config.type == "tcp":
         return await _probe_tcp(config, host, port)
     if session is not None:
-        return await _probe_http(config, host, port, session)
+        return await _probe_http(config, host, port, session, key)
     async with aiohttp.ClientSession() as own:
-        return await _probe_http(config, host, port, own)
+        return await _probe_http(config, host, port, own, key)

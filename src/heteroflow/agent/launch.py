@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Protocol
 
 from heteroflow.agent.config import NodeConfig
+from heteroflow.agent.engine_door import DoorKeeper
 from heteroflow.agent.file_requests import process_roots
 from heteroflow.agent.inventory import NodeInventory
 from heteroflow.agent.log_shipper import file_source
@@ -33,6 +34,7 @@ from heteroflow.agent.models import ModelPathError, resolve_model_file
 from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec, Runtime
 from heteroflow.core.containers import AGENT_OWNED_ENV, PROCESS_BASE_ENV, container_env
+from heteroflow.core.engine_access import ENGINE_ADDRESS, key_env
 from heteroflow.core.engines import LLAMACPP_AGENT_FLAGS, owned_flag_in
 from heteroflow.core.engines.commands import CommandError, LaunchShape, process_argv
 from heteroflow.core.ports import host_ports as mapped_host_ports
@@ -42,6 +44,7 @@ from heteroflow.schemas.nodes import TaskAssignment
 __all__ = [
     "AGENT_OWNED_ENV",
     "Launcher",
+    "NoDoors",
     "ProcessLauncher",
     "build_launch",
     "host_port_for",
@@ -55,9 +58,18 @@ class Launcher(Protocol):
     @property
     def runtime(self) -> Runtime: ...
 
-    @property
-    def probe_host(self) -> str:
-        """Where the task's published ports answer health probes."""
+    def probe_host_for(self, t: TaskAssignment, port: int) -> str:
+        """Where the agent reaches a task's host ``port`` (health probes, /sleep): the
+        engine itself, never its door."""
+        ...
+
+    def keep_doors(self, tasks: list[TaskAssignment]) -> None:
+        """C14: the doors of exactly these tasks open (the engines this agent runs or
+        keeps asleep); called after each heartbeat's convergence."""
+        ...
+
+    def close_doors(self) -> None:
+        """Every door closed (the agent stops)."""
         ...
 
     def launch(self, t: TaskAssignment) -> tuple[str, ...]:
@@ -87,6 +99,21 @@ class Launcher(Protocol):
         ...
 
 
+class NoDoors:
+    """For launchers whose engines listen on ``probe_host`` itself (test stand-ins)."""
+
+    probe_host = "127.0.0.1"
+
+    def probe_host_for(self, t: TaskAssignment, port: int) -> str:
+        return self.probe_host
+
+    def keep_doors(self, tasks: list[TaskAssignment]) -> None:
+        pass
+
+    def close_doors(self) -> None:
+        pass
+
+
 def task_env(t: TaskAssignment) -> dict[str, str]:
     """The whole environment of an engine process: a clean base, the C3 rules, and the
     CUDA visibility a process (not a container) needs."""
@@ -101,7 +128,7 @@ def task_env(t: TaskAssignment) -> dict[str, str]:
         gpu=None,
     )
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in t.gpu_ids)
-    return env
+    return env | key_env("llamacpp", t.engine_key)  # the launcher reads it (C14)
 
 
 def host_port_for(t: TaskAssignment, container_port: int | None = None) -> int:
@@ -114,7 +141,7 @@ def host_port_for(t: TaskAssignment, container_port: int | None = None) -> int:
 
 def build_launch(
     t: TaskAssignment, config: NodeConfig, *, cpu_threads: int, log_dir: Path,
-    host: str = "127.0.0.1",
+    host: str = ENGINE_ADDRESS,
 ) -> LaunchSpec:
     env = task_env(t)
     host_ports = mapped_host_ports(ports_from_dicts(t.ports), chosen_only=True)
@@ -147,7 +174,7 @@ def build_launch(
         model_path=str(model),
         served_model_name=t.model_name,
         port=port,
-        host=host,  # no container network: the node's address (loopback on one machine)
+        host=host,  # no container network: the node's private loopback, behind the door
         gpus=t.gpu_required,
         extra_args=tuple(extra),
     )
@@ -158,14 +185,14 @@ def build_launch(
     return LaunchSpec(t.id, tuple(argv), env, host_ports, log_path, host)
 
 
-class ProcessLauncher:
+class ProcessLauncher(DoorKeeper):
     """Engines as child processes on this host (no Docker): llama.cpp only."""
 
     def __init__(
         self, runtime: ProcessRuntime, config: NodeConfig, *, cpu_threads: int, log_dir: Path,
-        address: str = "127.0.0.1",
+        address: str = "127.0.0.1", engine_address: str = ENGINE_ADDRESS,
     ) -> None:
-        self.probe_host = address  # engines listen there: the gateways and the probes
+        super().__init__(address, engine_address)
         self.runtime = runtime
         self._process = runtime
         self.config = config
@@ -176,10 +203,15 @@ class ProcessLauncher:
     def launch(self, t: TaskAssignment) -> tuple[str, ...]:
         spec = build_launch(
             t, self.config, cpu_threads=self.cpu_threads, log_dir=self.log_dir,
-            host=self.probe_host,
+            host=self.engine_address,
         )
         spec = replace(spec, env={**spec.env, "HOME": str(self.runtime.work_dir)})
-        self._process.start(spec)
+        self.open_for(t)
+        try:
+            self._process.start(spec)
+        except Exception:
+            self.doors.close(t.id)
+            raise
         return spec.argv
 
     def resume(self, t: TaskAssignment) -> tuple[str, ...]:

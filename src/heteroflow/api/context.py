@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from heteroflow.core.clock import Clock
@@ -20,3 +21,6 @@ class ServerContext:
     holder: SnapshotHolder
     node_token: str
     gateway_token: str
+    # C14: a task id -> its engine's key (core.engine_access.engine_key under the
+    # platform's engine secret); sent to the task's agent, and to gateways as its auth
+    engine_key: Callable[[str], str]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from datetime import datetime
 
 from heteroflow.db.engine import Database
@@ -27,8 +28,12 @@ class SnapshotPublisher:
     name = "snapshot"
     leader_only = False
 
-    def __init__(self, db: Database, holder: SnapshotHolder, *, interval_s: float) -> None:
+    def __init__(
+        self, db: Database, holder: SnapshotHolder, *, interval_s: float,
+        engine_key: Callable[[str], str] | None = None,
+    ) -> None:
         self.db = db
+        self.engine_key = engine_key  # C14: each backend's key, for the gateways to send
         self.holder = holder
         self.interval_s = interval_s
         self._fingerprint = ""
@@ -43,7 +48,7 @@ class SnapshotPublisher:
 
     def _refresh(self) -> RoutingSnapshot:
         with self.db.read_snapshot() as s:  # routes, keys and backends of one moment
-            snap = build_snapshot(s, self.holder.current.version)
+            snap = build_snapshot(s, self.holder.current.version, self.engine_key)
         wire = snap.to_wire()
         wire.pop("version")
         fp = hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()

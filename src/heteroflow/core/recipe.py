@@ -28,6 +28,7 @@ from heteroflow.core.containers import (
     model_mount,
     shared_memory,
 )
+from heteroflow.core.engine_access import ENGINE_ADDRESS, door_port
 from heteroflow.core.engines.commands import CommandError, LaunchShape, build_command
 from heteroflow.core.engines.kv_offload import parse_version
 from heteroflow.core.engines.registry import DEFAULT_CONTAINER_PORT
@@ -66,6 +67,9 @@ class TaskShape:
     kv_offload_gb: int = 0
     engine_version: str = ""  # the image's engine version, where the task needs it (C12)
     generation: int = 1
+    task_type: str = "inference"
+
+
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,9 @@ class NodeShape:
 
     address: str
     card_vendors: Mapping[int, str] = field(default_factory=dict)
+    # C14: where an engine's API port is published instead (the node's private loopback);
+    # the agent's door listens on ``address`` at the same port number
+    engine_address: str = ENGINE_ADDRESS
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,9 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
             files.append(ConfigFile(source, target, content))
             mounts.append(Mount(source, target))
     ipc, shm, network = shared_memory(task.parallelism, task.gpu_required)
+    behind = door_port(
+        task.task_type, task.parallelism, task.ports[0].host_port if task.ports else 0
+    )
     plan = ContainerPlan(
         name=task.id,
         image=task.image,
@@ -172,7 +182,12 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
             engine_env=engine_env,
             gpu=gpu,
         ),
-        ports={p.container_port: (node.address, p.host_port) for p in task.ports},
+        ports={
+            p.container_port: (
+                node.engine_address if p.host_port == behind else node.address, p.host_port
+            )
+            for p in task.ports
+        },
         mounts=tuple(mounts),
         ipc_mode=ipc,
         shm_size=shm,

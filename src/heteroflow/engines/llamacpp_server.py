@@ -343,6 +343,13 @@ def build_params(config: LaunchConfig) -> Any:
     return params
 
 
+def api_keys_from_env() -> list[str]:
+    """llama-server's ``LLAMA_API_KEY`` (comma-separated keys), taken out of the
+    environment so nothing this process starts inherits it. The agent gives an engine its
+    key this way, never on the command line (C14)."""
+    return [k for k in os.environ.pop("LLAMA_API_KEY", "").split(",") if k]
+
+
 def serve(config: LaunchConfig, log: TextIO = sys.stderr) -> int:
     """Run the server until SIGTERM/SIGINT; returns the process exit status (0, or 1 on failure)."""
     import xllamacpp
@@ -358,8 +365,12 @@ def serve(config: LaunchConfig, log: TextIO = sys.stderr) -> int:
     if not os.path.isfile(config.model):
         print(f"error: model file not found: {config.model}", file=log, flush=True)
         return 1
+    params = build_params(config)
+    keys = api_keys_from_env()
+    if keys:
+        params.api_keys = keys
     try:
-        server = xllamacpp.Server(build_params(config))
+        server = xllamacpp.Server(params)
     except RuntimeError as exc:
         print(f"error: llama.cpp failed to start on {config.model}: {exc}", file=log, flush=True)
         return 1

@@ -102,6 +102,7 @@ class BackendMonitor:
         self._report_loads: dict[str, EngineLoad] = {}
         self._report_no_metrics: dict[str, float] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._auth: dict[str, str] = {}  # base_url -> its Authorization header
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -109,12 +110,15 @@ class BackendMonitor:
         """Follow ``snap``'s backends from the next round on."""
         probe: set[str] = set()
         scrape: set[str] = set()
+        auth: dict[str, str] = {}
         for targets in snap.routes.values():
             for t in targets:
+                auth.update((b.base_url, b.auth) for b in t.backends if b.auth)
                 urls = [b.base_url for b in t.backends]
                 probe.update(urls)
                 if t.algorithm == ENGINE_AWARE:
                     scrape.update(urls)
+        self._auth = auth  # C14: the engine's key, which its door asks of probes too
         self._probe_urls = frozenset(probe)
         self._scrape_urls = frozenset(scrape)
         for url in [u for u in self._loads if u not in scrape]:
@@ -224,15 +228,21 @@ class BackendMonitor:
 
     async def _probe_status(self, base_url: str) -> bool:
         path = _FALLBACK_PATH if base_url in self._fallback else _HEALTH_PATH
-        status = await self._get_status(base_url + path)
+        status = await self._get_status(base_url, path)
         if status == 404 and path == _HEALTH_PATH:
             self._fallback.add(base_url)
-            status = await self._get_status(base_url + _FALLBACK_PATH)
+            status = await self._get_status(base_url, _FALLBACK_PATH)
         return status is not None and status < 500
 
-    async def _get_status(self, url: str) -> int | None:
+    def _headers(self, base_url: str) -> dict[str, str] | None:
+        auth = self._auth.get(base_url)
+        return {"Authorization": auth} if auth else None
+
+    async def _get_status(self, base_url: str, path: str) -> int | None:
         try:
-            async with self._http().get(url, timeout=self._probe_timeout) as resp:
+            async with self._http().get(
+                base_url + path, timeout=self._probe_timeout, headers=self._headers(base_url)
+            ) as resp:
                 await resp.read()
                 return resp.status
         except (aiohttp.ClientError, TimeoutError, OSError):
@@ -251,7 +261,8 @@ class BackendMonitor:
         load: EngineLoad | None = None
         try:
             async with self._http().get(
-                base_url + _METRICS_PATH, timeout=self._scrape_timeout
+                base_url + _METRICS_PATH, timeout=self._scrape_timeout,
+                headers=self._headers(base_url),
             ) as resp:
                 text = await resp.text(errors="replace")
                 if resp.status in (404, 501):
@@ -287,7 +298,8 @@ class BackendMonitor:
         load: EngineLoad | None = None
         try:
             async with self._http().get(
-                base_url + _METRICS_PATH, timeout=self._probe_timeout
+                base_url + _METRICS_PATH, timeout=self._probe_timeout,
+                headers=self._headers(base_url),
             ) as resp:
                 text = await resp.text(errors="replace")
                 if resp.status in (404, 501):

@@ -45,8 +45,10 @@ class Backend:
     draining: bool = False
     # M4: the hottest of the task's cards at the last heartbeat; None when unknown
     temperature_c: int | None = None
-    # An external OpenAI-compatible backend's own key ("Bearer ..."), from a standalone
-    # routing file only; never on the wire, never in a repr (so never in a log line).
+    # The Authorization header the backend wants ("Bearer ..."): a platform engine's own
+    # key (C14: its door refuses anything else; on the snapshot's wire, which only
+    # gateways read), or an external backend's key from a standalone routing file.
+    # Never in a repr (so never in a log line).
     auth: str = field(default="", repr=False)
 
 
@@ -136,6 +138,7 @@ class RoutingSnapshot:
                                     "group_id": b.group_id,
                                     "draining": b.draining,
                                     "temperature_c": b.temperature_c,
+                                    "auth": b.auth,
                                 }
                                 for b in t.backends
                             ],
@@ -193,6 +196,7 @@ class RoutingSnapshot:
                             group_id=str(b.get("group_id", "")),
                             draining=bool(b.get("draining", False)),
                             temperature_c=b.get("temperature_c"),
+                            auth=str(b.get("auth", "")),
                         )
                         for b in t["backends"]
                     ),

@@ -164,6 +164,7 @@ def planned_recipe(
         kv_offload_gb=spec.kv_offload_gb,
         engine_version=image_tag_version(spec.image) if spec.kv_offload_gb else "",
         generation=1,
+        task_type=plan.task_type,
     )
     where = NodeShape(
         address=address or UNPLACED_ADDRESS,

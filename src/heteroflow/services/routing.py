@@ -20,6 +20,7 @@ one (0, or no valid period) has none.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -36,7 +37,11 @@ TOKEN_PERIODS = ("day", "month")
 NO_QUOTA = (0, "")
 
 
-def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
+def build_snapshot(
+    s: Session, version: int, engine_key: Callable[[str], str] | None = None
+) -> RoutingSnapshot:
+    """The routing snapshot of this moment; ``engine_key`` gives each backend the key its
+    engine's door checks (C14; None: no key, for tests of routing alone)."""
     routes = list(s.scalars(select(ModelRoute).where(ModelRoute.active.is_(True))))
     running = Task.status == TaskStatus.RUNNING.value
     addresses: dict[str, str] = {}
@@ -64,6 +69,7 @@ def build_snapshot(s: Session, version: int) -> RoutingSnapshot:
                 group_id=t.group_id,
                 draining=bool(t.draining),
                 temperature_c=max(temps) if temps else None,
+                auth=f"Bearer {engine_key(t.id)}" if engine_key else "",
             )
         )
 

@@ -52,7 +52,14 @@ def inference_template(node_id: IdStr, ctx: Ctx, s: DB, who: Who) -> list[Templa
 # document shows. tests/integration/test_heartbeat_writes.py compares the two.
 @router.post("/agent/heartbeat", response_model=HeartbeatReply, tags=["agent"])
 def heartbeat(hb: Heartbeat, ctx: Ctx, s: DB, _node: AgentNode) -> HeartbeatReply:
-    return nodes.heartbeat(s, ctx.clock, hb)
+    return _keyed(ctx, nodes.heartbeat(s, ctx.clock, hb))
+
+
+def _keyed(ctx: ServerContext, reply: HeartbeatReply) -> HeartbeatReply:
+    """Each task with its engine's key (C14), which only its own node's agent gets."""
+    for t in reply.tasks:
+        t.engine_key = ctx.engine_key(t.id)
+    return reply
 
 
 def heartbeat_work(ctx: ServerContext, beats: Sequence[Beat]) -> list[bytes | None]:
@@ -82,7 +89,7 @@ def heartbeat_work(ctx: ServerContext, beats: Sequence[Beat]) -> list[bytes | No
             reply = next(refreshed)
             if reply is None:  # a new node, a card gone
                 reply = _registered(ctx, beat, hb)
-        replies.append(None if reply is None else reply.model_dump_json().encode())
+        replies.append(None if reply is None else _keyed(ctx, reply).model_dump_json().encode())
     return replies
 
 
@@ -116,7 +123,9 @@ def _registered(ctx: ServerContext, beat: Beat, hb: Heartbeat) -> HeartbeatReply
 
 @router.post("/agent/tasks/{task_id}/claim", response_model=TaskAssignment, tags=["agent"])
 def claim(task_id: IdStr, ctx: Ctx, s: DB, node: AgentNode) -> TaskAssignment:
-    return nodes.claim(s, ctx.clock, node, task_id)
+    t = nodes.claim(s, ctx.clock, node, task_id)
+    t.engine_key = ctx.engine_key(t.id)
+    return t
 
 
 @router.post("/agent/tasks/{task_id}/report", tags=["agent"])
