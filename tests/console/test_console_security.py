@@ -7,7 +7,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from heteroflow.api.routes.console import CSP
+from heteroflow.api.security_headers import CSP
 from tests.console.conftest import Console
 from tests.e2e.conftest import Stack
 
@@ -32,6 +32,7 @@ def test_csp_is_enforced_and_api_text_is_never_markup(
     ):
         assert directive in CSP.split("; ")
     assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["x-frame-options"] == "DENY"  # frame-ancestors for older browsers
     assert r.headers["referrer-policy"] == "no-referrer"
 
     r = st.api(

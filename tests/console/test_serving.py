@@ -1,6 +1,7 @@
 """How the console's files are served (no browser needed): only the shipped files, with
 their content types and security headers, revalidated by ETag; every module the page
-loads is there; the package ships them all; and no script parses API text as HTML."""
+loads is there; the package ships them all, the vendored Swagger UI with its licence and
+version; and no script parses API text as HTML."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from heteroflow.api.routes import console, root
+from heteroflow.api.security_headers import CSP, SecurityHeadersMiddleware
 
 STATIC = Path(console.__file__).resolve().parents[2] / "console" / "static"
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def client() -> Iterator[TestClient]:
     app = FastAPI()
+    app.add_middleware(SecurityHeadersMiddleware)
     app.include_router(root.router)
     app.include_router(console.router)
     with TestClient(app) as c:
@@ -46,7 +49,8 @@ def test_assets_come_with_their_type_the_security_headers_and_an_etag(
         assert r.status_code == 200, path
         assert r.headers["content-type"].split(";")[0] == ctype
         assert r.headers["x-content-type-options"] == "nosniff"
-        assert r.headers["content-security-policy"] == console.CSP
+        assert r.headers["content-security-policy"] == CSP
+        assert r.headers["x-frame-options"] == "DENY"
         assert r.headers["cache-control"] == "no-cache"
         assert r.content == (STATIC / path).read_bytes()
         again = client.get(f"/console/{path}", headers={"If-None-Match": r.headers["etag"]})
@@ -61,6 +65,8 @@ def test_assets_come_with_their_type_the_security_headers_and_an_etag(
         "/console/js",
         "/console/js/",
         "/console/index.html",  # the page is served at / only, with its headers
+        "/console/api-docs.html",  # at /api/v1/docs only
+        "/console/api-docs/swagger-ui/LICENSE",  # shipped, but of no served type
         "/console/nope.js",
         "/console/..%2f__init__.py",
         "/console/%2e%2e/__init__.py",
@@ -95,7 +101,7 @@ def test_the_page_loads_versioned_entry_points_and_every_module_it_imports_exist
         assert r.status_code == 200, path
         for imported in re.findall(r"from '\./([^']+)';", r.text):
             todo.append(f"js/{imported}")
-    shipped = {p.relative_to(STATIC).as_posix() for p in STATIC.rglob("*.js")}
+    shipped = {p.relative_to(STATIC).as_posix() for p in (STATIC / "js").rglob("*.js")}
     assert seen == shipped  # every module is used, none is missing
 
 
@@ -107,11 +113,33 @@ def test_the_package_data_ships_every_console_file() -> None:
     assert shipped == {p for p in STATIC.rglob("*") if p.is_file()}
 
 
+def test_the_vendored_swagger_ui_says_its_version_and_licence() -> None:
+    """static/api-docs/swagger-ui/README.md names the version the bundle is, and the
+    Apache-2.0 licence, its NOTICE and the bundle's third-party licences are shipped."""
+    vendored = STATIC / "api-docs" / "swagger-ui"
+    assert {p.name for p in vendored.iterdir()} == {
+        "README.md",
+        "LICENSE",
+        "NOTICE",
+        "swagger-ui-bundle.js",
+        "swagger-ui-bundle.js.LICENSE.txt",
+        "swagger-ui.css",
+    }
+    said = re.search(r"Swagger UI \*\*([0-9.]+)\*\*", (vendored / "README.md").read_text())
+    bundled = re.search(
+        r'PACKAGE_VERSION:"([0-9.]+)"', (vendored / "swagger-ui-bundle.js").read_text()
+    )
+    assert said and bundled and said.group(1) == bundled.group(1)
+    assert "Apache License" in (vendored / "LICENSE").read_text()
+
+
 def test_no_script_parses_text_as_html() -> None:
     """API values reach the DOM as text nodes or properties only (docs/console.md)."""
     sinks = re.compile(
         r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|\beval\(|new Function"
         r"|createContextualFragment|DOMParser"
     )
-    for js in STATIC.rglob("*.js"):
+    ours = [js for js in STATIC.rglob("*.js") if "swagger-ui" not in js.parts]
+    assert len(ours) > 1
+    for js in ours:  # Swagger UI's bundle renders the API's description, not API values
         assert not sinks.search(js.read_text()), js.name

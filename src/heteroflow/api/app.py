@@ -29,6 +29,7 @@ from heteroflow.api.routes import (
     tenants,
     usage,
 )
+from heteroflow.api.security_headers import SecurityHeadersMiddleware
 from heteroflow.core.prometheus import CONTENT_TYPE
 from heteroflow.services.metrics import ServerMetrics
 
@@ -39,14 +40,19 @@ def create_api(ctx: ServerContext, metrics: ServerMetrics | None = None) -> Fast
         version=root.package_version() or "0.0.0",
         description="Management API: task groups, tasks, endpoints, routes, nodes, tenants.",
         openapi_url="/api/v1/openapi.json",
-        docs_url="/api/v1/docs",
+        # the API reference is root.api_docs: Swagger UI from the package, not a CDN's;
+        # no ReDoc and no OAuth2 redirect page (the API takes bearer tokens only)
+        docs_url=None,
         redoc_url=None,
+        swagger_ui_oauth2_redirect_url=None,
     )
     app.state.ctx = ctx
     errors.install(app)
     # Every management write -> one audit_log row, after the answer is sent (not the
     # agents' and gateways' own high-frequency calls; see the module).
     app.add_middleware(AuditMiddleware, ctx=ctx)
+    # CSP, no framing, nosniff on every answer, pages or not (one place: the module)
+    app.add_middleware(SecurityHeadersMiddleware)
     # issue 18 (P3), outermost: the request id (echoed, in every log line) and latency
     app.add_middleware(ObserveMiddleware, metrics=metrics)
     # The agents' router first: FastAPI matches a request against every route of every

@@ -4,12 +4,14 @@
 Only the files shipped in ``heteroflow/console/static`` are served. They are read once
 into a table keyed by their path relative to that folder, and a request is looked up in
 it: anything that is not a key (``..``, an absolute path, an encoded slash, a file added
-later, a folder) is a 404 without the file system being asked. Every answer carries the
-console's security headers (a strict Content-Security-Policy: the page loads scripts,
-styles and data from this origin only, no inline script or style, no framing). The page
-is never cached; the assets are revalidated by their ETag on every load (the ES modules
-import one another by relative URL, which carries no version), and the page's entry URLs
-carry ``?v=<version>-<content hash>`` so a new release is fetched at once.
+later, a folder) is a 404 without the file system being asked. The pages (``*.html``: the
+console's, and the API reference's at /api/v1/docs, Swagger UI shipped in
+``static/api-docs``) are served by their routes only, never as files. Every answer gets
+the security headers from api/security_headers.py (a strict Content-Security-Policy: the
+pages load scripts, styles and data from this origin only, no inline script or style, no
+framing). A page is never cached; the assets are revalidated by their ETag on every load
+(the ES modules import one another by relative URL, which carries no version), and the
+pages' asset URLs carry ``?v=<version>-<content hash>`` so a new release is fetched at once.
 """
 
 from __future__ import annotations
@@ -25,15 +27,6 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
-)
-SECURITY_HEADERS = {
-    "Content-Security-Policy": CSP,
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-}
 CONTENT_TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
@@ -41,7 +34,8 @@ CONTENT_TYPES = {
     ".png": "image/png",
     ".ico": "image/x-icon",
 }
-INDEX = "index.html"
+INDEX = "index.html"  # the console
+API_DOCS = "api-docs.html"  # the API reference (Swagger UI)
 
 router = APIRouter(include_in_schema=False)
 
@@ -55,7 +49,7 @@ class Asset:
 
 @dataclass(frozen=True)
 class Bundle:
-    index: str  # index.html as shipped, with its placeholders
+    pages: dict[str, str]  # *.html as shipped, with their placeholders
     assets: dict[str, Asset]  # relative path -> file
     digest: str  # over every file: changes whenever one does
 
@@ -87,32 +81,37 @@ def bundle() -> Bundle:
         for name, body in table.items()
         if (suffix := name[name.rfind(".") :]) in CONTENT_TYPES
     }
-    return Bundle(table[INDEX].decode(), assets, digest.hexdigest()[:12])
+    pages = {name: body.decode() for name, body in table.items() if name.endswith(".html")}
+    return Bundle(pages, assets, digest.hexdigest()[:12])
 
 
-def index_response(version: str) -> Response:
-    """The console's page: its entry URLs versioned, never cached, with the security
-    headers (``Vary: Accept``: the same URL answers JSON to API clients)."""
+def page_response(name: str, version: str, headers: dict[str, str] | None = None) -> Response:
+    """A shipped page (``INDEX``, ``API_DOCS``): its asset URLs versioned, never cached."""
     b = bundle()
     tag = f"{version or 'dev'}-{b.digest}"
-    page = b.index.replace("__HF_TAG__", quote(tag, safe="")).replace(
-        "__HF_VERSION__", escape(version or "dev")
+    page = (
+        b.pages[name]
+        .replace("__HF_TAG__", quote(tag, safe=""))
+        .replace("__HF_VERSION__", escape(version or "dev"))
     )
     return Response(
         page,
         media_type="text/html; charset=utf-8",
-        headers={**SECURITY_HEADERS, "Cache-Control": "no-cache", "Vary": "Accept"},
+        headers={"Cache-Control": "no-cache", **(headers or {})},
     )
+
+
+def index_response(version: str) -> Response:
+    """The console's page (``Vary: Accept``: the same URL answers JSON to API clients)."""
+    return page_response(INDEX, version, {"Vary": "Accept"})
 
 
 @router.get("/console/{path:path}")
 def asset(path: str, request: Request) -> Response:
     a = bundle().assets.get(path)
     if a is None:
-        return Response(
-            "not found", status_code=404, media_type="text/plain", headers=SECURITY_HEADERS
-        )
-    headers = {**SECURITY_HEADERS, "Cache-Control": "no-cache", "ETag": a.etag}
+        return Response("not found", status_code=404, media_type="text/plain")
+    headers = {"Cache-Control": "no-cache", "ETag": a.etag}
     if a.etag in (t.strip() for t in request.headers.get("if-none-match", "").split(",")):
         return Response(status_code=304, headers=headers)
     return Response(a.body, media_type=a.content_type, headers=headers)

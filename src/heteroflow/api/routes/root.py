@@ -5,6 +5,10 @@ docs/console.md); any other client a JSON object ``{"name", "version", "api", "o
 "docs"}`` with the pointers: the management API prefix, the OpenAI-compatible base URL
 and the interactive API reference. Nothing here needs a login or says anything about
 the fleet (the console logs in through the API like any client).
+
+The API reference (``GET /api/v1/docs``) is Swagger UI shipped in the package
+(console/static/api-docs), not FastAPI's page: that one loads Swagger UI from a public
+CDN and starts it with an inline script, so it is blank offline and needs a weaker CSP.
 """
 
 from __future__ import annotations
@@ -52,3 +56,8 @@ def root(request: Request) -> Response:
         {"name": NAME, "version": ver, "api": API_PREFIX, "openai": OPENAI_BASE, "docs": API_DOCS},
         headers={"Vary": "Accept"},  # the same URL answers the console's page to a browser
     )
+
+
+@router.get(API_DOCS, include_in_schema=False)
+def api_docs() -> Response:
+    return console.page_response(console.API_DOCS, package_version())
