@@ -31,18 +31,14 @@ At most the requests in flight at the two data-path kills may fail. Needs root a
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import random
 import secrets
-import shutil
 import signal
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -54,6 +50,7 @@ import pytest
 
 from heteroflow.models.tiny_gguf import write_tiny_gguf
 from tests.conftest import free_port
+from tests.netns import network
 
 from .conftest import (
     ADMIN_PASSWORD,
@@ -74,72 +71,6 @@ THREADS = 4
 OFFLINE_AFTER_S = 3
 LOST_AFTER_S = OFFLINE_AFTER_S + 2
 REDIS_URL = os.environ.get("HETEROFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
-@dataclass
-class Net:
-    """A bridge in this namespace (the control plane's side) and one namespace per node."""
-
-    bridge: str
-    host_ip: str  # the bridge's address: where the nodes reach the servers
-    nodes: list[tuple[str, str]]  # (namespace, its address)
-
-    def kill_node(self, namespace: str) -> list[int]:
-        """SIGKILL every process in ``namespace``: the machine is gone."""
-        out = subprocess.run(
-            ["ip", "netns", "pids", namespace], capture_output=True, text=True, check=False
-        ).stdout
-        pids = [int(p) for p in out.split()]
-        for pid in pids:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return pids
-
-
-def _free_subnet() -> ipaddress.IPv4Network:
-    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
-    for _ in range(50):
-        net = ipaddress.IPv4Network(f"10.{random.randint(100, 250)}.{random.randint(0, 255)}.0/24")
-        if f" {str(net.network_address)[:-1]}" not in used:
-            return net
-    raise RuntimeError("no free 10.x.y.0/24 for the test bridge")
-
-
-@contextmanager
-def network(nodes: int) -> Iterator[Net]:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        reason = "network namespaces need root and iproute2's ip"
-        if os.environ.get("HETEROFLOW_REQUIRE_NETNS") == "1":
-            pytest.fail(f"{reason} (HETEROFLOW_REQUIRE_NETNS=1)")
-        pytest.skip(reason)
-    tag = secrets.token_hex(2)
-    subnet = _free_subnet()
-    hosts = list(subnet.hosts())
-    bridge = f"hfbr{tag}"
-    net = Net(bridge, str(hosts[0]), [])
-    try:
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("addr", "add", f"{hosts[0]}/24", "dev", bridge)
-        _ip("link", "set", bridge, "up")
-        for i in range(1, nodes + 1):
-            ns, veth, address = f"hf{tag}n{i}", f"hfv{tag}{i}", str(hosts[10 + i])
-            _ip("netns", "add", ns)
-            net.nodes.append((ns, address))
-            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("link", "set", veth, "master", bridge, "up")
-            _ip("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield net
-    finally:
-        for ns, _ in net.nodes:
-            net.kill_node(ns)
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-        subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
 
 
 @dataclass
