@@ -164,6 +164,10 @@ class ServerSettings(BaseSettings):
     # A request whose backend connection could not be made (nothing was sent) goes to
     # this many other healthy backends of its route; never after a byte was sent.
     gateway_connect_retries: int = Field(default=1, ge=0, le=3)
+    # A request whose engine closed or reset the connection before any byte of an answer
+    # (it died holding the request) goes once to another healthy backend of its route,
+    # within what is left of upstream_timeout_s; false: answered 502 (gateway.retry).
+    gateway_retry_unanswered: bool = True
     # Browser origins that may call /v1 (CORS, issue 15): empty = CORS off (browsers
     # block cross-origin calls), "*" = any origin. From the environment as a
     # comma-separated list: HETEROFLOW_GATEWAY_CORS_ORIGINS=https://app.example.com,...

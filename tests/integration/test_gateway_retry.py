@@ -1,9 +1,12 @@
-"""Failover of requests whose backend connection failed, end to end with the openai SDK.
+"""Failover of requests whose backend provably did not answer, end to end with the
+openai SDK.
 
-Two replicas behind one route; one dies (a uvicorn server stopped, or a port nothing
-listens on): the requests routed to it are sent to the survivor, once at most, and only
-when the connection could not be made (``gateway.retry``). A backend that received the
-request and then failed is never retried elsewhere: a generation must not run twice.
+Two replicas behind one route; one dies. Requests routed to it are sent to the survivor,
+never to the dead one twice (``gateway.retry``): when its connection could not be made
+(a uvicorn server stopped, or a port nothing listens on), and once when it read the
+request and then closed or reset the connection before any byte of an answer (raw
+engines on real sockets, ``_DyingEngine``), bounded by the request's deadline. Never
+when an answer had begun or the engine was only silent: a generation must not run twice.
 
 Every gateway attempt is logged by wrapping its ``Upstream.open`` (the request is named
 by its message text), so attempts are counted per request even for a backend that
@@ -17,13 +20,16 @@ import asyncio
 import contextlib
 import itertools
 import socket
+import struct
+import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -32,6 +38,7 @@ from heteroflow.core.clock import FakeClock
 from heteroflow.gateway.app import GatewayApp
 from heteroflow.gateway.store import MemoryStore
 from heteroflow.gateway.upstream import UpstreamFailure
+from heteroflow.gateway.usage import UsageCollector
 from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
@@ -40,6 +47,7 @@ from heteroflow.schemas.routing import (
     SnapshotHolder,
     hash_key,
 )
+from heteroflow.schemas.usage import UsageRow
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 
 KEY = "sk-test-retry-key-0001"
@@ -316,17 +324,55 @@ def test_a_connect_timeout_fails_over(make_gw: Callable[..., Gw], env: Env) -> N
 
 
 _MODELS = orjson.dumps({"object": "list", "data": [{"id": "engine-x"}]})
+_EVENT = (
+    b'data: {"id":"x-1","object":"chat.completion.chunk","created":1,"model":"engine-x",'
+    b'"choices":[{"index":0,"delta":{"role":"assistant","content":"par"},'
+    b'"finish_reason":null}]}\n\n'
+)
 
 
-class _TakesRequestsThenDies:
-    """Answers GET /v1/models; reads every POST whole, then closes the connection
-    without answering (``partial``: after the first bytes of a status line)."""
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with a TCP reset (SO_LINGER 0), as a killed process's kernel may."""
+    writer.get_extra_info("socket").setsockopt(
+        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+    )
+    writer.transport.abort()
 
-    def __init__(self, partial: bool) -> None:
-        self.partial = partial
+
+class _DyingEngine:
+    """A raw engine on the test loop. Answers GET /v1/models (and 404 to other GETs: the
+    load scrape); each POST is read whole, counted, then, by ``mode``:
+
+    * ``close`` / ``reset``: the connection closed (FIN) or reset (RST) at once with
+      nothing answered — an engine that died holding the request;
+    * ``held``: nothing until ``kill()``, then every held connection reset — a replica
+      killed under load;
+    * ``slow_close``: nothing for ``hold_s``, then a close;
+    * ``status``: the first bytes of a status line, then a close (an answer begun);
+    * ``event``: a stream's headers and first event, then a close (a stream begun);
+    * ``silent``: nothing at all (the gateway's read timeout ends it).
+    """
+
+    def __init__(self, mode: str, hold_s: float = 0.0) -> None:
+        self.mode = mode
+        self.hold_s = hold_s
         self.posts = 0
+        self.url = ""
+        self._killed: asyncio.Event | None = None
+        self._server: asyncio.Server | None = None
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def start(self) -> _DyingEngine:
+        self._killed = asyncio.Event()
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def kill(self) -> None:
+        assert self._killed is not None and self._server is not None
+        self._killed.set()
+        self._server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -347,41 +393,239 @@ class _TakesRequestsThenDies:
                     await writer.drain()
                     continue
                 self.posts += 1
-                if self.partial:
-                    writer.write(b"HTTP/1.1 2")
-                    await writer.drain()
+                await self._die(writer)
                 return
-        except asyncio.IncompleteReadError:
+        except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
 
+    async def _die(self, writer: asyncio.StreamWriter) -> None:
+        assert self._killed is not None
+        if self.mode == "reset":
+            _reset(writer)
+        elif self.mode == "held":
+            await self._killed.wait()
+            _reset(writer)
+        elif self.mode == "slow_close":
+            await asyncio.sleep(self.hold_s)
+        elif self.mode == "status":
+            writer.write(b"HTTP/1.1 2")
+        elif self.mode == "event":
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(_EVENT), _EVENT)
+            )
+        elif self.mode == "silent":
+            await self._killed.wait()
+        if self.mode in ("status", "event"):
+            await writer.drain()
 
-async def _start(srv: _TakesRequestsThenDies) -> asyncio.Server:
-    return await asyncio.start_server(srv.handle, "127.0.0.1", 0)
+
+@pytest.fixture
+def engine(env: Env) -> Iterator[Callable[..., _DyingEngine]]:
+    made: list[_DyingEngine] = []
+
+    def make(mode: str, hold_s: float = 0.0) -> _DyingEngine:
+        e = env.thread.call(_DyingEngine(mode, hold_s).start())
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        env.thread.call(e.kill())
+
+
+class _Rows:
+    async def write(self, rows: Sequence[UsageRow]) -> None:
+        raise AssertionError("not flushed in these tests")
+
+
+def _settled(usage: UsageCollector, requests: int) -> None:
+    """Usage is counted once the answer was sent: wait for it, then check it stays."""
+    for _ in range(200):
+        if usage.pending_requests >= requests:
+            break
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert usage.pending_requests == requests
+
+
+def _content(chunks: list[Any]) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("end", ["close", "reset"])
+def test_an_engine_that_died_holding_the_request_has_it_answered_by_another_replica(
+    env: Env,
+    make_gw: Callable[..., Gw],
+    engine: Callable[..., _DyingEngine],
+    end: str,
+    stream: bool,
+) -> None:
+    dies = engine(end)
+    clock = FakeClock(datetime(2026, 6, 1, 12, 0, tzinfo=UTC))
+    usage = UsageCollector(_Rows(), clock, interval_s=3600.0)
+    gw = make_gw(store=MemoryStore(), clock=clock, usage=usage)
+    gw.route(dies.url, env.b_url, rpm_limit=2)  # a fresh route: round robin starts at dies
+    client = gw.client()
+    before = len(env.b.received)
+
+    if stream:
+        chunks = list(_chat(client, "died", stream=True))
+        assert chunks[0].id.startswith("b-") and _content(chunks)
+    else:
+        assert _chat(client, "died").id.startswith("b-")
+    assert gw.attempts.of("died") == [dies.url, env.b_url]  # the dead one once, then b
+    assert dies.posts == 1 and len(env.b.received) == before + 1
+    assert gw.app.metrics.failovers == {dies.url: 1}
+    _settled(usage, 1)  # usage counts the request once
+
+    # M5: the dead replica is out of routing; the next request goes straight to b...
+    assert _chat(client, "next").id.startswith("b-")
+    assert gw.attempts.of("next") == [env.b_url]
+    assert gw.app.metrics.ejections == {dies.url: 1}
+    # ...and the rate limit counted the retried request once: 2 admitted, then 429
+    with pytest.raises(openai.RateLimitError):
+        _chat(client, "over")
+    _settled(usage, 2)
+    assert gw.served() == 2
+
+
+@pytest.mark.feature("M5")
+def test_a_replica_killed_under_load_has_every_request_it_held_answered_by_the_survivor(
+    env: Env, make_gw: Callable[..., Gw], engine: Callable[..., _DyingEngine]
+) -> None:
+    """The issue's case: ~100 requests in flight over two replicas, one killed while it
+    holds its share with nothing answered yet: every one is answered 200 by the survivor,
+    each sent to the dead replica once, and later requests are routed around it."""
+    dies = engine("held")
+    gw = make_gw()
+    gw.route(dies.url, env.b_url)
+    before = len(env.b.received)
+    n = 100
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(
+            base_url=gw.url,
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=30.0,
+            limits=httpx.Limits(max_connections=n),
+        ) as c:
+            sent = [
+                asyncio.create_task(
+                    c.post(
+                        "/chat/completions",
+                        json={"model": MODEL, "messages": [{"role": "user", "content": f"l-{i}"}]},
+                    )
+                )
+                for i in range(n)
+            ]
+            # every request either held by the doomed replica or answered by b: kill it
+            for _ in range(3000):
+                if dies.posts + len(env.b.received) - before >= n:
+                    break
+                await asyncio.sleep(0.01)
+            held = dies.posts
+            assert len(env.b.received) - before == n - held
+            env.thread.call(dies.kill())
+            return await asyncio.gather(*sent)
+
+    answers = asyncio.run(burst())
+    assert [r.status_code for r in answers] == [200] * n
+    assert all(r.json()["id"].startswith("b-") for r in answers)
+    per = gw.attempts.per_request()
+    held_tags = [t for t in per if per[t] == [dies.url, env.b_url]]
+    assert len(held_tags) == dies.posts >= n // 4  # round robin gave it its share
+    assert all(per[t] in ([env.b_url], [dies.url, env.b_url]) for t in per)
+    assert gw.app.metrics.failovers == {dies.url: dies.posts}
+    assert len(env.b.received) == before + n
+    # routed around while ejected (M5): nothing more reaches the dead replica
+    assert _chat(gw.client(), "after").id.startswith("b-")
+    assert gw.attempts.of("after") == [env.b_url]
 
 
 @pytest.mark.parametrize(
-    ("partial", "stream"),
-    [(False, False), (False, True), (True, False)],
-    ids=["request-read", "stream-request-read", "response-begun"],
+    ("mode", "stream"),
+    [("status", False), ("event", True)],
+    ids=["answer-begun", "stream-begun"],
 )
-def test_a_failure_after_the_request_was_sent_is_not_sent_elsewhere(
-    env: Env, make_gw: Callable[..., Gw], partial: bool, stream: bool
+def test_an_engine_that_died_mid_answer_is_not_sent_elsewhere(
+    env: Env,
+    make_gw: Callable[..., Gw],
+    engine: Callable[..., _DyingEngine],
+    mode: str,
+    stream: bool,
 ) -> None:
-    dies = _TakesRequestsThenDies(partial)
-    server = env.thread.call(_start(dies))
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    try:
-        gw = make_gw()
-        gw.route(url, env.b_url)  # a fresh route: round robin starts at the dying one
-        before = len(env.b.received)
+    dies = engine(mode)
+    gw = make_gw()
+    gw.route(dies.url, env.b_url)
+    before = len(env.b.received)
+    client = gw.client()
+    if stream:
+        got: list[Any] = []
+        with pytest.raises(openai.APIError, match="stream ended unexpectedly"):
+            for chunk in _chat(client, "once", stream=True):
+                got.append(chunk)
+        assert _content(got) == "par"  # the part that reached the client, then the error
+    else:
         with pytest.raises(openai.InternalServerError) as info:
-            _chat(gw.client(), "once", stream=stream)
+            _chat(client, "once")
         assert info.value.status_code == 502
-        assert len(env.b.received) == before  # the survivor received nothing
-        assert gw.attempts.of("once") == [url]
-        assert gw.app.metrics.failovers == {}
-        assert dies.posts == 1  # never resent, not even to the same backend
-    finally:
-        server.close()
+    assert len(env.b.received) == before  # the survivor received nothing
+    assert gw.attempts.of("once") == [dies.url]
+    assert gw.app.metrics.failovers == {}
+    assert dies.posts == 1  # never resent, not even to the same backend
+
+
+def test_a_silent_engine_times_out_and_is_not_sent_elsewhere(
+    env: Env, make_gw: Callable[..., Gw], engine: Callable[..., _DyingEngine]
+) -> None:
+    silent = engine("silent")
+    gw = make_gw(upstream_timeout_s=0.5)
+    gw.route(silent.url, env.b_url)
+    before = len(env.b.received)
+    with pytest.raises(openai.InternalServerError) as info:
+        _chat(gw.client(), "quiet")
+    assert info.value.status_code == 504  # it may still be generating: not run twice
+    assert gw.attempts.of("quiet") == [silent.url] and silent.posts == 1
+    assert len(env.b.received) == before and gw.app.metrics.failovers == {}
+
+
+@pytest.mark.parametrize("case", ["one-replica", "turned-off"])
+def test_with_no_other_replica_or_the_retry_off_a_dead_engine_is_a_502(
+    env: Env, make_gw: Callable[..., Gw], engine: Callable[..., _DyingEngine], case: str
+) -> None:
+    dies = engine("close")
+    gw = make_gw(retry_unanswered=case != "turned-off")
+    gw.route(*([dies.url] if case == "one-replica" else [dies.url, env.b_url]))
+    before = len(env.b.received)
+    with pytest.raises(openai.InternalServerError) as info:
+        _chat(gw.client(), "alone")
+    assert info.value.status_code == 502
+    assert isinstance(info.value.body, dict) and info.value.body["code"] == "upstream_error"
+    assert gw.attempts.of("alone") == [dies.url] and dies.posts == 1
+    assert len(env.b.received) == before and gw.app.metrics.failovers == {}
+
+
+def test_the_retry_waits_no_longer_than_the_request_deadline(
+    make_gw: Callable[..., Gw], engine: Callable[..., _DyingEngine]
+) -> None:
+    """The first replica dies 1 s into a request whose deadline is 1.6 s: the retry has
+    what is left (0.6 s), not a fresh 1.6 s, and its silent replica is not ejected for
+    a wait the first one used up."""
+    dies, silent = engine("slow_close", hold_s=1.0), engine("silent")
+    gw = make_gw(upstream_timeout_s=1.6)
+    gw.route(dies.url, silent.url)
+    began = time.monotonic()
+    with pytest.raises(openai.InternalServerError) as info:
+        _chat(gw.client(), "late")
+    took = time.monotonic() - began
+    assert info.value.status_code == 504
+    assert 1.5 <= took < 2.3  # not 1.0 + 1.6
+    # the second attempt was cut by the deadline inside ``open`` (the log notes returns)
+    assert gw.attempts.of("late") == [dies.url]
+    assert (dies.posts, silent.posts) == (1, 1)
+    assert gw.app.metrics.failovers == {dies.url: 1}
+    assert gw.app.metrics.ejections == {dies.url: 1}

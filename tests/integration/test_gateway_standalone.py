@@ -250,11 +250,12 @@ def test_the_all_in_one_builds_its_gateway_from_the_same_settings(tmp_path: Path
 
     settings = ServerSettings(
         data_dir=tmp_path, gateway_connect_retries=0, upstream_timeout_s=42.0,
-        gateway_auto_long_prompt_tokens=123,
+        gateway_auto_long_prompt_tokens=123, gateway_retry_unanswered=False,
     )
     app = ServerApp(settings)
     try:
         assert app.gateway._connect_retries == 0
+        assert app.gateway._retry_unanswered is False
         assert app.gateway._auto_long_prompt_tokens == 123
         assert app.gateway._upstream._read_timeout_s == 42.0
     finally:

@@ -1,12 +1,15 @@
 """The gateway's HTTP/1.1 client (``gateway.http_wire``) against real sockets on
 127.0.0.1: framing (length, chunked, until close, no body), keep-alive pooling and when a
 connection must not be pooled, the failure classes and whether each proves that nothing
-was sent (what failover and resends rest on: ``gateway.retry``), the silence timeout,
-back-pressure, and a cancelled caller closing the connection."""
+was sent or that nothing was answered (what failover and resends rest on:
+``gateway.retry``), the silence timeout, back-pressure, and a cancelled caller closing
+the connection."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -212,15 +215,56 @@ async def test_a_connect_timeout_proves_that_nothing_was_sent(
     assert err.value.nothing_sent and isinstance(err.value, TimeoutError)
 
 
-async def test_a_backend_that_reads_the_request_and_closes_is_not_proof() -> None:
+def _reset(w: asyncio.StreamWriter) -> None:
+    """Close with a TCP reset (SO_LINGER 0), as a killed process's kernel may."""
+    w.get_extra_info("socket").setsockopt(
+        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+    )
+    w.transport.abort()
+
+
+@pytest.mark.parametrize("end", ["close", "reset"])
+async def test_a_backend_that_reads_the_request_and_dies_provably_did_not_answer(
+    end: str,
+) -> None:
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await srv.read_request(r)  # read it, then die without a word
+        if end == "reset":
+            _reset(w)
 
     srv = _Server(handler)
     async with srv:
         with pytest.raises(wire.Disconnected) as err:
             await _pool().request(b"POST", srv.url + "/v1/chat/completions", b"{}")
-    assert not err.value.nothing_sent and srv.heads
+    # It may have read the request (never proof that nothing was sent), but nothing of
+    # an answer came back: gateway.retry may send it to another backend.
+    assert not err.value.nothing_sent and err.value.unanswered and srv.heads
+
+
+@pytest.mark.parametrize("end", ["close", "reset"])
+@pytest.mark.parametrize(
+    "said",
+    [b"HTTP/1.1 2", b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{\"id\""],
+    ids=["status-line-begun", "body-begun"],
+)
+async def test_a_backend_that_dies_mid_answer_answered_in_part(end: str, said: bytes) -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await srv.read_request(r)
+        w.write(said)
+        await w.drain()
+        await asyncio.sleep(0.1)  # the bytes reach the client before the end
+        if end == "reset":
+            _reset(w)
+
+    srv = _Server(handler)
+    async with srv:
+        with pytest.raises(wire.Disconnected) as err:
+            resp = await _pool().request(b"POST", srv.url + "/v1/chat/completions", b"{}")
+            try:
+                await resp.read()
+            finally:
+                resp.close()
+    assert not err.value.nothing_sent and not err.value.unanswered
 
 
 async def test_a_pooled_connection_the_backend_closed_is_not_used_again() -> None:
@@ -287,6 +331,7 @@ async def test_silence_times_out_but_a_slow_steady_stream_does_not() -> None:
         with pytest.raises(wire.ReadTimeout) as err:
             await pool.request(b"POST", srv.url + "/x", b"silent")
         assert not err.value.nothing_sent and isinstance(err.value, TimeoutError)
+        assert not err.value.unanswered  # a silence is no proof: it may be generating
         resp = await pool.request(b"POST", srv.url + "/x", b"steady")
         got = b"".join([chunk async for chunk in resp.iter_any()])
         resp.release()

@@ -1,22 +1,54 @@
-"""Failover of a request whose backend connection failed: the bound on attempts and the
-choice of the next backend (gateway.retry with the Balancer). Pure: no sockets. Which
-failures prove that nothing was sent is the wire client's, proven on real sockets in
+"""Failover of a request whose backend provably did not answer: the budgets and the
+deadline (``gateway.retry.Failovers``) and the choice of the next backend (with the
+Balancer). Pure: no sockets. Which failures prove that nothing was sent, or that nothing
+was answered, is the wire client's, proven on real sockets in
 tests/integration/test_http_wire.py."""
 
 from __future__ import annotations
 
 from heteroflow.gateway.balancing import Balancer
 from heteroflow.gateway.health import PassiveHealth
-from heteroflow.gateway.retry import may_fail_over, without
+from heteroflow.gateway.retry import Failovers, without
 from heteroflow.schemas.routing import Backend, RouteTarget
 
+DEADLINE = 100.0
 
-def test_at_most_max_retries_further_attempts_and_only_when_nothing_was_sent() -> None:
-    assert may_fail_over(nothing_sent=True, retries_done=0, max_retries=1)
-    assert not may_fail_over(nothing_sent=True, retries_done=1, max_retries=1)
-    assert not may_fail_over(nothing_sent=False, retries_done=0, max_retries=1)
-    assert not may_fail_over(nothing_sent=True, retries_done=0, max_retries=0)  # turned off
-    assert may_fail_over(nothing_sent=True, retries_done=1, max_retries=2)
+
+def _allow(f: Failovers, url: str, *, sent: bool, answered: bool = False, now: float = 0.0) -> bool:
+    return f.allow(url, nothing_sent=not sent, unanswered=sent and not answered, now=now)
+
+
+def test_at_most_connect_retries_further_attempts_when_nothing_was_sent() -> None:
+    f = Failovers(1, True, DEADLINE)
+    assert _allow(f, "a", sent=False)
+    assert not _allow(f, "b", sent=False)
+    assert f.tried == ["a", "b"]
+    assert not _allow(Failovers(0, True, DEADLINE), "a", sent=False)  # turned off
+    two = Failovers(2, False, DEADLINE)
+    assert _allow(two, "a", sent=False) and _allow(two, "b", sent=False)
+    assert not _allow(two, "c", sent=False)
+
+
+def test_a_request_sent_but_unanswered_goes_on_once_whatever_the_connect_budget() -> None:
+    f = Failovers(0, True, DEADLINE)
+    assert _allow(f, "a", sent=True)
+    assert not _allow(f, "b", sent=True)  # once per request
+    mixed = Failovers(1, True, DEADLINE)
+    assert _allow(mixed, "a", sent=False)  # refused: the connect budget
+    assert _allow(mixed, "b", sent=True)  # died holding it: its own budget
+    assert not _allow(mixed, "c", sent=False) and mixed.tried == ["a", "b", "c"]
+    assert not _allow(Failovers(1, False, DEADLINE), "a", sent=True)  # turned off
+
+
+def test_an_answer_begun_or_a_silence_is_never_sent_elsewhere() -> None:
+    # A partial answer (or a read timeout, which is neither nothing_sent nor unanswered)
+    assert not _allow(Failovers(3, True, DEADLINE), "a", sent=True, answered=True)
+
+
+def test_nothing_goes_on_once_the_request_deadline_passed() -> None:
+    assert _allow(Failovers(1, True, DEADLINE), "a", sent=True, now=DEADLINE - 0.001)
+    assert not _allow(Failovers(1, True, DEADLINE), "a", sent=True, now=DEADLINE)
+    assert not _allow(Failovers(1, True, DEADLINE), "a", sent=False, now=DEADLINE + 1)
 
 
 def _b(name: str, **kw: object) -> Backend:

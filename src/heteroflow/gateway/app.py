@@ -2,11 +2,12 @@
 
 Owns the request path of inference traffic: API-key check against the routing snapshot,
 model access check, backend choice (``balancing``), model-name remap to the backend's own
-model id, failover to another backend of the route when the connection to the chosen one
-could not be made (``retry``: at most once by default, and never once anything was sent),
-and a byte relay of the backend's answer (SSE chunk by chunk). No framework sits
-on this path, and nothing here logs per request at INFO, because the gateway's CPU cost per
-request is its throughput limit (see bench/gateway: a bare relay costs ~0.2 ms/request).
+model id, failover to another backend of the route when the chosen one provably did not
+answer (``retry``: its connection could not be made, or it closed before any byte of an
+answer; never once any answer began), and a byte relay of the backend's answer (SSE
+chunk by chunk). No framework sits on this path, and nothing here logs per request at
+INFO, because the gateway's CPU cost per request is its throughput limit (see
+bench/gateway: a bare relay costs ~0.2 ms/request).
 
 Paths: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
 ``GET /v1/models`` and ``GET /v1/models/{id}``. Anything else under ``/v1`` is an
@@ -32,7 +33,7 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, NamedTuple
 
 import orjson
@@ -76,7 +77,7 @@ from heteroflow.gateway.probes import (
 from heteroflow.gateway.requests import check as check_request
 from heteroflow.gateway.responses import CHAT_PATH, RESPONSES_PATH, to_chat
 from heteroflow.gateway.responses_adapter import ResponsesExit
-from heteroflow.gateway.retry import DEFAULT_CONNECT_RETRIES, may_fail_over, without
+from heteroflow.gateway.retry import DEFAULT_CONNECT_RETRIES, Failovers, without
 from heteroflow.gateway.store import GatewayStore, MemoryStore, open_store
 from heteroflow.gateway.upstream import Upstream, UpstreamFailure
 from heteroflow.gateway.usage import HttpUsageSink, Usage, UsageCollector, UsageTracker
@@ -199,6 +200,7 @@ class GatewayApp:
         scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
         auto_long_prompt_tokens: int = DEFAULT_LONG_PROMPT_TOKENS,
         connect_retries: int = DEFAULT_CONNECT_RETRIES,
+        retry_unanswered: bool = True,
         store: GatewayStore | None = None,
         clock: Clock | None = None,
         link: ServerLink | None = None,
@@ -216,6 +218,11 @@ class GatewayApp:
         # How many other backends a request may be sent on to when the connection to its
         # backend failed before anything was sent (gateway.retry); 0 turns failover off.
         self._connect_retries = connect_retries
+        # Whether a request whose engine closed the connection before any byte of an
+        # answer is sent once to another backend (gateway.retry), within the request's
+        # deadline: upstream_timeout_s from its first send.
+        self._retry_unanswered = retry_unanswered
+        self._upstream_timeout_s = upstream_timeout_s
         # M8 limits and M9 idempotency keys: in memory, or shared through Redis
         # (store.RedisStore); closed with the app.
         self._store: GatewayStore = store or MemoryStore()
@@ -294,6 +301,7 @@ class GatewayApp:
             scrape_interval_s=settings.gateway_scrape_interval_s,
             auto_long_prompt_tokens=settings.gateway_auto_long_prompt_tokens,
             connect_retries=settings.gateway_connect_retries,
+            retry_unanswered=settings.gateway_retry_unanswered,
             store=open_store(settings.redis_url, settings.redis_key_prefix),
             clock=clock,
             link=link,
@@ -553,8 +561,8 @@ class GatewayApp:
     async def _relay_and_settle(
         self, scope: Scope, receive: Receive, call: _Call, send: _Exchange, path: str
     ) -> None:
-        """Send (failing over when nothing was sent), relay the answer, and settle usage,
-        limits and the idempotency record once, whatever happened."""
+        """Send (failing over when the backend provably did not answer), relay the answer,
+        and settle usage, limits and the idempotency record once, whatever happened."""
         body, model, targets, balancer = call.body, call.model, call.targets, self._balancer
         upstream = path if call.responses is None else CHAT_PATH  # M14: chat answers it
         backend = call.backend
@@ -588,25 +596,36 @@ class GatewayApp:
         balancer.acquire(backend)
         watcher = asyncio.create_task(_watch_disconnect(receive, task, watch))
         try:
-            tried: list[str] | None = None  # backends whose connection failed (failover)
+            started = time.monotonic()  # the request's deadline counts from its first send
+            failovers: Failovers | None = None  # made at the first failure (gateway.retry)
             while True:
-                resp = await self._send(backend, scope, upstream, body, model, call.raw, dirty)
+                attempt = self._send(backend, scope, upstream, body, model, call.raw, dirty)
+                resp = await (attempt if failovers is None else _by(failovers.deadline, attempt))
+                if resp is None:  # a failover's answer did not come by the request's deadline
+                    watch.finished = True  # (not that backend's fault: it is not ejected)
+                    await errors.send_error(send, errors.upstream_timeout())
+                    return
                 if not isinstance(resp, UpstreamFailure):
                     break
                 self._eject(backend.base_url)  # unreachable, reset or timed out
-                if tried is None:
-                    tried = [backend.base_url]
-                else:
-                    tried.append(backend.base_url)
-                # Another backend of the route only when nothing was sent (gateway.retry):
-                # admission, idempotency and usage still count it once.
+                if failovers is None:
+                    failovers = Failovers(
+                        self._connect_retries,
+                        self._retry_unanswered,
+                        started + self._upstream_timeout_s,
+                    )
+                # Another backend of the route only when this one provably did not answer
+                # (gateway.retry): admission, idempotency and usage still count it once.
                 other: Backend | None = None
-                if may_fail_over(
+                if failovers.allow(
+                    backend.base_url,
                     nothing_sent=resp.nothing_sent,
-                    retries_done=len(tried) - 1,
-                    max_retries=self._connect_retries,
+                    unanswered=resp.unanswered,
+                    now=time.monotonic(),
                 ):
-                    other = balancer.choose(without(targets, tried), call.pin, fail_open=False)
+                    other = balancer.choose(
+                        without(targets, failovers.tried), call.pin, fail_open=False
+                    )
                 if other is None:
                     watch.finished = True
                     await errors.send_error(send, resp.error)
@@ -916,6 +935,19 @@ async def _relay_assembled(
         return _Relayed(True, False)
     await errors.send_json(send, 200, data)
     return _Relayed(True, False)
+
+
+async def _by(
+    deadline: float, attempt: Awaitable[Response | UpstreamFailure]
+) -> Response | UpstreamFailure | None:
+    """A failover's attempt, its answer's headers due by ``deadline`` (``time.monotonic()``,
+    the request's: ``gateway.retry``); None when they did not come by then (the connection
+    is closed, which tells the engine to stop)."""
+    try:
+        async with asyncio.timeout(deadline - time.monotonic()):
+            return await attempt
+    except TimeoutError:
+        return None
 
 
 async def _as_chat(call: _Call, send: Send) -> bool:

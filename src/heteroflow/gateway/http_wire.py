@@ -17,9 +17,13 @@ that no byte of the request reached the backend):
   route, DNS, TLS handshake; or the connect timeout): nothing sent;
 * ``Unwritten`` — the pooled connection was found closed by the peer before the request
   was written: nothing sent, and the caller may resend on a fresh connection;
-* ``Disconnected`` — the connection closed after the request was written, before the
-  answer was complete (a backend that died, or one that closed an idle connection as it
-  was reused: the two cannot be told apart);
+* ``Disconnected`` — the connection closed (FIN or reset) after the request was
+  written, before the answer was complete (a backend that died, or one that closed an
+  idle connection as it was reused: the two cannot be told apart). ``unanswered`` says
+  whether no byte of an answer had arrived by then: the backend may have read the
+  request, but it provably answered nothing (the gateway may then send the request to
+  *another* backend once, ``gateway.retry``); any byte of the answer, and it is a partial
+  answer that is never sent again;
 * ``ReadTimeout`` (a ``TimeoutError``) — the backend was silent for ``read_timeout_s``
   while an answer was due;
 * ``BadAnswer`` — what came back was not an HTTP/1.1 answer llhttp could read.
@@ -49,9 +53,12 @@ _TARGET_CACHE_MAX = 4096
 
 
 class WireError(Exception):
-    """A request to a backend failed; ``nothing_sent``: no byte of it can have arrived."""
+    """A request to a backend failed; ``nothing_sent``: no byte of it can have arrived;
+    ``unanswered``: the connection ended before any byte of an answer arrived (it may
+    have been read: only a ``Disconnected`` can say so, a silence never does)."""
 
     nothing_sent = False
+    unanswered = False
 
 
 class ConnectFailed(WireError):
@@ -78,6 +85,10 @@ class Unwritten(WireError):
 
 class Disconnected(WireError):
     """The connection closed after the request was written, before the answer ended."""
+
+    def __init__(self, reason: str, *, unanswered: bool = False) -> None:
+        super().__init__(reason)
+        self.unanswered = unanswered
 
 
 class ReadTimeout(WireError, TimeoutError):
@@ -258,6 +269,7 @@ class _Conn(asyncio.Protocol):
         self._timeout_s = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._framed = False  # the answer has a Content-Length or is chunked
+        self._heard = False  # a byte of the current request's answer arrived
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -270,6 +282,7 @@ class _Conn(asyncio.Protocol):
             self.abort()
             return
         self._last = self._loop.time()
+        self._heard = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -289,7 +302,10 @@ class _Conn(asyncio.Protocol):
             # a body delimited by the connection's end (HTTP/1.0 style): complete now
             self._end_message(resp)
             return
-        resp._fail(Disconnected("the backend closed the connection"))
+        if self._heard:
+            resp._fail(Disconnected("the backend closed the connection mid-answer"))
+        else:
+            resp._fail(Disconnected("the backend closed before answering", unanswered=True))
 
     # -- httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -333,6 +349,7 @@ class _Conn(asyncio.Protocol):
         self.resp = resp
         self._keep_alive = True
         self._framed = False
+        self._heard = False
         self._timeout_s = timeout_s
         now = self._last = self._loop.time()
         self._timer = self._loop.call_at(now + timeout_s, self._check_silence)

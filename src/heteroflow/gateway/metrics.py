@@ -19,8 +19,8 @@ Series:
   heteroflow_gateway_tokens_total{model,kind}            counter, kind prompt|completion
   heteroflow_gateway_ejections_total{backend}            counter (passive health, M5)
   heteroflow_gateway_failovers_total{backend}            counter: requests sent on to
-                                                           another backend after the
-                                                           connection to this one failed
+                                                           another backend after this
+                                                           one provably did not answer
   heteroflow_gateway_held_requests{model}                gauge: requests held now for a
                                                            sleeping model to wake (F6;
                                                            a model's series appears at
@@ -157,7 +157,7 @@ class GatewayMetrics:
             out.append(f'heteroflow_gateway_ejections_total{{backend="{_esc(backend)}"}} {n}')
         out += [
             "# HELP heteroflow_gateway_failovers_total Requests sent on to another backend "
-            "after the connection to this one failed (nothing had been sent).",
+            "after this one provably did not answer (no connection, or closed before any answer).",
             "# TYPE heteroflow_gateway_failovers_total counter",
         ]
         for backend, n in sorted(self.failovers.items()):

@@ -8,9 +8,10 @@ routes and relays:
   a connect timeout, and a silence timeout while an answer is due;
 * ``open()``: send one request, mapping failures to OpenAI-shaped 502/504 errors,
   marked when no byte of the request left (the connection could not be made, or a
-  pooled one was found closed before the write: the app may send the request to another
-  backend, see ``gateway.retry``); resent once, on a fresh connection to the same
-  backend, only in that second case (``http_wire.Unwritten``);
+  pooled one was found closed before the write) or when the connection ended before
+  any byte of an answer (the app may send the request to another backend, see
+  ``gateway.retry``); resent once, on a fresh connection to the same backend, only
+  when the pooled connection was found closed before the write (``http_wire.Unwritten``);
 * connection hygiene: llama.cpp's server (cpp-httplib) closes the connection after
   every streamed answer although its headers promise keep-alive
   (``Keep-Alive: timeout=5, max=100``). Pooled, the next request on it fails (the 502s
@@ -52,9 +53,9 @@ logger = logging.getLogger(__name__)
 
 # uvicorn (so vLLM) and llama.cpp close idle keep-alive connections after 5 s; dropping
 # ours sooner means we rarely send on a connection the backend is closing. What is left
-# of that race is resent when provably unwritten (``open``), else answered 502, which
-# OpenAI's SDKs retry: a resend could not tell it from a backend that read the request
-# and died, and would run a generation twice.
+# of that race is resent when provably unwritten (``open``); once written, it cannot be
+# told from a backend that read the request and died: never resent to the same backend,
+# sent once to another when nothing of an answer came back (``gateway.retry``).
 _KEEPALIVE_S = 4.0
 _MODELS_LOOKUP_TIMEOUT_S = 10.0
 _FORWARD_HEADERS = b"Content-Type: application/json\r\n"
@@ -66,11 +67,13 @@ _CLOSE = b"Connection: close\r\n"
 
 
 class UpstreamFailure(NamedTuple):
-    """Why ``open()`` got no response: the error to answer, and whether it is certain
-    that no byte of the request left (the connection could not be made)."""
+    """Why ``open()`` got no response: the error to answer, whether it is certain that
+    no byte of the request left (the connection could not be made), and whether the
+    connection ended before any byte of an answer came back (``gateway.retry``)."""
 
     error: errors.OpenAIError
     nothing_sent: bool
+    unanswered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +144,8 @@ class Upstream:
         request was written: ``http_wire.Unwritten``), once, on a fresh connection.
         Otherwise never: once the request may have been written, a second send could run
         a generation twice (issue 10). A connection that could not be made (nothing
-        sent) is marked so the app may try another backend.
+        sent), or that ended before any byte of an answer (``unanswered``), is marked
+        so the app may try another backend.
         """
         pool = self._state().pool
         close = stream and backend.base_url in self._closes_streams
@@ -265,11 +269,13 @@ def _failure(exc: WireError, backend: Backend) -> UpstreamFailure:
         logger.warning("%s: cannot connect: %s", where, exc)
     elif isinstance(exc, ReadTimeout):
         logger.warning("%s: timed out", where)
+    elif exc.unanswered:
+        logger.warning("%s: connection lost before any answer", where)
     else:
         logger.warning("%s: connection lost: %s", where, type(exc).__name__)
     timed_out = isinstance(exc, TimeoutError)
     error = errors.upstream_timeout() if timed_out else errors.upstream_error()
-    return UpstreamFailure(error, exc.nothing_sent)
+    return UpstreamFailure(error, exc.nothing_sent, exc.unanswered)
 
 
 def _close_state(st: _LoopState) -> None:
