@@ -382,7 +382,8 @@ def test_an_engine_listens_on_the_nodes_private_loopback(
 def test_the_engine_key_reaches_the_engine_in_its_environment_only(
     config: NodeConfig, tmp_path: Path
 ) -> None:
-    t = assignment().model_copy(update={"engine_key": "hfe-secret"})
+    # a task's own value for the variable is dropped: only the agent sets it
+    t = assignment(env=["LLAMA_API_KEY=mine"]).model_copy(update={"engine_key": "hfe-secret"})
     spec = build_launch(t, config, cpu_threads=0, log_dir=tmp_path)
     assert spec.env["LLAMA_API_KEY"] == "hfe-secret"
     assert not any("hfe-secret" in a for a in spec.argv)

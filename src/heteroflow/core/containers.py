@@ -23,6 +23,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from heteroflow.core.engine_access import KEY_ENV
+
 DATA_MODELS = "/data/models"
 SHM_SIZE = "16g"
 VLLM_FAMILY = frozenset({"vllm", "vllm-mtt"})
@@ -43,7 +45,7 @@ AGENT_OWNED_ENV = frozenset(
         "HETEROFLOW_TASK_NAME",
         "VLLM_SERVER_DEV_MODE",
     }
-)
+) | frozenset(KEY_ENV.values())  # C14: the engine's key, which only the agent sets
 
 # Never settable by a user, whatever an operator adds to the allow-list: the dynamic
 # loader, interpreter start-up hooks (a Python, Perl, Ruby, Node, JVM or shell that
