@@ -104,8 +104,11 @@ def test_an_operator_extends_the_env_allow_list_by_setting(api: Api) -> None:
 
 
 def test_work_that_needs_a_container_never_lands_on_a_process_runtime_node(api: Api) -> None:
-    """Attack: a ``container`` task's command ran on the host as root under ``up``. The
-    scheduler keeps it pending with a reason naming the runtime; a Docker node takes it."""
+    """Attack: a ``container`` task's command ran on the host as root under ``up``. Where
+    every node the member may use runs the process runtime, the create (and its dry run)
+    refuses it with 400 naming the field (issue 26: not a 201 that waits for ever); with a
+    Docker node registered it is accepted, and the scheduler never places it on the
+    process-runtime node (the reason names the runtime)."""
     admin = api.login()
     member = api.member(admin, "tn-b", "bob")
     r = api.client.post(
@@ -126,15 +129,23 @@ def test_work_that_needs_a_container_never_lands_on_a_process_runtime_node(api: 
         "task": {"image": "busybox:1.36", "command": ["/bin/sh", "-c", "id; env"],
                  "gpu_required": 0},
     }
+    for url in ("/api/v1/task-groups?dry_run=true", "/api/v1/task-groups"):
+        got = api.client.post(url, json=body, headers=member)
+        assert got.status_code == 400, got.text
+        err = got.json()["error"]
+        assert err["field"] == "task.command" and "process runtime" in err["message"], err
+    assert api.client.get("/api/v1/task-groups", headers=member).json() == []
+    api.heartbeat("docker-node", memory_mb=4096)  # the test helper's nodes run Docker
+    plan = api.client.post("/api/v1/task-groups?dry_run=true", json=body, headers=member).json()
+    assert plan["tasks"][0]["placement"]["node_name"] == "docker-node"
     g = api.client.post("/api/v1/task-groups", json=body, headers=member).json()
+    # the Docker node is full: the task waits, and the process node says why not there
+    api.heartbeat("docker-node", memory_mb=0)
     api.app.scheduler.run_round()
     t = api.client.get(f"/api/v1/tasks/{g['tasks'][0]['id']}", headers=member).json()
     assert t["status"] == "pending"
     assert "process runtime" in t["status_message"], t["status_message"]
-    # the dry run says the same before anything is written
-    plan = api.client.post("/api/v1/task-groups?dry_run=true", json=body, headers=member).json()
-    assert "process runtime" in plan["tasks"][0]["pending_reason"]
-    api.heartbeat("docker-node")  # the test helper's nodes run the Docker runtime
+    api.heartbeat("docker-node")
     api.app.scheduler.run_round()
     t = api.client.get(f"/api/v1/tasks/{g['tasks'][0]['id']}", headers=member).json()
     assert t["status"] == "scheduled" and t["node_id"] != r.json()["node_id"]

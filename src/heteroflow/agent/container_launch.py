@@ -26,11 +26,11 @@ from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.engine_door import DoorKeeper
 from heteroflow.agent.engine_probe import VERSION_LABEL, kv_offload_check
 from heteroflow.agent.inventory import GpuCard, NodeInventory
-from heteroflow.agent.models import DATA_MODELS, ModelPathError, check_allowed
+from heteroflow.agent.models import DATA_MODELS, THIS_NODE, ModelPathError, check_allowed
 from heteroflow.agent.runtime.protocol import LaunchFailed
-from heteroflow.core.containers import ContainerPlan
+from heteroflow.core.containers import MODEL_IN_IMAGE, ContainerPlan
 from heteroflow.core.engine_access import key_env
-from heteroflow.core.paths import task_roots
+from heteroflow.core.paths import VolumeRule, model_path_refusal, task_roots
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.core.recipe import NodeShape, TaskShape, container_plan
 from heteroflow.private_files import private_dir, private_file
@@ -38,18 +38,23 @@ from heteroflow.schemas.nodes import TaskAssignment
 
 
 def _check_model(t: TaskAssignment, config: NodeConfig) -> None:
-    if not t.model_path or t.engine == "trtllm":
+    """C4 on the node: first the rule create and dry run applied (``model_path_refusal``,
+    one function), then what needs this node's files."""
+    rule = VolumeRule(config.allowed_volume_prefixes, config.denied_volume_prefixes)
+    problem = model_path_refusal(
+        t.model_path, engine=t.engine, custom_command=bool(t.command), rules=[rule],
+        scope=THIS_NODE,
+    )
+    if problem:
+        raise LaunchFailed(problem)
+    if not t.model_path or t.engine in MODEL_IN_IMAGE:
         return  # TensorRT-LLM's engine directory lives in its image
     if os.path.isabs(t.model_path):
         try:
-            real = check_allowed(
-                Path(t.model_path), config.allowed_volume_prefixes, config.denied_volume_prefixes
-            )
+            real = check_allowed(Path(t.model_path), rule.allowed, rule.denied)
         except ModelPathError as exc:
             raise LaunchFailed(str(exc)) from exc
     else:
-        if ".." in Path(t.model_path).parts:
-            raise LaunchFailed(f"relative model path {t.model_path!r} may not contain '..'")
         real = DATA_MODELS / t.model_path.strip("/")
         ok = (real / "config.json").is_file() or real.is_file() or any(real.glob("*.gguf"))
         if not ok:

@@ -1,8 +1,10 @@
 """Where a task's model lives on this node (FEATURES C4, process-runtime form).
 
-Absolute paths must sit under one of the node's allowed volume prefixes and under none
-of its denied ones — compared on path-segment boundaries after resolving symlinks and
-``..`` — and nothing outside the allow-list is even probed. A relative name is looked
+First the rule create and dry run applied (``core.paths.model_path_refusal``: the form,
+the engine's, the volume rule on the path as written), then on the real path: absolute
+paths must sit under one of the node's allowed volume prefixes and under none of its
+denied ones — compared on path-segment boundaries after resolving symlinks — and
+nothing outside the allow-list is even probed. A relative name is looked
 up as ``{dir}/{name}`` or ``{dir}/{name}.gguf`` in the allowed dirs and /data/models.
 A directory resolves to the GGUF inside it (the first shard of a split model).
 """
@@ -13,9 +15,10 @@ import os
 from pathlib import Path
 
 from heteroflow.core import containers
-from heteroflow.core.paths import inside, model_path_problem
+from heteroflow.core.paths import VolumeRule, inside, model_path_refusal
 
 DATA_MODELS = Path(containers.DATA_MODELS)  # one definition: core.containers
+THIS_NODE = "of this node"  # whose volume rule the agent's refusals name
 
 
 class ModelPathError(Exception):
@@ -46,20 +49,21 @@ def _gguf_in(directory: Path) -> Path:
 def resolve_model_file(
     model_path: str, allowed: tuple[str, ...], denied: tuple[str, ...]
 ) -> Path:
-    if not model_path:
-        raise ModelPathError("the task has no model_path")
-    if "\x00" in model_path:
-        raise ModelPathError("model path may not contain a NUL character")
-    if os.path.isabs(model_path):  # '..' is resolved by realpath before the comparison
+    """The model file the process runtime (llama.cpp only) starts from; ModelPathError
+    with the reason the task fails with."""
+    problem = model_path_refusal(
+        model_path, engine="llamacpp", custom_command=False,
+        rules=[VolumeRule(allowed, denied)], scope=THIS_NODE,
+    )
+    if problem:
+        raise ModelPathError(problem)
+    if os.path.isabs(model_path):  # the lexical rule held: now the real path (symlinks)
         real = check_allowed(Path(model_path), allowed, denied)
         if real.is_dir():
             return _gguf_in(real)
         if not real.is_file():
             raise ModelPathError(f"model path {model_path!r} does not exist on this node")
         return real
-    problem = model_path_problem(model_path)  # the server's rule: no '..' in a name
-    if problem:
-        raise ModelPathError(f"relative model path {model_path!r}: {problem}")
     for base in (*allowed, str(DATA_MODELS)):
         for candidate in (Path(base) / model_path, Path(base) / f"{model_path}.gguf"):
             if candidate.exists():

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from heteroflow.core.engine_access import KEY_ENV
 
 DATA_MODELS = "/data/models"
+# engines whose model_path names a directory inside their image, never a host path
+MODEL_IN_IMAGE = frozenset({"trtllm"})
 SHM_SIZE = "16g"
 VLLM_FAMILY = frozenset({"vllm", "vllm-mtt"})
 
@@ -319,7 +321,7 @@ def container_env(
 
 def model_mount(model_path: str, engine: str) -> tuple[Mount | None, str]:
     """(mount, the path the engine is given). TensorRT-LLM's engine dir is in its image."""
-    if not model_path or engine == "trtllm":
+    if not model_path or engine in MODEL_IN_IMAGE:
         return None, model_path
     if os.path.isabs(model_path):
         norm = os.path.normpath(model_path)

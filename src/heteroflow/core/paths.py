@@ -14,20 +14,33 @@ Which directories a task mounts (``task_roots``):
   relative model name is looked for under ``/data/models`` by the server, while the
   agent uses the folder of the file it actually resolved.
 
-A model path (``volume_allows``): an absolute one must lie inside one of the node's
-allowed volume prefixes and inside none of its denied ones. The server checks it at
-create against the prefixes the nodes report, before any file is read; the agent checks
-it again on the real path before it opens anything.
+A model path: ``model_path_refusal`` is every refusal that needs none of the node's
+files — its form, the engine's rules and the volume rule (``volume_allows``: an absolute
+path inside one of the node's allowed volume prefixes, inside none of its denied ones).
+Create and dry run call it with the rules of the nodes the caller may use, before any
+file is read or anything written; the agent calls it with its own rule before it looks
+at the disk, then checks what needs the files (symlinks on ``realpath``, existence, the
+GGUF inside a folder). One function, so the two cannot disagree (issue 26).
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from heteroflow.core.containers import DATA_MODELS, model_mount
+from heteroflow.core.containers import DATA_MODELS, MODEL_IN_IMAGE, model_mount
 
 MAX_PATH_BYTES = 4096
+MAX_SEGMENT_BYTES = 255  # NAME_MAX: a longer name is an OS error on every Linux filesystem
+MAX_PREFIXES_SHOWN = 20
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# weights llama.cpp cannot load (it reads one GGUF file, or the folder it is in)
+NOT_GGUF = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".h5", ".msgpack",
+            ".json")
+GGUF_ONLY = frozenset({"llamacpp"})
 
 
 def normalize(path: str) -> str:
@@ -66,17 +79,116 @@ def inside(path: str, roots: Iterable[str]) -> bool:
 
 
 def model_path_problem(path: str) -> str | None:
-    """Why a task's ``model_path`` is refused by its form, or None (C4; issue 10).
+    """Why a ``model_path`` is refused by its form alone, or None (C4; issues 10, 26).
 
-    Absolute or relative (a name under /data/models on the node), it may hold no NUL
-    and no ``..`` segment: a path that climbs out of a prefix is refused, not resolved.
+    Absolute or relative (a name the node looks up in its model directories): no NUL or
+    other control character, no ``..`` segment (a path that climbs out of a prefix is
+    refused, not resolved), at most 4096 bytes with no name over 255 (the node's
+    filesystem would answer an OS error), no whitespace at either end, no URL (the node
+    reads files; it downloads nothing), no ``~`` (nothing expands it), and a relative
+    name must name something inside the model directory, not the directory itself.
     """
     if "\x00" in path:
         return "model_path may not contain a NUL character"
+    control = _CONTROL.search(path)
+    if control:
+        return f"model_path may not contain a control character (U+{ord(control[0]):04X})"
     if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
         return f"model_path is longer than {MAX_PATH_BYTES} bytes"
-    if ".." in path.split("/"):
+    segments = path.split("/")
+    if ".." in segments:
         return "model_path may not contain a '..' segment"
+    if any(len(p.encode("utf-8", "surrogatepass")) > MAX_SEGMENT_BYTES for p in segments):
+        return f"model_path has a name longer than {MAX_SEGMENT_BYTES} bytes"
+    if path != path.strip():
+        return "model_path may not start or end with whitespace"
+    if _URL.match(path):
+        return (
+            "model_path is a URL; the node reads model files, it downloads nothing: put "
+            "the model in a model directory and name its path"
+        )
+    if path.startswith("~"):
+        return "model_path may not start with '~' (nothing expands it): give an absolute path"
+    if path and not path.startswith("/") and posixpath.normpath(path) == ".":
+        return "model_path names the model directory itself: name a model file or folder in it"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeRule:
+    """One node's C4 volume rule, as its agent reports it in the heartbeat."""
+
+    allowed: tuple[str, ...]
+    denied: tuple[str, ...] = ()
+
+
+def _volume_refusal(path: str, rules: Sequence[VolumeRule], scope: str) -> str | None:
+    if any(volume_allows(path, r.allowed, r.denied) for r in rules):
+        return None
+    if not rules:
+        return (
+            f"model_path {path!r}: no node you may use has registered yet, so no node "
+            "allows an absolute model path; start an agent with allowed_volume_prefixes, "
+            "or give a model name under /data/models"
+        )
+    offered = sorted({normalize(p) for r in rules for p in r.allowed if p.startswith("/")})
+    denied = sorted({normalize(p) for r in rules for p in r.denied if p.startswith("/")})
+    if any(inside(path, r.allowed) for r in rules):
+        shown = ", ".join(denied[:MAX_PREFIXES_SHOWN])
+        return f"model_path {path!r} is under a denied volume prefix {scope}: {shown}"
+    shown = ", ".join(offered[:MAX_PREFIXES_SHOWN]) or "none"
+    if len(offered) > MAX_PREFIXES_SHOWN:
+        shown += f" and {len(offered) - MAX_PREFIXES_SHOWN} more"
+    except_ = f" (except under {', '.join(denied[:MAX_PREFIXES_SHOWN])})" if denied else ""
+    return (
+        f"model_path {path!r} is outside the allowed volume prefixes {scope}; "
+        f"allowed: {shown}{except_}"
+    )
+
+
+def model_path_refusal(
+    path: str,
+    *,
+    engine: str,
+    custom_command: bool,
+    rules: Sequence[VolumeRule],
+    scope: str = "of every node you may use",
+) -> str | None:
+    """Why ``path`` cannot run, as far as it can be told without the node's files; None
+    when only the node's files can tell (issue 26: one decision for create, dry run and
+    the agent).
+
+    ``engine``: the resolved engine ("" when a node's chain picks it later: its rules
+    wait for the node); ``custom_command``: the task's own command starts it, so no
+    engine rule applies; ``rules``: the volume rules of the nodes that may run it (the
+    server: those the caller may use, offline ones too; the agent: its own), ``scope``
+    says which in the message. An engine whose model lies in its image (TensorRT-LLM)
+    needs an absolute path there, and no host rule applies to it.
+    """
+    if not path:
+        if engine and not custom_command:
+            return (
+                f"no model_path: engine {engine} starts from a model; give task.model_path "
+                "(or a custom task.command)"
+            )
+        return None
+    problem = model_path_problem(path)
+    if problem:
+        return problem
+    if engine in MODEL_IN_IMAGE:
+        if not path.startswith("/"):
+            return (
+                f"engine {engine} serves the engine directory inside its image: model_path "
+                "must be its absolute path there"
+            )
+        return None
+    if engine in GGUF_ONLY and not custom_command and path.lower().endswith(NOT_GGUF):
+        return (
+            f"engine {engine} loads GGUF models only; {posixpath.basename(path)!r} is not "
+            "one: name a .gguf file (the first shard of a split model) or its folder"
+        )
+    if path.startswith("/"):
+        return _volume_refusal(path, rules, scope)
     return None
 
 

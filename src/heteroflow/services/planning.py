@@ -3,6 +3,9 @@
 ``plan_group`` checks every rule that needs no write (priority ceiling, the model path
 against the nodes' volume rules, engine, shape, ports, health check, kv offload,
 endpoint-name clash, the create-time memory precheck) and returns the derived values;
+``check_task`` is its part about one task's intent, which an update (services/rollout.py)
+asks of its new generation too — the same rule, so an update that cannot run is refused
+at the request as its create would be (issue 26);
 ``check_quota`` asks the tenant's quotas about the plan (when dedup reuses nothing);
 ``create_group`` writes them and ``dry_run`` shows them. Both plan on the one read
 model of the fleet (``services.fleet.read_fleet``, online by ``node_offline_after_s``):
@@ -19,7 +22,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from heteroflow.core.containers import DEFAULT_ENV_ALLOW, env_problem, needs_container
+from heteroflow.core.containers import (
+    DEFAULT_ENV_ALLOW,
+    MODEL_IN_IMAGE,
+    env_problem,
+    needs_container,
+)
 from heteroflow.core.engines import (
     CPU_CAPABLE,
     ENGINES,
@@ -32,13 +40,13 @@ from heteroflow.core.engines.selection import NodeEngines
 from heteroflow.core.engines.templates import Template, inference_templates
 from heteroflow.core.errors import Conflict, ValidationFailed
 from heteroflow.core.estimate import MemoryEstimate
-from heteroflow.core.paths import model_path_problem, normalize, volume_allows
+from heteroflow.core.paths import VolumeRule, model_path_refusal
 from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
 from heteroflow.core.ports import PortMapping, host_ports
 from heteroflow.core.quotas import new_service, task_usage
 from heteroflow.db.tables import InferenceEndpoint, Tenant
 from heteroflow.models.estimate import estimate_model_path
-from heteroflow.schemas.task_groups import HealthCheckIn, TaskGroupCreate
+from heteroflow.schemas.task_groups import HealthCheckIn, TaskGroupCreate, TaskSpec
 from heteroflow.services import quotas
 from heteroflow.services.auth import Principal
 from heteroflow.services.fleet import Fleet, engines_of
@@ -132,16 +140,16 @@ def _replica_shape(req: TaskGroupCreate, task_type: str) -> tuple[int, int]:
     return 1, req.task.gpu_required
 
 
-def _check_kv_offload(req: TaskGroupCreate, engine: str, task_type: str) -> None:
+def _check_kv_offload(spec: TaskSpec, parallelism: str, engine: str, task_type: str) -> None:
     """C12, API side: vLLM inference only, no pipeline, no custom command."""
-    if not req.task.kv_offload_gb:
+    if not spec.kv_offload_gb:
         return
     why = ""
     if task_type != "inference":
         why = f"it is for inference services, not {task_type}"
-    elif req.parallelism == "pipeline":
+    elif parallelism == "pipeline":
         why = "pipeline parallelism does not support it"
-    elif req.task.command:
+    elif spec.command:
         why = "a custom command sets its own engine flags"
     elif engine not in KV_OFFLOAD_ENGINES:
         why = f"only vLLM supports it; the engine is {engine or 'not resolved (name it)'}"
@@ -149,9 +157,8 @@ def _check_kv_offload(req: TaskGroupCreate, engine: str, task_type: str) -> None
         raise ValidationFailed(f"kv_offload_gb: {why}", field="task.kv_offload_gb")
 
 
-def _check_fields(req: TaskGroupCreate, who: Principal, engine: str, task_type: str,
-                  gpus: int, container_ports: list[int], env_allow: Sequence[str]) -> None:
-    spec = req.task
+def _check_fields(spec: TaskSpec, parallelism: str, engine: str, task_type: str, gpus: int,
+                  env_allow: Sequence[str]) -> None:
     if task_type == "inference" and not spec.model_path and not spec.command:
         raise ValidationFailed(
             "an inference service needs task.model_path (or a custom task.command); "
@@ -164,12 +171,12 @@ def _check_fields(req: TaskGroupCreate, who: Principal, engine: str, task_type: 
             f"can do; engine is {engine or 'unresolved'}",
             field="task.gpu_required",
         )
-    if engine in ENGINES and not spec.command and req.parallelism not in ENGINES[engine].shapes:
+    if engine in ENGINES and not spec.command and parallelism not in ENGINES[engine].shapes:
         # G2: the engine has no shape for it (MindIE, llama.cpp, TensorRT-LLM: no pipeline);
         # refused here for every task type, not later by the agent's command builder
         shapes = ", ".join(sorted(ENGINES[engine].shapes))
         raise ValidationFailed(
-            f"engine {engine} does not support parallelism {req.parallelism!r}; use one of "
+            f"engine {engine} does not support parallelism {parallelism!r}; use one of "
             f"{shapes}",
             field="parallelism",
         )
@@ -187,13 +194,58 @@ def _check_fields(req: TaskGroupCreate, who: Principal, engine: str, task_type: 
         problem = env_problem(item, env_allow)
         if problem:
             raise ValidationFailed(f"env[{i}]: {problem}", field=f"task.env[{i}]")
-    if req.endpoint_port and not who.is_operator and req.endpoint_port not in container_ports:
-        raise ValidationFailed(
-            f"endpoint_port {req.endpoint_port} is not one of the group's container ports "
-            f"{container_ports}",
-            field="endpoint_port",
-        )
-    _check_kv_offload(req, engine, task_type)
+    _check_kv_offload(spec, parallelism, engine, task_type)
+
+
+def _check_runs_somewhere(spec: TaskSpec, engine: str, nodes: list[NodeView]) -> None:
+    """Work only a container runs (a custom command, an engine that exists only as an
+    image: ``needs_container``, the scheduler's own test) is refused when every node the
+    caller may use runs the process runtime — as the memory precheck refuses what no
+    registered node could hold (issue 26). With no node registered nothing is refused;
+    a Docker node counts while offline (it may come back)."""
+    if not nodes or not needs_container(spec.command, engine):
+        return
+    if any(n.runtime != "process" for n in nodes):
+        return
+    if spec.command:
+        what, field_ = "a custom task.command", "task.command"
+    elif engine:
+        what, field_ = f"engine {engine}", "task.engine" if spec.engine else "task.image"
+    else:
+        what, field_ = f"image {spec.image!r}", "task.image"
+    raise ValidationFailed(
+        f"{what} needs a node with the Docker runtime, and every node you may use runs "
+        "the process runtime, which starts only the platform's llama.cpp launcher (never "
+        "a custom command or an engine image)",
+        field=field_,
+    )
+
+
+def check_task(
+    spec: TaskSpec,
+    *,
+    engine: str,
+    task_type: str,
+    parallelism: str,
+    gpus: int,
+    nodes: list[NodeView],
+    env_allow: Sequence[str],
+) -> None:
+    """Every rule of one task's intent that needs no file and no write: the model path
+    (C4, ``core.paths.model_path_refusal``, the agent's own first check), where it can
+    run, the engine's shapes and flags, env, kv offload. A create and its dry run ask it
+    of the request, an update of its new generation (issue 26); 400 naming ``task.*``.
+    ``nodes``: those the caller may use (offline ones too)."""
+    problem = model_path_refusal(
+        spec.model_path,
+        engine=engine,
+        custom_command=bool(spec.command),
+        rules=[VolumeRule(n.allowed_volume_prefixes, n.denied_volume_prefixes) for n in nodes],
+    )
+    if problem:
+        raise ValidationFailed(problem, field="task.model_path")
+    _check_runs_somewhere(spec, engine, nodes)
+    _check_fields(spec, parallelism, engine, task_type, gpus, env_allow)
 
 
 def _check_operator_only(req: TaskGroupCreate, who: Principal) -> None:
@@ -249,52 +301,12 @@ def _health(req: TaskGroupCreate, container_ports: list[int]) -> dict[str, Any]:
     return health
 
 
-MAX_PREFIXES_SHOWN = 20
-
-
-def _check_model_path(path: str, nodes: list[NodeView]) -> None:
-    """C4 at the door (issue 10): no NUL and no ``..`` segment; an absolute path must be
-    allowed by the volume rules one of ``nodes`` (those the caller may use) reports —
-    else 400 listing the prefixes the caller may use. Runs before ``_estimate`` reads
-    any header, so neither a create nor a dry run opens a file outside the prefixes.
-    With no such node registered yet an absolute path is refused (nothing allows it).
-    """
-    if not path:
-        return
-    problem = model_path_problem(path)
-    if problem:
-        raise ValidationFailed(problem, field="task.model_path")
-    if not path.startswith("/"):
-        return  # a name under /data/models on the node; the agent resolves it there
-    rules = [(list(n.allowed_volume_prefixes), list(n.denied_volume_prefixes)) for n in nodes]
-    if any(volume_allows(path, allowed, denied) for allowed, denied in rules):
-        return
-    if not rules:
-        raise ValidationFailed(
-            f"model_path {path!r}: no node you may use has registered yet, so no node "
-            "allows an absolute model path; start an agent with allowed_volume_prefixes, "
-            "or give a model name under /data/models",
-            field="task.model_path",
-        )
-    offered = sorted({normalize(p) for allowed, _ in rules for p in allowed})
-    denied = sorted({normalize(p) for _, d in rules for p in d})
-    shown = ", ".join(offered[:MAX_PREFIXES_SHOWN]) or "none"
-    if len(offered) > MAX_PREFIXES_SHOWN:
-        shown += f" and {len(offered) - MAX_PREFIXES_SHOWN} more"
-    except_ = f" (except under {', '.join(denied[:MAX_PREFIXES_SHOWN])})" if denied else ""
-    raise ValidationFailed(
-        f"model_path {path!r} is outside the allowed volume prefixes of every node you "
-        f"may use; allowed: {shown}{except_}",
-        field="task.model_path",
-    )
-
-
 def _estimate(req: TaskGroupCreate, engine: str) -> MemoryEstimate | None:
     """The model's memory need when the server can read the model (else None: skipped),
     its KV cache sized for the context the engine's own arguments set."""
     path = req.task.model_path
-    if not path or not Path(path).is_absolute():
-        return None
+    if not path or not Path(path).is_absolute() or engine in MODEL_IN_IMAGE:
+        return None  # a name on the node, or a folder inside the image: nothing here
     args = req.task.command or req.task.engine_args  # a custom command is the whole line
     return estimate_model_path(Path(path), engine_context=engine_context(engine, args))
 
@@ -361,8 +373,6 @@ def plan_group(
     _check_operator_only(req, who)
     templates: list[dict[str, str]] = []
     nodes = [n for n in fleet.nodes if n.visible_to(who.tenant_id)]  # dedicated nodes (B7)
-    # C4 before anything reads the model (the memory estimate below) or is written
-    _check_model_path(req.task.model_path, nodes)
     if not req.task.image and not req.task.command:
         req, templates = one_click(req, nodes)
     spec = req.task
@@ -377,7 +387,15 @@ def plan_group(
     )
     container_ports = [p.container_port for p in ports]
     replicas, gpus = _replica_shape(req, task_type)
-    _check_fields(req, who, engine, task_type, gpus, container_ports, env_allow)
+    # C4 among them, before anything reads the model (the memory estimate below)
+    check_task(spec, engine=engine, task_type=task_type, parallelism=req.parallelism,
+               gpus=gpus, nodes=nodes, env_allow=env_allow)
+    if req.endpoint_port and not who.is_operator and req.endpoint_port not in container_ports:
+        raise ValidationFailed(
+            f"endpoint_port {req.endpoint_port} is not one of the group's container ports "
+            f"{container_ports}",
+            field="endpoint_port",
+        )
     if req.parallelism == "pipeline":
         _check_strict_type(req.task.gpu_type, nodes)
     plan = GroupPlan(
