@@ -109,6 +109,7 @@ class _Client(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.engine: _Engine | None = None
         self.pending: list[bytes] | None = []  # written once the engine connection is up
+        self.out: list[bytes] = []  # what this read lets through: one write per read
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.chunked = False
@@ -129,6 +130,8 @@ class _Client(asyncio.Protocol):
             self.refuse(BAD_REQUEST)  # no protocol switch through the door
         except httptools.HttpParserError:
             self.refuse(BAD_REQUEST)
+        if self.out and not self.done:
+            self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.done = True
@@ -191,6 +194,10 @@ class _Client(asyncio.Protocol):
 
     # -- the engine side -----------------------------------------------------------
     def forward(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def _flush(self) -> None:
+        data, self.out = b"".join(self.out), []
         if self.pending is None:
             assert self.engine is not None and self.engine.transport is not None
             self.engine.transport.write(data)
