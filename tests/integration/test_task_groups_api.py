@@ -276,9 +276,11 @@ def test_model_name_may_not_hold_commas_or_spaces(api: Api) -> None:
         assert r.status_code == 400 and r.json()["error"]["field"] == "model_name"
 
 
-def test_endpoint_failure_does_not_fail_the_group(
-    api: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_an_endpoint_that_cannot_be_written_fails_the_whole_create(
+    api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Issue 26: the group, its tasks, route and endpoint (with its key) are one unit of
+    work — before, a failed endpoint was a warning and left a service without a key."""
     import heteroflow.services.task_groups as svc
 
     def broken_key() -> str:
@@ -286,12 +288,7 @@ def test_endpoint_failure_does_not_fail_the_group(
 
     monkeypatch.setattr(svc, "new_api_key", broken_key)
     admin = api.login()
-    r = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin)
-    assert r.status_code == 201, r.text
-    g = r.json()
-    assert g["api_key"] is None and g["endpoint"] is None
-    assert any("endpoint" in w for w in g["warnings"])
-    assert "endpoint for group" in caplog.text
-    # the group, its task and its route were kept
-    assert count(api, TaskGroup) == 1 and count(api, Task) == 1 and count(api, ModelRoute) == 1
-    assert count(api, InferenceEndpoint) == 0
+    with pytest.raises(RuntimeError, match="key generator down"):  # the server's 500
+        api.client.post("/api/v1/task-groups", json=service_body(), headers=admin)
+    for table in (TaskGroup, Task, ModelRoute, InferenceEndpoint):
+        assert count(api, table) == 0, table

@@ -290,6 +290,11 @@ class InferenceEndpoint(Base):
 
 class ModelRoute(Base):
     __tablename__ = "model_routes"
+    # one route of a model name to a group per tenant (0015): the database refuses a
+    # second, whoever writes it at the same moment
+    __table_args__ = (
+        Index("uq_route_tenant_model_group", "tenant_id", "model_name", "group_id", unique=True),
+    )
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
     group_id: Mapped[str] = mapped_column(String(32), index=True)

@@ -1,4 +1,9 @@
-"""Inference endpoints (keys) and model routes after creation: list, update, rotate, delete."""
+"""Inference endpoints (keys) and model routes after creation: list, update, rotate, delete.
+
+An endpoint's name in its tenant, its key, and a route (tenant, model name, group) are
+unique in the database: a rename, a chosen key or a route added at the same moment as
+another one of the same answers 409 naming the field (services/unique.py).
+"""
 
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from heteroflow.services.access import (
 from heteroflow.services.auth import Principal
 from heteroflow.services.capabilities import group_capabilities
 from heteroflow.services.sharing import SharingLookupFailed, sharing_peers  # issue 16 (L4)
+from heteroflow.services.unique import taken_as
 from heteroflow.services.views import endpoint_read, route_read
 
 ALGORITHMS = ("round_robin", "random", "least_connections", "engine_aware")
@@ -58,9 +64,11 @@ def update_endpoint(
                 InferenceEndpoint.tenant_id == e.tenant_id, InferenceEndpoint.name == req.name
             )
         )
+        taken = Conflict(f"an endpoint named {req.name!r} already exists", field="name")
         if clash is not None:
-            raise Conflict(f"an endpoint named {req.name!r} already exists", field="name")
-        e.name = req.name
+            raise taken
+        with taken_as(s, taken):
+            e.name = req.name
     if req.external_port is not None:
         e.external_port = req.external_port
     _apply_limits(e, req)
@@ -95,9 +103,11 @@ def set_endpoint_key(
             InferenceEndpoint.key_hash == digest, InferenceEndpoint.id != e.id
         )
     )
+    taken = Conflict("another endpoint has this key", field="api_key")
     if clash is not None:
-        raise Conflict("another endpoint has this key", field="api_key")
-    e.key_hash = digest
+        raise taken
+    with taken_as(s, taken):
+        e.key_hash = digest
     e.key_prefix = key_display_prefix(key)
     e.updated_at = clock.now()
     s.flush()
@@ -210,20 +220,27 @@ def create_route(
         )
     )
     if clash is not None:
-        raise Conflict(
-            f"model {req.model_name!r} already routes to {req.group_id} in this tenant "
-            f"({clash}); change that route instead",
-            field="model_name",
-        )
+        raise _route_taken(req, clash)
     r = ModelRoute(
         id=new_id("mr"), tenant_id=tenant_id, group_id=g.id, model_name=req.model_name,
         priority=req.priority, weight=req.weight, version=req.version, active=True,
         algorithm=req.algorithm, tags=sorted(set(req.tags)), added=True,
         created_at=now, updated_at=now,
     )
-    s.add(r)
-    s.flush()
+    # the group's lock above orders two adds of one route already; the unique index
+    # (0015) holds it for any other writer
+    with taken_as(s, _route_taken(req)):
+        s.add(r)
     return route_read(r)
+
+
+def _route_taken(req: ModelRouteCreate, route_id: str | None = None) -> Conflict:
+    which = f" ({route_id})" if route_id else ""
+    return Conflict(
+        f"model {req.model_name!r} already routes to {req.group_id} in this tenant"
+        f"{which}; change that route instead",
+        field="model_name",
+    )
 
 
 def delete_route(s: Session, who: Principal, route_id: str) -> None:

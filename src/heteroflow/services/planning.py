@@ -424,11 +424,18 @@ def plan_group(
             )
         )
         if clash is not None:
-            raise Conflict(
-                f"an endpoint named {plan.endpoint_name!r} already exists in this tenant",
-                field="endpoint_name" if req.endpoint_name else "name",
-            )
+            raise endpoint_taken(plan)
     return plan
+
+
+def endpoint_taken(plan: GroupPlan) -> Conflict:
+    """The 409 for a plan whose endpoint name the tenant already has: at planning (the
+    read) and at the write (the database's unique constraint, when a concurrent create
+    of the name committed in between; services/unique.py)."""
+    return Conflict(
+        f"an endpoint named {plan.endpoint_name!r} already exists in this tenant",
+        field="endpoint_name" if plan.req.endpoint_name else "name",
+    )
 
 
 def check_quota(s: Session, who: Principal, plan: GroupPlan) -> None:

@@ -28,6 +28,7 @@ from heteroflow.schemas.sharing import (
     SharingGroupTenantAdd,
 )
 from heteroflow.services.auth import Principal
+from heteroflow.services.unique import taken_as
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +107,8 @@ def create_group(
     if s.scalar(select(SharingGroup.id).where(SharingGroup.name == req.name)) is not None:
         raise taken
     g = SharingGroup(id=new_id("sg"), name=req.name, created_at=clock.now())
-    try:
-        with s.begin_nested():  # a concurrent create of the same name loses here, not in a 500
-            s.add(g)
-    except IntegrityError:
-        raise taken from None
+    with taken_as(s, taken):  # a concurrent create of the same name loses here, not in a 500
+        s.add(g)
     return _read(s, g)
 
 

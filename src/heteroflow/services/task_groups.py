@@ -1,6 +1,12 @@
 """Task groups: create (group + tasks + route + endpoint/key), read, delete, stop a task;
 stop / start a whole group (its ``desired`` state) and change what may change alone (D4).
 
+A create writes the group, its tasks, route and endpoint (with its key) in the caller's
+one unit of work: all of them or, on any error, none. Two creates of one endpoint name
+at once both pass the planning read; the database's unique constraint lets one commit
+and the other answers 409 naming the field (services/unique.py) — never a service
+without its key.
+
 ``desired`` is the owner's word: "running" (the recovery loop rebuilds what fails) or
 "stopped" (a user stop, the only thing that stops a service; the loop leaves it alone).
 A stop moves every current task through the state door to stopping / stopped; a start
@@ -10,7 +16,6 @@ through ``recovery.replace``), so a service the loop gave up on can be started a
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,13 +45,12 @@ from heteroflow.services import dedup  # issue 16 (dedup)
 from heteroflow.services.access import group_clause, visible_group, visible_task
 from heteroflow.services.auth import Principal
 from heteroflow.services.fleet import read_fleet
-from heteroflow.services.planning import GroupPlan, check_quota, plan_group
+from heteroflow.services.planning import GroupPlan, check_quota, endpoint_taken, plan_group
 from heteroflow.services.quotas import lock_tenant  # issue 16 (N2)
 from heteroflow.services.recovery import RUNNING, STOPPED, replace
 from heteroflow.services.transitions import refresh_group_status, transition
+from heteroflow.services.unique import taken_as
 from heteroflow.services.views import group_read, task_read
-
-log = logging.getLogger(__name__)
 
 
 def create_group(
@@ -73,7 +77,8 @@ def create_group(
     # issue 16 (L2-L4): a live service of the same model and image is reused instead
     found = dedup.decide(s, clock, who, plan, offline_after_s=offline_after_s)
     if found.group is not None:
-        reused = dedup.reuse(s, clock, who, plan, found, offline_after_s=offline_after_s)
+        with taken_as(s, endpoint_taken(plan)):  # the caller's own endpoint on it
+            reused = dedup.reuse(s, clock, who, plan, found, offline_after_s=offline_after_s)
         if reused is not None:
             return reused
     plan.warnings.extend(found.warnings)
@@ -180,55 +185,32 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
     s.add_all(tasks)
     s.flush()
 
-    warnings: list[str] = list(plan.warnings)
+    # the route and the endpoint in the same unit of work as the group: a failure
+    # leaves nothing (before issue 26 each had a savepoint, and a lost name race left a
+    # group without its endpoint and key)
+    s.add(
+        ModelRoute(
+            id=new_id("mr"), tenant_id=who.tenant_id, group_id=group.id,
+            model_name=model_name, priority=0, weight=100, version="v1", active=True,
+            algorithm="round_robin", created_at=now, updated_at=now,
+        )
+    )
     api_key: str | None = None
-    try:
-        with s.begin_nested():
-            s.add(
-                ModelRoute(
-                    id=new_id("mr"),
-                    tenant_id=who.tenant_id,
-                    group_id=group.id,
-                    model_name=model_name,
-                    priority=0,
-                    weight=100,
-                    version="v1",
-                    active=True,
-                    algorithm="round_robin",
-                    created_at=now,
-                    updated_at=now,
-                )
-            )
-    except Exception:
-        log.warning("model route for group %s not created", group.id, exc_info=True)
-        warnings.append("the model route could not be created; add one later")
     if plan.enable_api:
-        try:
-            with s.begin_nested():
-                api_key = new_api_key()
-                endpoint = InferenceEndpoint(
-                    id=new_id("ep"),
-                    tenant_id=who.tenant_id,
-                    group_id=group.id,
-                    name=plan.endpoint_name,
-                    port=plan.endpoint_port,
-                    external_port=req.external_port,
-                    key_hash=hash_key(api_key),
-                    key_prefix=key_display_prefix(api_key),
-                    created_by=who.user_id,
-                    created_at=now,
-                    updated_at=now,
-                )
-                s.add(endpoint)
-                s.flush()
-                group.endpoint_id = endpoint.id
-        except Exception:
-            api_key = None
-            log.warning("endpoint for group %s not created", group.id, exc_info=True)
-            warnings.append("the endpoint could not be created; the service has no API key")
+        api_key = new_api_key()
+        endpoint = InferenceEndpoint(
+            id=new_id("ep"), tenant_id=who.tenant_id, group_id=group.id,
+            name=plan.endpoint_name, port=plan.endpoint_port,
+            external_port=req.external_port, key_hash=hash_key(api_key),
+            key_prefix=key_display_prefix(api_key), created_by=who.user_id,
+            created_at=now, updated_at=now,
+        )
+        with taken_as(s, endpoint_taken(plan)):  # a concurrent create took the name
+            s.add(endpoint)
+        group.endpoint_id = endpoint.id
     s.flush()
     read = group_read(group, tasks)
-    return TaskGroupCreated(**read.model_dump(), api_key=api_key, warnings=warnings)
+    return TaskGroupCreated(**read.model_dump(), api_key=api_key, warnings=list(plan.warnings))
 
 
 def _tasks_of(s: Session, group_ids: list[str]) -> dict[str, list[Task]]:

@@ -1,4 +1,8 @@
-"""Tenants and users (operators create both and change tenants; members see their own)."""
+"""Tenants and users (operators create both and change tenants; members see their own).
+
+Tenant names and user names are unique in the database: of two creates of one name at
+once, one commits and the other answers 409 naming the field (services/unique.py).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from heteroflow.schemas.auth import (
 )
 from heteroflow.services.auth import Principal, hash_password
 from heteroflow.services.sharing import require_group
+from heteroflow.services.unique import taken_as
 
 
 def _tenant_read(t: Tenant) -> TenantRead:
@@ -47,8 +52,9 @@ def _user_read(u: User) -> UserRead:
 def create_tenant(s: Session, who: Principal, clock: Clock, req: TenantCreate) -> TenantRead:
     if not who.is_operator:
         raise Forbidden("only a platform operator creates tenants")
+    taken = Conflict(f"tenant {req.name!r} already exists", field="name")
     if s.scalar(select(Tenant).where(Tenant.name == req.name)) is not None:
-        raise Conflict(f"tenant {req.name!r} already exists", field="name")
+        raise taken
     if req.sharing_group_id is not None:
         require_group(s, req.sharing_group_id, "sharing_group_id")
     t = Tenant(
@@ -58,8 +64,8 @@ def create_tenant(s: Session, who: Principal, clock: Clock, req: TenantCreate) -
         sharing_group_id=req.sharing_group_id,
         created_at=clock.now(),
     )
-    s.add(t)
-    s.flush()
+    with taken_as(s, taken):
+        s.add(t)
     return _tenant_read(t)
 
 
@@ -121,8 +127,9 @@ def create_user(s: Session, who: Principal, clock: Clock, req: UserCreate) -> Us
     tenant_id = req.tenant_id or who.tenant_id
     if s.get(Tenant, tenant_id) is None:
         raise NotFound(f"tenant {tenant_id!r} not found", field="tenant_id")
+    taken = Conflict(f"user {req.username!r} already exists", field="username")
     if s.scalar(select(User).where(User.username == req.username)) is not None:
-        raise Conflict(f"user {req.username!r} already exists", field="username")
+        raise taken
     u = User(
         id=new_id("usr"),
         username=req.username,
@@ -131,8 +138,8 @@ def create_user(s: Session, who: Principal, clock: Clock, req: UserCreate) -> Us
         tenant_id=tenant_id,
         created_at=clock.now(),
     )
-    s.add(u)
-    s.flush()
+    with taken_as(s, taken):
+        s.add(u)
     return _user_read(u)
 
 
