@@ -22,6 +22,7 @@ import pytest
 
 from heteroflow.agent.runtime.docker import DockerRuntime
 from heteroflow.core.containers import ContainerPlan
+from heteroflow.core.engine_access import ENGINE_ADDRESS
 from heteroflow.core.ids import new_id
 from heteroflow.models.tiny_gguf import write_tiny_gguf
 from tests.conftest import free_port
@@ -157,8 +158,14 @@ def test_service_runs_as_a_container_and_stop_removes_it(dstack: Stack, docker_c
     assert labels["heteroflow.generation"] == "1" and labels["heteroflow.node"] == NODE
     host = c.attrs["HostConfig"]
     binding = host["PortBindings"]["8000/tcp"][0]
-    assert binding["HostIp"] == "127.0.0.1"
+    # C14: published on the node's private loopback, behind the agent's door on 127.0.0.1
+    assert binding["HostIp"] == ENGINE_ADDRESS
     assert int(binding["HostPort"]) == task["ports"][0]["host_port"]
+    [key_var] = [e for e in c.attrs["Config"]["Env"] if e.startswith("LLAMA_API_KEY=")]
+    engine_key = key_var.split("=", 1)[1]
+    assert engine_key.startswith("hfe-") and not any(
+        engine_key in a for a in [*(c.attrs["Config"]["Cmd"] or []), c.attrs["Path"]]
+    )
     mount = next(m for m in c.attrs["Mounts"] if m["Destination"] == str(dstack.model_file))
     assert mount["RW"] is False
     client = openai.OpenAI(
