@@ -96,7 +96,9 @@ def test_a_tenant_in_the_sharing_group_reuses_the_loaded_model_with_its_own_key(
     assert (dedup["action"], dedup["level"], dedup["cross_tenant"]) == (
         "reused", "success", True,
     )
-    assert second["id"] == first["id"] and dedup["group_id"] == first["id"]
+    # issue 26: B is answered in its own names, nothing of A's service
+    assert (second["id"], dedup["group_id"], second["tasks"]) == ("", "", [])
+    assert second["tenant_id"] == tenants["team-b"]
     assert second["api_key"] and second["api_key"] != first["api_key"]
     assert "no new engine starts" in dedup["message"]
 

@@ -48,7 +48,10 @@ class DedupRead(BaseModel):
         description="success: callable now; info: waking; warning: the wake must wait"
     )
     message: str
-    group_id: str = Field(description="the reused service")
+    group_id: str = Field(
+        description="the reused service; empty when it is another tenant's (a member is "
+        "not told whose: issue 26; operators are)"
+    )
     group_status: str = Field(description="its status after this create")
     cross_tenant: bool = Field(description="the service belongs to another tenant")
     model_name: str = Field(description="the name the caller calls it by")
@@ -62,5 +65,7 @@ class DedupRead(BaseModel):
         default=None, description="the caller's new endpoint; its key is the answer's api_key"
     )
     wake: list[WakeResult] = Field(
-        default_factory=list, description="one result per task when it had to be woken"
+        default_factory=list,
+        description="one result per task when it had to be woken (not for another "
+        "tenant's service: its tasks are not yours to see; the message says what happens)",
     )

@@ -30,12 +30,22 @@ they may not see).
 
 **Failing closed.** A sharing-group lookup that fails is no sharing: the create goes on
 with its own tenant's services only (a warning says so), never another tenant's.
+
+**Reuse without disclosure (issue 26).** Across tenants each side sees only its own: the
+caller's answer (create and dry run) names what it owns — its tenant, the name and model
+name it asked for, its endpoint, key and route — and the service's status, never the
+owner's group id, name, tenant, tasks, nodes, paths or configuration (``_tenant_view``;
+``dedup.group_id`` is empty, a wait is said by its branch, not by the owner's node or
+the borrower's task); the owner's events say "another tenant of its sharing group",
+never who. Operators see the link: their own creates answer it in full, and
+``GET /api/v1/model-routes?group_id=…`` lists every tenant's route to a service.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -45,11 +55,13 @@ from heteroflow.core.events import EventKind
 from heteroflow.core.ids import key_display_prefix, new_api_key, new_id
 from heteroflow.core.states import GroupStatus, TaskStatus
 from heteroflow.db.tables import Event, InferenceEndpoint, ModelRoute, Task, TaskGroup, Tenant
+from heteroflow.schemas.capabilities import CapabilitiesRead
 from heteroflow.schemas.dedup import DedupAction, DedupLevel, DedupRead
 from heteroflow.schemas.routing import hash_key
 from heteroflow.schemas.sleep import DEFERRED, WakeResult
-from heteroflow.schemas.task_groups import TaskGroupCreated
+from heteroflow.schemas.task_groups import TaskGroupCreated, TaskGroupRead
 from heteroflow.services.auth import Principal
+from heteroflow.services.capabilities import of_tasks
 from heteroflow.services.endpoints import lock_live_group
 from heteroflow.services.planning import GroupPlan
 from heteroflow.services.platform_settings import switches
@@ -65,6 +77,18 @@ LOOKUP_FAILED = (
     "tenant's services were considered (fail-closed)"
 )
 _ON_ITS_WAY = frozenset({"waking", "already_running", "starting"})
+# why another tenant's service cannot wake yet, as its reuser is told: the branch in
+# words, without the owner's node, cards or the borrowing task (issue 26)
+_HIDDEN_WHY = {
+    "node_offline": "its node is offline; it wakes when the node is back",
+    "card_borrowed": "its card is lent to other work; it wakes when that work ends",
+}
+# the owner's events name no other tenant or its users (issue 26)
+ANOTHER_TENANT = "another tenant of its sharing group"
+
+
+def _hidden_why(branch: str) -> str:
+    return _HIDDEN_WHY.get(branch, "it cannot be woken now")
 
 
 @dataclass
@@ -73,6 +97,7 @@ class Decision:
 
     group: TaskGroup | None = None
     cross_tenant: bool = False
+    hide: bool = False  # another tenant's, answered to a member: nothing of the owner shown
     owner: str = ""  # " of tenant <name>" when the group is another tenant's
     subject: str = ""  # "service 'x' (tg-…) of tenant … already serves <model_path>"
     action: DedupAction = "reused"
@@ -86,7 +111,7 @@ class Decision:
             return None
         return DedupRead(
             action=self.action, level=self.level, message=self.message,
-            group_id=self.group.id, group_status=self.group.status,
+            group_id="" if self.hide else self.group.id, group_status=self.group.status,
             cross_tenant=self.cross_tenant, model_name=model_name,
         )
 
@@ -117,10 +142,14 @@ def decide(
     found.sort(key=lambda g: (g.tenant_id != who.tenant_id, g.status != "running", g.created_at))
     g = found[0]
     out.group, out.cross_tenant = g, g.tenant_id != who.tenant_id
-    if out.cross_tenant:
-        owner = s.get(Tenant, g.tenant_id)
-        out.owner = f" of tenant {owner.name if owner is not None else g.tenant_id}"
-    out.subject = f"service {g.name!r} ({g.id}){out.owner} already serves {spec.model_path}"
+    out.hide = out.cross_tenant and not who.is_operator
+    if out.hide:
+        out.subject = "a service of another tenant in your sharing group already serves this model"
+    else:
+        if out.cross_tenant:
+            owner = s.get(Tenant, g.tenant_id)
+            out.owner = f" of tenant {owner.name if owner is not None else g.tenant_id}"
+        out.subject = f"service {g.name!r} ({g.id}){out.owner} already serves {spec.model_path}"
     asleep = [t for t in _current(s, g.id) if t.status == TaskStatus.SLEEPING.value]
     if g.status == GroupStatus.RUNNING.value or not asleep:
         out.message = (
@@ -133,7 +162,8 @@ def decide(
         if (b := wake_blocker(s, clock, t, offline_after_s=offline_after_s)) is not None
     ]
     if len(blocked) == len(asleep):
-        out.action, out.level, out.message = _deferred(out.subject, blocked[0][1])
+        why = _hidden_why(blocked[0][0]) if out.hide else blocked[0][1]
+        out.action, out.level, out.message = _deferred(out.subject, why)
     else:
         out.action, out.level, out.message = _waking(out.subject, plan.model_name)
     return out
@@ -192,7 +222,8 @@ def reuse(
     action, level, message = decision.action, decision.level, decision.message
     wake: list[WakeResult] = []
     if decision.action != "reused":  # it slept: woken through the wake path (F2, F3)
-        reason = f"a create by {who.username} reuses it (dedup)"
+        by = ANOTHER_TENANT if decision.cross_tenant else who.username
+        reason = f"a create by {by} reuses it (dedup)"
         wake = wake_group(s, clock, g.id, reason, who=None, offline_after_s=offline_after_s)
         action, level, message = _woken(decision, wake, model_name)
     route = s.scalar(
@@ -224,36 +255,67 @@ def reuse(
         )
         s.add(endpoint)
         endpoint_id = endpoint.id
+    # the owner reads its group's events: another tenant is not named (issue 26)
+    by = ANOTHER_TENANT if decision.cross_tenant else (
+        f"{who.username} of tenant {who.tenant_id} as model {model_name!r}")
     s.add(
         Event(
             group_id=g.id, kind=EventKind.DEDUP_REUSED.value, to_status=action,
-            message=f"reused (dedup) by {who.username} of tenant {who.tenant_id} as model "
-            f"{model_name!r}: {action}",
-            created_at=now,
+            message=f"reused (dedup) by {by}: {action}", created_at=now,
         )
     )
     s.flush()
     s.refresh(g)
-    tasks = s.scalars(
+    tasks = list(s.scalars(
         select(Task).where(Task.group_id == g.id).execution_options(populate_existing=True)
-    )
-    read = group_read(g, list(tasks))
-    # the caller's endpoint is the one its key opens; another tenant's tasks stay unseen
-    update: dict[str, object] = {"endpoint": endpoint_id}
-    if decision.cross_tenant:
-        update |= {"tasks": [], "labels": {}}
-    read = read.model_copy(update=update)
-    log.info("create by %s reused group %s (%s)", who.username, g.id, action)
+    ))
+    if decision.hide:
+        read = _tenant_view(g, tasks, who, plan, endpoint_id, now)
+        wake = []  # the owner's task ids, nodes and borrowers: the message says enough
+    else:
+        # the caller's endpoint is the one its key opens; another tenant's tasks unseen
+        update: dict[str, object] = {"endpoint": endpoint_id}
+        if decision.cross_tenant:
+            update |= {"tasks": [], "labels": {}}
+        read = group_read(g, tasks).model_copy(update=update)
+    # the link, for the operator's log only
+    log.info("create by %s (tenant %s) reused group %s (%s)", who.username, who.tenant_id,
+             g.id, action)
     return TaskGroupCreated(
         **read.model_dump(),
         api_key=api_key,
         warnings=[*plan.warnings, *decision.warnings],
         dedup=DedupRead(
-            action=action, level=level, message=message, group_id=g.id,
-            group_status=g.status, cross_tenant=decision.cross_tenant,
-            model_name=model_name, route_id=route.id, route_added=added,
-            endpoint_id=endpoint_id, wake=wake,
+            action=action, level=level, message=message,
+            group_id="" if decision.hide else g.id, group_status=g.status,
+            cross_tenant=decision.cross_tenant, model_name=model_name, route_id=route.id,
+            route_added=added, endpoint_id=endpoint_id, wake=wake,
         ),
+    )
+
+
+def _tenant_view(
+    g: TaskGroup,
+    tasks: list[Task],
+    who: Principal,
+    plan: GroupPlan,
+    endpoint_id: str | None,
+    now: datetime,
+) -> TaskGroupRead:
+    """Another tenant's service as its reuser is answered (issue 26): what the caller owns
+    (its tenant, the name and model name it asked for, its endpoint) and what it needs
+    to call it (status, capabilities); no group id (it owns none), and nothing of the
+    owner's — name, tasks, nodes, paths, labels, configuration, its own timestamps.
+    Listed field by field, so a field added to the group later stays unshown here."""
+    return TaskGroupRead(
+        id="", tenant_id=who.tenant_id, name=plan.req.name, model_name=plan.model_name,
+        task_type="inference", parallelism=plan.req.parallelism, world_size=0,
+        current_replicas=0, min_replicas=0, max_replicas=0, enable_api=plan.enable_api,
+        endpoint=endpoint_id, inference_templates=[], current_generation=0,
+        rolling_update_state=None, rolling_update_message=None, idle_timeout_minutes=0,
+        gpu_memory_utilization=0, priority=0, desired=g.desired, health_check={},
+        labels={}, status=g.status, status_message="", created_at=now, updated_at=now,
+        capabilities=CapabilitiesRead.of(of_tasks(tasks)),
     )
 
 
@@ -265,6 +327,8 @@ def _woken(
         return _waking(decision.subject, model_name)
     deferred = [w for w in wake if w.branch in DEFERRED]
     why = (deferred or wake)[0].message if wake else "no task could be woken"
+    if decision.hide:
+        why = _hidden_why(deferred[0].branch if deferred else "")
     if deferred:
         return _deferred(decision.subject, why)
     return "woken", "warning", f"{decision.subject} but its wake failed: {why}"

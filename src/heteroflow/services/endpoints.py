@@ -8,6 +8,7 @@ another one of the same answers 409 naming the field (services/unique.py).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from datetime import datetime
 
 from sqlalchemy import select, update
@@ -45,13 +46,34 @@ ALGORITHMS = ("round_robin", "random", "least_connections", "engine_aware")
 CHOSEN_KEY = re.compile(r"[A-Za-z0-9._~+/-]{20,256}")
 
 
+def foreign_groups(s: Session, who: Principal, group_ids: Iterable[str | None]) -> set[str]:
+    """The groups among ``group_ids`` that are another tenant's (issue 26): a member's
+    routes and keys to a service shared with its tenant (dedup, or an operator's route)
+    read with an empty ``group_id`` — whose service it is stays the operator's to see."""
+    ids = {g for g in group_ids if g}
+    if who.is_operator or not ids:
+        return set()
+    q = select(TaskGroup.id).where(TaskGroup.id.in_(ids), TaskGroup.tenant_id != who.tenant_id)
+    return set(s.scalars(q))
+
+
+def _endpoint_read(s: Session, who: Principal, e: InferenceEndpoint) -> EndpointRead:
+    return endpoint_read(e, shared=bool(foreign_groups(s, who, [e.group_id])))
+
+
+def _route_read(s: Session, who: Principal, r: ModelRoute) -> ModelRouteRead:
+    return route_read(r, shared=bool(foreign_groups(s, who, [r.group_id])))
+
+
 def list_endpoints(s: Session, who: Principal) -> list[EndpointRead]:
     q = (
         select(InferenceEndpoint)
         .where(endpoint_clause(who))
         .order_by(InferenceEndpoint.created_at)
     )
-    return [endpoint_read(e) for e in s.scalars(q)]
+    found = list(s.scalars(q))
+    foreign = foreign_groups(s, who, (e.group_id for e in found))
+    return [endpoint_read(e, shared=e.group_id in foreign) for e in found]
 
 
 def update_endpoint(
@@ -79,7 +101,7 @@ def update_endpoint(
         e.key_prefix = key_display_prefix(key)
     e.updated_at = clock.now()
     s.flush()
-    return EndpointUpdated(**endpoint_read(e).model_dump(), api_key=key)
+    return EndpointUpdated(**_endpoint_read(s, who, e).model_dump(), api_key=key)
 
 
 def set_endpoint_key(
@@ -111,7 +133,7 @@ def set_endpoint_key(
     e.key_prefix = key_display_prefix(key)
     e.updated_at = clock.now()
     s.flush()
-    return endpoint_read(e)
+    return _endpoint_read(s, who, e)
 
 
 def _apply_limits(e: InferenceEndpoint, req: EndpointUpdate) -> None:
@@ -273,7 +295,7 @@ def update_route(
         r.tags = sorted(set(req.tags))  # M10 capability tags (model=auto)
     r.updated_at = clock.now()
     s.flush()
-    return route_read(r)
+    return _route_read(s, who, r)
 
 
 def list_routes(s: Session, who: Principal, group_id: str | None = None) -> list[ModelRouteRead]:
@@ -282,4 +304,7 @@ def list_routes(s: Session, who: Principal, group_id: str | None = None) -> list
         q = q.where(ModelRoute.group_id == group_id)
     routes = list(s.scalars(q))
     capabilities = group_capabilities(s, {r.group_id for r in routes})  # issue 15
-    return [route_read(r, capabilities[r.group_id]) for r in routes]
+    foreign = foreign_groups(s, who, (r.group_id for r in routes))  # issue 26
+    return [
+        route_read(r, capabilities[r.group_id], shared=r.group_id in foreign) for r in routes
+    ]

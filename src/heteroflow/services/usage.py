@@ -61,6 +61,7 @@ from heteroflow.schemas.usage import (
 )
 from heteroflow.services import gpu_time
 from heteroflow.services.auth import Principal
+from heteroflow.services.endpoints import foreign_groups
 from heteroflow.services.gpu_time import Key
 from heteroflow.services.idle import record_activity
 
@@ -221,6 +222,10 @@ def report(
         if gpu:
             row.update(_gpu_fields(meters.get(key, Meter()) if gpu_rows else None))
         rows.append(UsageRowRead(**sums.model_dump(exclude_unset=True), **row))
+    if "service" in group_by:  # issue 26: a service shared with the tenant is not named
+        foreign = foreign_groups(s, who, (r.service_id for r in rows))
+        rows = [r.model_copy(update={"service_id": ""}) if r.service_id in foreign else r
+                for r in rows]
     total = _sums(
         (
             sum(r.requests for r in rows),

@@ -93,11 +93,13 @@ def group_read(g: TaskGroup, tasks: list[Task]) -> TaskGroupRead:
     )
 
 
-def endpoint_read(e: InferenceEndpoint) -> EndpointRead:
+def endpoint_read(e: InferenceEndpoint, *, shared: bool = False) -> EndpointRead:
+    """``shared``: its group is another tenant's, read by a member: its id is not shown
+    (issue 26; ``endpoints.foreign_groups``)."""
     return EndpointRead(
         id=e.id,
         tenant_id=e.tenant_id,
-        group_id=e.group_id,
+        group_id="" if shared else e.group_id,
         name=e.name,
         port=e.port,
         external_port=e.external_port,
@@ -111,11 +113,14 @@ def endpoint_read(e: InferenceEndpoint) -> EndpointRead:
     )
 
 
-def route_read(r: ModelRoute, capabilities: Capabilities = UNKNOWN) -> ModelRouteRead:
+def route_read(
+    r: ModelRoute, capabilities: Capabilities = UNKNOWN, *, shared: bool = False
+) -> ModelRouteRead:
+    """``shared``: as ``endpoint_read``'s."""
     return ModelRouteRead(
         id=r.id,
         tenant_id=r.tenant_id,
-        group_id=r.group_id,
+        group_id="" if shared else r.group_id,
         model_name=r.model_name,
         priority=r.priority,
         weight=r.weight,

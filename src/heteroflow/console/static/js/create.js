@@ -196,9 +196,11 @@ function showResult(dlg, form, r) {
   const d = r.dedup;
   const outcome = d ? banner(d.level, d.message, d.reused ? 'Reused' : undefined)
     : banner('success', `Created ${r.name} (${r.id}); it is ${r.status} and starts on its node now.`);
-  const open = h('a', { href: `#/services/${r.id}`, class: 'button primary' }, 'Open the service');
+  // another tenant's service reused: no service of yours to open (its id is not shown)
+  const open = r.id
+    ? h('a', { href: `#/services/${r.id}`, class: 'button primary' }, 'Open the service') : null;
   const close = h('button', { type: 'button' }, 'Close');
-  open.addEventListener('click', () => dlg.close());
+  if (open) open.addEventListener('click', () => dlg.close());
   close.addEventListener('click', () => dlg.close());
   const result = h('div', { class: 'create-result', 'aria-live': 'polite' }, outcome,
     (r.warnings || []).map((w) => banner('warning', w)),
@@ -207,5 +209,5 @@ function showResult(dlg, form, r) {
       : h('p', { class: 'note' }, 'This service has no API key (API access is off).'),
     h('div', { class: 'actions' }, close, open));
   form.replaceWith(result);
-  (result.querySelector('input.secret') || open).focus();
+  (result.querySelector('input.secret') || open || close).focus();
 }
