@@ -124,6 +124,11 @@ class ServerSettings(BaseSettings):
     rollout_settle_s: float = Field(default=2.0, ge=0.0)
     rollout_drain_min_s: float = Field(default=2.0, ge=0.0)
     rollout_drain_timeout_s: float = Field(default=30.0, ge=0.0)
+    # An update with no batch switched for rollout_progress_deadline_s (since it started
+    # or its last switch) fails at once with the reason it is stuck — a new replica the
+    # scheduler cannot place, or never healthy — rolls back and frees the group for the
+    # next update (issue 26); keep it below rollout_max_hold_s, which gives up unrolled.
+    rollout_progress_deadline_s: float = Field(default=600.0, gt=0.0)
     # --- end issue 14 (rollout) ---
     # VRAM kept free on every card (B3): fixed MB + a share of the card.
     vram_reserve_fixed_mb: int = 500
@@ -311,6 +316,7 @@ class ServerSettings(BaseSettings):
             lease_ttl_s=self.rollout_lease_ttl_s,
             renew_s=self.rollout_renew_s,
             max_hold_s=self.rollout_max_hold_s,
+            progress_deadline_s=self.rollout_progress_deadline_s,
         )
 
 

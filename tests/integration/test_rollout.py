@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -445,3 +446,88 @@ def test_a_server_that_starts_scans_at_once_then_every_scan_interval(api: Api) -
     st, message = state(api, admin, group_id)
     assert st == "failed" and "stopped renewing its lease" in message
     assert fresh._next_scan == api.clock.now() + timedelta(seconds=30)
+
+
+# ---- issue 26: an update that cannot run is refused; a stuck one fails and lets go ------
+
+
+def process_node_service(api: Api, member: dict[str, str]) -> tuple[str, str, str]:
+    """A member's llama.cpp service running on a process-runtime node: (group, node, task)."""
+    node_id = api.heartbeat("proc-node", runtime="process")
+    group_id, task_id = create(api, member, service_body())
+    api.app.scheduler.run_round()
+    start(api, node_id, task_id)
+    assert group(api, member, group_id)["status"] == "running"
+    return group_id, node_id, task_id
+
+
+@pytest.mark.feature("J3")
+def test_an_update_the_fleet_cannot_run_is_refused_like_its_create(api: Api) -> None:
+    """Attack: a member's update whose new task carries a ``command`` was accepted (200)
+    where only the process runtime runs, then stayed ``rolling`` for ever. The create's
+    rule (``planning.check_task``) refuses it at the request; the group is unchanged."""
+    admin = api.login()
+    member = api.member(admin, "tn-m", "mia")
+    group_id, _, task_id = process_node_service(api, member)
+    for strategy in ("rolling", "recreate"):
+        code, answer = put_update(
+            api, member, group_id, command=["/bin/sh", "-c", "id"], strategy=strategy
+        )
+        assert code == 400, answer
+        err = answer["error"]
+        assert err["field"] == "command" and "process runtime" in err["message"], err
+    # the create says the same of the same task
+    r = api.client.post(
+        "/api/v1/task-groups?dry_run=true",
+        json=service_body(name="other", task={"command": ["/bin/sh", "-c", "id"]}),
+        headers=member,
+    )
+    assert r.status_code == 400 and r.json()["error"]["field"] == "task.command", r.text
+    g = group(api, member, group_id)
+    assert (g["current_generation"], g["rolling_update_state"]) == (1, None)
+    assert [t["id"] for t in g["tasks"]] == [task_id]
+    assert rollout_events(api, member, group_id) == []
+    # what it can run is still an update
+    code, g = put_update(api, member, group_id, engine_args=["-c", "512"])
+    assert code == 200 and g["rolling_update_state"] == "rolling", g
+
+
+@pytest.mark.feature("J1")
+def test_an_update_that_makes_no_progress_fails_with_the_reason_and_lets_go(api: Api) -> None:
+    """A new replica only an offline Docker node could run stays pending: at the progress
+    deadline the update fails with the scheduler's reason, rolls back, and the next
+    update is accepted (issue 26)."""
+    admin = api.login()
+    member = api.member(admin, "tn-m", "mia")
+    group_id, _, old = process_node_service(api, member)
+    api.heartbeat("docker-node", memory_mb=0)  # registered, so the update is accepted
+    api.app.rollouts.policy = replace(api.app.rollouts.policy, progress_deadline_s=30)
+
+    def round_(advance_s: float = 0.0) -> None:
+        api.clock.advance(advance_s)
+        api.heartbeat("proc-node", runtime="process")  # the Docker node stays silent
+        api.app.rollouts.drive_round()
+        api.app.scheduler.run_round()
+
+    code, _ = put_update(api, member, group_id, command=["python3", "serve.py"])
+    assert code == 200
+    round_()
+    (c,) = candidates(api, member, group_id)
+    assert c["status"] == "pending" and "process runtime" in c["status_message"], c
+    round_(29)
+    assert state(api, member, group_id)[0] == "rolling"
+    round_(1)
+    st, message = state(api, member, group_id)
+    assert st == "rolling_back" and "no progress for 30 s" in message, message
+    round_()
+    st, message = state(api, member, group_id)
+    assert st == "failed", message
+    assert "no progress for 30 s" in message and "process runtime" in message
+    assert "rolled back: generation 1 serves" in message
+    assert task(api, member, c["id"])["status"] == "stopped"
+    g = group(api, member, group_id)
+    assert [t["id"] for t in g["tasks"]] == [old] and g["status"] == "running"
+    assert rollout_events(api, member, group_id)[-1]["kind"] == "rollout.failed"
+    # the lock is released: the next update is accepted
+    code, g = put_update(api, member, group_id, engine_args=["-c", "512"])
+    assert code == 200 and g["current_generation"] == 3, g

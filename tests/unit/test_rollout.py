@@ -42,8 +42,12 @@ POLICY = RolloutPolicy(
 class World:
     """Replicas, a clock and the machine, applying steps as the service does."""
 
-    def __init__(self, ranks: int = 2, strategy: Strategy = Strategy.ROLLING, batch: int = 1):
+    def __init__(
+        self, ranks: int = 2, strategy: Strategy = Strategy.ROLLING, batch: int = 1,
+        policy: RolloutPolicy = POLICY,
+    ):
         self.now = T0
+        self.policy = policy
         self.ids = (f"task-{i}" for i in itertools.count())
         self.reps: dict[str, Replica] = {}
         for rank in range(ranks):
@@ -55,7 +59,7 @@ class World:
 
     def tick(self, advance_s: float = 0.0) -> Step:
         self.now += timedelta(seconds=advance_s)
-        st = step(self.p, list(self.reps.values()), self.now, POLICY, self.reports)
+        st = step(self.p, list(self.reps.values()), self.now, self.policy, self.reports)
         self.apply(st)
         return st
 
@@ -90,6 +94,10 @@ class World:
 
     def run(self, tid: str) -> None:
         self.reps[tid] = replace(self.reps[tid], status=T.RUNNING, running_at=self.now)
+
+    def pend(self, tid: str, why: str) -> None:
+        """The scheduler's word on a candidate it cannot place (it stays pending)."""
+        self.reps[tid] = replace(self.reps[tid], message=why)
 
     def fail(self, tid: str, why: str = "engine exited with code 2") -> None:
         self.reps[tid] = replace(self.reps[tid], status=T.FAILED, message=why)
@@ -390,3 +398,49 @@ def test_a_failure_is_told_by_the_engine_s_error_line() -> None:
     assert first_line(message) == "engine exited with code 2; last output: error: bad --x"
     assert first_line("no reason\nmore") == "no reason"
     assert first_line("") == ""
+
+
+# ---- the progress deadline (issue 26): a stuck update fails, rolls back, lets go --------
+
+UNPLACEABLE = "no node can run it: process runtime (this needs a Docker node)"
+
+
+def test_an_update_stuck_on_an_unplaceable_replica_fails_at_the_deadline() -> None:
+    w = World(policy=replace(POLICY, progress_deadline_s=150))
+    w.tick()
+    (c1,) = w.live_candidates()
+    w.pend(c1, UNPLACEABLE)
+    st = w.tick(100)  # the attempt timed out: tried again, and the message says why
+    assert "attempt 1 of 4 failed" in st.message and UNPLACEABLE in st.message
+    assert st.stop == (c1,) and st.state == RolloutState.ROLLING
+    assert "attempt 2 of 4" in w.tick().message  # its new candidate
+    (c2,) = w.live_candidates()
+    w.pend(c2, UNPLACEABLE)
+    st = w.tick(49)
+    assert st.state == RolloutState.ROLLING and not st.stop  # 149 s: still its time
+    st = w.tick(1)  # 150 s without a batch switched: no more retries, it rolls back
+    assert st.state == RolloutState.ROLLING_BACK and st.stop == (c2,)
+    assert "no progress for 150 s" in st.message and f"{c2} (rank 0) is still pending" in st.message
+    assert UNPLACEABLE in st.message
+    assert (EventKind.ROLLOUT_ROLLBACK, st.message) in st.events
+    st = w.tick()  # nothing was switched: nothing to restore
+    assert st.state == RolloutState.FAILED and st.finished  # the lock is released
+    assert "no progress for 150 s" in st.message
+    assert "rolled back: generation 1 serves" in st.message
+    assert w.gens() == [(0, 1), (1, 1)]
+
+
+def test_a_switched_batch_is_progress_and_a_later_stuck_one_restores_it() -> None:
+    w = World(policy=replace(POLICY, ready_timeout_s=1000, progress_deadline_s=150))
+    roll_batch(w)  # rank 0 switched to generation 2, some 35 s in
+    switched_at = w.now
+    st = w.tick()
+    assert st.create and w.p.progress_at == switched_at
+    (c,) = w.live_candidates()
+    w.pend(c, UNPLACEABLE)
+    st = w.tick(149)  # 149 s since the switch (more since the start): still its time
+    assert st.state == RolloutState.ROLLING and "attempt 1 of 4" in st.message
+    st = w.tick(1)
+    assert st.state == RolloutState.ROLLING_BACK and "no progress for 150 s" in st.message
+    st = w.tick()  # the rollback's rules: rank 0 gets generation 1 back
+    assert [(c.rank, c.restore) for c in st.create] == [(0, True)]

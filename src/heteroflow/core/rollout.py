@@ -22,7 +22,11 @@ gateways learn the new backends) → mark the old replicas draining (M11: no new
 requests) → wait until the gateways report nothing in flight on them, no sooner than
 ``drain_min_s`` and no later than ``drain_timeout_s`` → switch. A batch whose candidate
 fails or does not run in time is tried again (``batch_retries`` times); then the update
-rolls back.
+rolls back. An update that makes no progress — no batch switched since it started or
+since the last switch — for ``progress_deadline_s`` rolls back at once, whatever retries
+are left, with the reason it is stuck (a new replica the scheduler cannot place says
+why in its status), so it never holds the group's update lock until ``max_hold_s``
+(issue 26).
 
 **Recreate (J2):** drain every old replica, stop them all, create every candidate,
 switch them all once they all run (retries and rollback as above).
@@ -86,6 +90,7 @@ class RolloutPolicy:
     lease_ttl_s: float = 60.0  # the execution lease (J4)
     renew_s: float = 15.0  # renewed this often
     max_hold_s: float = 960.0  # held at most this long (16 min)
+    progress_deadline_s: float = 600.0  # no batch switched this long: it fails, rolls back
 
     @property
     def attempts(self) -> int:
@@ -140,6 +145,7 @@ class Progress:
     given_up: tuple[int, ...] = ()  # rollback: ranks whose restore failed
     retiring: Mapping[str, datetime] = field(default_factory=dict)  # task -> draining since
     batches_done: int = 0
+    progress_at: datetime | None = None  # it started, or a batch last switched
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +319,8 @@ def _forward(
     p: Progress, v: _View, now: datetime, policy: RolloutPolicy, in_flight: InFlight
 ) -> Step:
     g = p.generation
+    if p.progress_at is None:  # a rollout written before the deadline existed
+        p = replace(p, progress_at=now)
     if p.strategy == Strategy.RECREATE and not p.old_stopped:
         return _recreate_stop_old(p, v, now, policy, in_flight)
     done = {rank for rank in v.ranks if all(r.generation == g for r in v.current_of(rank))}
@@ -358,7 +366,8 @@ def _forward(
     late = bool(not failed and waiting) and (
         (now - since).total_seconds() >= policy.ready_timeout_s
     )
-    if failed or late:
+    stalled = bool(waiting) and _stalled(p, now, policy)
+    if failed or late or stalled:
         if failed:
             rank, c = next(iter(sorted(failed.items())))
             why = (
@@ -367,11 +376,19 @@ def _forward(
                 f"{first_line(c.message) or 'no reason recorded'}"
             )
         else:
-            why = (
-                f"its new replica(s) ({_ranks_text(waiting)}) were not running and healthy "
-                f"within {policy.ready_timeout_s:g} s"
+            c = cands[waiting[0]]
+            assert c is not None
+            still = (
+                f"{c.id} (rank {c.rank}) is still {c.status.value}: "
+                f"{first_line(c.message) or 'no reason recorded'}"
             )
-        return _batch_failed(p, v, now, policy, label, why)
+            why = (
+                f"no progress for {policy.progress_deadline_s:g} s: its new replica {still}"
+                if stalled else
+                f"its new replica(s) ({_ranks_text(waiting)}) were not running and healthy "
+                f"within {policy.ready_timeout_s:g} s; {still}"
+            )
+        return _batch_failed(p, v, now, policy, label, why, retry=not stalled)
     if waiting:
         running = len(p.batch) - len(waiting)
         extra = f" ({running} of {len(p.batch)} running)" if len(p.batch) > 1 else ""
@@ -382,14 +399,14 @@ def _forward(
     # every candidate of the batch runs
     cand_list = [c for c in cands.values() if c is not None]
     if p.strategy == Strategy.RECREATE:
-        return _switch(p, v, label, "new generation running")
+        return _switch(p, v, now, label, "new generation running")
     newest = max((c.running_at or now for c in cand_list), default=now)
     if (now - newest).total_seconds() < policy.settle_s:
         return _wait(p, f"{label}: new generation running; the gateways learn of it")
     olds = [r for rank in p.batch for r in v.current_of(rank) if r.generation != g]
     serving = [r for r in olds if r.status == TaskStatus.RUNNING]
     if not serving:  # nothing to drain (failed, never placed, asleep): switch now
-        return _switch(p, v, label, "new generation running")
+        return _switch(p, v, now, label, "new generation running")
     if p.drain_since is None:
         text = f"{label}: new generation running; old generation draining"
         drain = tuple(r.id for r in serving if not r.draining)
@@ -400,10 +417,16 @@ def _forward(
     busy = [r for r in serving if not drained(p.drain_since, in_flight.get(r.id), now, policy)]
     if busy:
         return _wait(p, f"{label}: new generation running; old generation draining")
-    return _switch(p, v, label, "old generation drained")
+    return _switch(p, v, now, label, "old generation drained")
 
 
-def _switch(p: Progress, v: _View, label: str, why: str) -> Step:
+def _stalled(p: Progress, now: datetime, policy: RolloutPolicy) -> bool:
+    """No batch switched for ``progress_deadline_s`` (since the start or the last one)."""
+    since = p.progress_at or now
+    return (now - since).total_seconds() >= policy.progress_deadline_s
+
+
+def _switch(p: Progress, v: _View, now: datetime, label: str, why: str) -> Step:
     promote = tuple(
         Promote(rank, p.candidates[rank], tuple(r.id for r in v.current_of(rank)))
         for rank in p.batch
@@ -412,7 +435,7 @@ def _switch(p: Progress, v: _View, label: str, why: str) -> Step:
     text = f"{label}: {why}; switched to generation {g}"
     nxt = replace(
         p, batch=(), candidates={}, attempt=1, batch_since=None, drain_since=None,
-        batches_done=p.batches_done + 1,
+        batches_done=p.batches_done + 1, progress_at=now,
     )
     return Step(
         progress=nxt, state=_state(p), message=text, promote=promote,
@@ -421,10 +444,13 @@ def _switch(p: Progress, v: _View, label: str, why: str) -> Step:
 
 
 def _batch_failed(
-    p: Progress, v: _View, now: datetime, policy: RolloutPolicy, label: str, why: str
+    p: Progress, v: _View, now: datetime, policy: RolloutPolicy, label: str, why: str,
+    *, retry: bool = True,
 ) -> Step:
+    """The batch's attempt failed: tried again while attempts are left (and ``retry``),
+    else the update rolls back."""
     retiring, stop, undrain = _dispose(p, v, now)
-    if p.attempt < policy.attempts:
+    if retry and p.attempt < policy.attempts:
         text = (
             f"{label}: attempt {p.attempt} of {policy.attempts} failed ({why}); trying again"
         )
@@ -436,7 +462,9 @@ def _batch_failed(
             progress=nxt, state=_state(p), message=text, stop=tuple(stop),
             undrain=tuple(undrain), events=((EventKind.ROLLOUT_RETRY, text),),
         )
-    reason = f"{label} failed {policy.attempts} times; last: {why}"
+    reason = (
+        f"{label} failed {policy.attempts} times; last: {why}" if retry else f"{label}: {why}"
+    )
     nxt = replace(
         p, rolling_back=True, reason=reason, batch=(), candidates={}, attempt=1,
         batch_since=None, drain_since=None, retiring=retiring, batches_done=0,
@@ -564,7 +592,7 @@ def _rollback(
         not drained(p.drain_since, in_flight.get(r.id), now, policy) for r in serving
     ):
         return _wait(p, f"{label}: generation {g} draining")
-    return _switch(p, v, label, f"generation {g} drained" if serving else "restored")
+    return _switch(p, v, now, label, f"generation {g} drained" if serving else "restored")
 
 
 def _serving_text(v: _View) -> str:
@@ -696,6 +724,7 @@ def progress_to_json(p: Progress) -> dict[str, Any]:
         "given_up": list(p.given_up),
         "retiring": {k: v.isoformat() for k, v in p.retiring.items()},
         "batches_done": p.batches_done,
+        "progress_at": _iso(p.progress_at),
     }
 
 
@@ -720,4 +749,5 @@ def progress_from_json(d: Mapping[str, Any]) -> Progress:
             if (dt := _dt(v)) is not None
         },
         batches_done=int(d.get("batches_done", 0)),
+        progress_at=_dt(d.get("progress_at")),
     )

@@ -2,9 +2,11 @@
 the ones whose holder died. The decisions are ``core/rollout.py``'s; this module reads
 the facts and writes what it says.
 
-**Start (J3).** ``start_update`` checks the request like a create checks its task (errors
-name the field), then takes the rollout's execution lease and bumps the generation in one
-compare-and-set::
+**Start (J3).** ``start_update`` checks the new generation's task with the create's own
+rule (``services.planning.check_task``: an update that cannot run — say a custom
+command where every node runs the process runtime — is refused at the request, never a
+200 that waits for ever; errors name the field), then takes the rollout's execution
+lease and bumps the generation in one compare-and-set::
 
     UPDATE task_groups SET current_generation = g + 1, rollout_holder = :me,
            rollout_expires_at = :now + ttl, rollout_started_at = :now, rollout_spec = ...
@@ -52,8 +54,8 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.containers import DEFAULT_ENV_ALLOW, env_problem
-from heteroflow.core.engines import LLAMACPP_AGENT_FLAGS, owned_flag_in, resolve_engine
+from heteroflow.core.containers import DEFAULT_ENV_ALLOW
+from heteroflow.core.engines import resolve_engine
 from heteroflow.core.errors import Conflict, ValidationFailed
 from heteroflow.core.events import EventKind
 from heteroflow.core.ports import ports_from_dicts
@@ -76,9 +78,11 @@ from heteroflow.core.rollout import (
 )
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import Event, Task, TaskGroup
-from heteroflow.schemas.task_groups import TaskGroupRead, TaskGroupUpdate
+from heteroflow.schemas.task_groups import TaskGroupRead, TaskGroupUpdate, TaskSpec
 from heteroflow.services import draining, quotas
 from heteroflow.services.auth import Principal
+from heteroflow.services.fleet import read_fleet
+from heteroflow.services.planning import check_task
 from heteroflow.services.recovery import RUNNING
 from heteroflow.services.replicas import new_replica
 from heteroflow.services.task_groups import ask_stop, get_group
@@ -89,7 +93,6 @@ log = logging.getLogger(__name__)
 
 # the task intent an update may change (everything else is inherited)
 CHANGEABLE = ("image", "engine_args", "env", "command", "kv_offload_gb")
-KV_OFFLOAD_ENGINES = frozenset({"vllm"})
 _ASLEEP = frozenset({TaskStatus.SLEEPING, TaskStatus.WAKING})
 _LIVE = [
     s.value for s in TaskStatus
@@ -138,9 +141,16 @@ def _changes(req: TaskGroupUpdate) -> dict[str, Any]:
 
 
 def _check(
-    g: TaskGroup, current: list[Task], req: TaskGroupUpdate, env_allow: Sequence[str]
+    s: Session,
+    clock: Clock,
+    g: TaskGroup,
+    current: list[Task],
+    req: TaskGroupUpdate,
+    env_allow: Sequence[str],
+    offline_after_s: float,
 ) -> dict[str, Any]:
-    """The update's changes, checked as a create checks its task (400 naming the field)."""
+    """The update's changes, its new generation checked as a create checks its task (400
+    naming the field): what only an update can get wrong here, then ``check_task``."""
     changes = _changes(req)
     if not changes:
         raise ValidationFailed(
@@ -180,41 +190,34 @@ def _check(
                 f"{engine}; the engine cannot change in an update (create a new service)",
                 field="image",
             )
-    args = changes.get("engine_args")
-    if args is not None and engine == "llamacpp":
-        clash = owned_flag_in(args, LLAMACPP_AGENT_FLAGS)
-        if clash:
-            raise ValidationFailed(
-                f"engine_args may not set {clash}: the platform sets the model, host, port "
-                "and alias itself",
-                field="engine_args",
-            )
-    for i, item in enumerate(changes.get("env") or ()):
-        if "=" in item and not item.split("=", 1)[0]:
-            raise ValidationFailed(f"env[{i}] has an empty name", field=f"env[{i}]")
-        problem = env_problem(item, env_allow)
-        if problem:
-            raise ValidationFailed(f"env[{i}]: {problem}", field=f"env[{i}]")
     kv = changes.get("kv_offload_gb")
-    if kv is not None and kv != head.kv_offload_gb:
-        if image is None or image == head.image:
-            raise ValidationFailed(
-                "kv_offload_gb changes only together with a new image (C12): the offload "
-                "flag's form depends on the engine's version",
-                field="kv_offload_gb",
-            )
-        command = changes.get("command", head.command)
-        why = ""
-        if kv and g.task_type != "inference":
-            why = f"it is for inference services, not {g.task_type}"
-        elif kv and g.parallelism == "pipeline":
-            why = "pipeline parallelism does not support it"
-        elif kv and command:
-            why = "a custom command sets its own engine flags"
-        elif kv and engine not in KV_OFFLOAD_ENGINES:
-            why = f"only vLLM supports it; the engine is {engine or 'not resolved'}"
-        if why:
-            raise ValidationFailed(f"kv_offload_gb: {why}", field="kv_offload_gb")
+    if kv is not None and kv != head.kv_offload_gb and (image is None or image == head.image):
+        raise ValidationFailed(
+            "kv_offload_gb changes only together with a new image (C12): the offload "
+            "flag's form depends on the engine's version",
+            field="kv_offload_gb",
+        )
+    spec = TaskSpec.model_construct(
+        image=changes.get("image", head.image),
+        gpu_required=head.gpu_required,
+        gpu_type=head.gpu_type,
+        model_path=head.model_path,
+        command=list(changes.get("command", head.command)),
+        engine_args=list(changes.get("engine_args", head.engine_args)),
+        env=list(changes.get("env", head.env)),
+        kv_offload_gb=changes.get("kv_offload_gb", head.kv_offload_gb),
+    )
+    nodes = [
+        n for n in read_fleet(s, clock, offline_after_s).nodes if n.visible_to(g.tenant_id)
+    ]
+    try:
+        check_task(
+            spec, engine=engine, task_type=g.task_type, parallelism=g.parallelism,
+            gpus=head.gpu_required, nodes=nodes, env_allow=env_allow,
+        )
+    except ValidationFailed as exc:  # the update's body holds the task's fields at its top
+        field_ = (exc.field or "").removeprefix("task.") or None
+        raise ValidationFailed(exc.message, field=field_) from exc
     return changes
 
 
@@ -247,9 +250,11 @@ def start_update(
     holder: str,
     policy: RolloutPolicy,
     env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
+    offline_after_s: float,
 ) -> TaskGroupRead:
     """Start an update (``PUT .../update``): 404 for a group ``who`` cannot see, 409 while
-    another update runs or the service is stopped or asleep, 400 naming a bad field."""
+    another update runs or the service is stopped or asleep, 400 naming a bad field (the
+    nodes the create's rule reads are the fleet's, online by ``offline_after_s``)."""
     get_group(s, who, group_id)  # 404 across tenants and for deleted groups
     g = s.get(TaskGroup, group_id, populate_existing=True)
     assert g is not None
@@ -269,7 +274,7 @@ def start_update(
         raise Conflict(
             f"service {g.id} is asleep ({', '.join(asleep)}); wake it before updating it"
         )
-    changes = _check(g, current, req, env_allow)
+    changes = _check(s, clock, g, current, req, env_allow, offline_after_s)
     if g.rollout_holder:  # an update whose holder died that the scan has not failed yet
         _abandon_expired(s, clock, g, policy)
     gen = g.current_generation
@@ -281,6 +286,7 @@ def start_update(
         batch_size=min(req.batch_size, max(1, len(ranks))),
         # only a service behind the gateway has requests to finish before a stop
         drain=g.task_type == "inference",
+        progress_at=now,  # the progress deadline counts from here (issue 26)
     )
     state = RolloutState.ROLLING if p.strategy == Strategy.ROLLING else RolloutState.RECREATING
     head = max(current, key=lambda t: (t.generation, t.created_at))

@@ -108,12 +108,14 @@ def update_group(
     is tried again, then the update rolls back) or ``recreate`` (stop all, create all).
     Answers at once with ``current_generation`` bumped and ``rolling_update_state``;
     follow it there (and on the events). 409 while another update runs or the service
-    is stopped or asleep; 400 naming a bad field."""
+    is stopped or asleep; 400 naming a bad field — the new generation is checked by the
+    create's own rule, so an update that cannot run is refused here."""
     return rollout.start_update(
         s, who, ctx.clock, group_id, req,
         holder=str(request.app.state.instance_id),
         policy=ctx.settings.rollout_policy(),
         env_allow=ctx.settings.env_allow(),
+        offline_after_s=ctx.settings.node_offline_after_s,
     )
 
 
