@@ -40,7 +40,7 @@ def sample() -> RoutingSnapshot:
                 priority=0,
                 weight=3,
                 backends=(
-                    Backend("t-1", "http://127.0.0.1:30001"),
+                    Backend("t-1", "http://127.0.0.1:30001", auth="Bearer hfe-engine-1"),
                     Backend("t-2", "http://10.0.0.2:30002"),
                     Backend("t-3", "http://10.0.0.3:30003"),
                 ),
@@ -203,3 +203,18 @@ def test_capabilities_travel_over_the_wire_and_default_to_unknown() -> None:
     assert RoutingSnapshot.from_wire(wire).routes[("tn-1", "m")][0].capabilities == UNKNOWN
     wire["routes"][0]["targets"][0]["capabilities"] = {"tools": "yes", "context_length": True}
     assert RoutingSnapshot.from_wire(wire).routes[("tn-1", "m")][0].capabilities == UNKNOWN
+
+
+@pytest.mark.feature("C14")
+def test_an_engine_key_reaches_the_gateways_and_an_external_key_never_leaves() -> None:
+    """The snapshot carries each engine's key to the gateways (which send it upstream);
+    a routing file's provider key stays in the process that read it."""
+    engine = Backend("t-1", "http://10.0.0.1:30001", auth="Bearer hfe-engine")
+    external = Backend("u", "https://api.example.com", auth="Bearer sk-x", auth_local=True)
+    target = RouteTarget(route_id="r", group_id="g", priority=0, weight=1,
+                         backends=(engine, external))
+    wire = json.dumps(RoutingSnapshot(version=1, routes={("t", "m"): (target,)}).to_wire())
+    back = RoutingSnapshot.from_wire(json.loads(wire))
+    got = back.routes["t", "m"][0].backends
+    assert (got[0].auth, got[1].auth) == ("Bearer hfe-engine", "")
+    assert "sk-x" not in wire and "hfe-engine" not in repr(got[0])

@@ -154,7 +154,7 @@ def _snapshot(spec: _File, version: int) -> RoutingSnapshot:
                     priority=t.priority,
                     weight=t.weight,
                     backends=tuple(
-                        Backend(task_id=u, base_url=u, auth=auth)
+                        Backend(task_id=u, base_url=u, auth=auth, auth_local=True)
                         for u in map(_base_url, t.backends)
                     ),
                     algorithm=t.algorithm or m.algorithm,

@@ -50,6 +50,9 @@ class Backend:
     # gateways read), or an external backend's key from a standalone routing file.
     # Never in a repr (so never in a log line).
     auth: str = field(default="", repr=False)
+    # An external backend's key (routing file) stays in the process that read it: never
+    # on the wire. An engine key travels to the gateways holding the gateway token.
+    auth_local: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +141,7 @@ class RoutingSnapshot:
                                     "group_id": b.group_id,
                                     "draining": b.draining,
                                     "temperature_c": b.temperature_c,
-                                    "auth": b.auth,
+                                    "auth": "" if b.auth_local else b.auth,
                                 }
                                 for b in t.backends
                             ],
