@@ -170,6 +170,13 @@ def test_a_reusing_tenant_is_answered_with_its_own_names_and_nothing_of_the_owne
     keys = _get(api, sh.d, "/api/v1/gateway/endpoints")
     assert [(k["id"], k["group_id"]) for k in keys] == [(r["endpoint"], "")]
     assert _get(api, sh.d, GROUPS) == []
+    changed = [  # and as D changes them
+        api.client.put(f"/api/v1/model-routes/{routes[0]['id']}", json={"weight": 50},
+                       headers=sh.d),
+        api.client.put(f"/api/v1/gateway/endpoints/{r['endpoint']}", json={"rpm_limit": 600},
+                       headers=sh.d),
+    ]
+    assert [(x.status_code, x.json()["group_id"]) for x in changed] == [(200, ""), (200, "")]
     for path in (f"{GROUPS}/{sh.c_group['id']}", f"{GROUPS}/{sh.c_group['id']}/events",
                  f"/api/v1/tasks/{sh.c_group['tasks'][0]['id']}",
                  f"/api/v1/tasks/{sh.c_group['tasks'][0]['id']}/logs"):
