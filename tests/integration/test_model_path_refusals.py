@@ -153,3 +153,32 @@ def test_what_the_node_alone_can_tell_is_accepted(api: Api, task: dict[str, Any]
     beat(api)
     r = api.client.post("/api/v1/task-groups", json=service_body(task=task), headers=admin)
     assert r.status_code == 201, r.text
+
+
+def test_the_scheduler_places_an_absolute_path_only_where_its_node_allows_it(api: Api) -> None:
+    """Create accepts a path some node allows; the node chosen must be one of those (its
+    agent would refuse the path after the 201 otherwise): the scheduler's node gate asks
+    the same rule, and the dry run shows the same node."""
+    admin = api.login()
+    nodes = {"node-a": api.heartbeat("node-a", allowed=["/models"]),
+             "node-b": api.heartbeat("node-b", allowed=["/data"])}
+    for path, where in (("/data/x.gguf", "node-b"), ("/models/x.gguf", "node-a")):
+        body = service_body(name=where, task={"model_path": path})
+        plan = api.client.post("/api/v1/task-groups?dry_run=true", json=body, headers=admin)
+        assert plan.json()["tasks"][0]["placement"]["node_name"] == where, plan.text
+        r = api.client.post("/api/v1/task-groups", json=body, headers=admin)
+        assert r.status_code == 201, r.text
+        api.app.scheduler.run_round()
+        t = api.client.get(f"/api/v1/tasks/{r.json()['tasks'][0]['id']}", headers=admin).json()
+        assert (t["status"], t["node_id"]) == ("scheduled", nodes[where]), t
+    # the only node that allows it is gone: the task waits, saying why not elsewhere
+    api.clock.advance(api.app.settings.node_offline_after_s + 1)
+    api.heartbeat("node-a", allowed=["/models"])
+    r = api.client.post(
+        "/api/v1/task-groups", json=service_body(name="c", task={"model_path": "/data/y.gguf"}),
+        headers=admin,
+    )
+    assert r.status_code == 201, r.text  # node-b is registered: it may come back
+    api.app.scheduler.run_round()
+    t = api.client.get(f"/api/v1/tasks/{r.json()['tasks'][0]['id']}", headers=admin).json()
+    assert t["status"] == "pending" and "allowed volume prefixes" in t["status_message"], t

@@ -79,10 +79,15 @@ def test_model_locality_then_engine_preference_then_binpack() -> None:
     plain.cards[0].committed_mb = 20000  # binpack alone would pick this fuller node
     engine = node("b-engine", engines=frozenset({"vllm"}))
     local = node("c-local", models=frozenset({"/data/models/qwen"}))
+    for n in (plain, engine, local):  # C4: each node's volume rule allows the path
+        n.allowed_volume_prefixes = ("/data/models",)
     d = demand(model_path="/data/models/qwen", engine="vllm", estimated_gpu_memory_mb=1000)
     assert place(d, [plain, engine, local], RES, POOL).node_id == "c-local"  # type: ignore[union-attr]
     assert place(d, [plain, engine], RES, POOL).node_id == "b-engine"  # type: ignore[union-attr]
-    assert place(d, [plain, node("d")], RES, POOL).node_id == "a-plain"  # type: ignore[union-attr]
+    allows = node("d", allowed_volume_prefixes=("/data",))
+    assert place(d, [plain, allows], RES, POOL).node_id == "a-plain"  # type: ignore[union-attr]
+    # a node whose rule refuses the path is never chosen (its agent would refuse it)
+    assert place(d, [node("e"), allows], RES, POOL).node_id == "d"  # type: ignore[union-attr]
 
 
 def cpu_node(name: str, **kw: Any) -> NodeView:

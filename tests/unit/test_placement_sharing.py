@@ -249,7 +249,7 @@ def test_preemption_drops_victims_the_task_does_not_need_gone() -> None:
 
 @pytest.mark.feature("B1")
 def test_fleet_index_tries_model_holders_then_the_tightest_fit() -> None:
-    holder = node("holder", 8, models=frozenset({"/m/a.gguf"}))
+    holder = node("holder", 8, models=frozenset({"/m/a.gguf"}), allowed_volume_prefixes=("/m",))
     full = node("three-free", 4)
     for d in (demand(f"x{i}", task_type="training") for i in range(1)):
         book(full, placed(place(d, [full], RES, POOL)), d)
@@ -303,6 +303,8 @@ def _dedicated(n: NodeView, d: TaskDemand) -> TaskDemand:
                                           engine_vendors=frozenset({"ascend"})),
          "vendor the engine mindie does not run on"),
         (lambda n, d: dataclasses.replace(d, host_ports=(8080,)), "host port in use"),
+        (lambda n, d: dataclasses.replace(d, model_path="/secret/m.gguf"),
+         "model_path '/secret/m.gguf' outside the node's allowed volume prefixes"),
         (lambda n, d: dataclasses.replace(d, gpu_required=0, memory_mb=10**9),
          "MB of free memory for a CPU task"),
     ],

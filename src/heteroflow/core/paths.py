@@ -122,6 +122,13 @@ class VolumeRule:
     denied: tuple[str, ...] = ()
 
 
+def on_host(path: str, engine: str) -> bool:
+    """Whether ``path`` is a host path the volume rule governs: absolute, for an engine
+    whose model is not inside its image. Create, the agent and the scheduler's node gate
+    (a node whose rule refuses it is never chosen) ask it alike."""
+    return path.startswith("/") and engine not in MODEL_IN_IMAGE
+
+
 def _volume_refusal(path: str, rules: Sequence[VolumeRule], scope: str) -> str | None:
     if any(volume_allows(path, r.allowed, r.denied) for r in rules):
         return None
@@ -187,7 +194,7 @@ def model_path_refusal(
             f"engine {engine} loads GGUF models only; {posixpath.basename(path)!r} is not "
             "one: name a .gguf file (the first shard of a split model) or its folder"
         )
-    if path.startswith("/"):
+    if on_host(path, engine):
         return _volume_refusal(path, rules, scope)
     return None
 

@@ -13,6 +13,7 @@ Card rules (B6):
 
 from __future__ import annotations
 
+from heteroflow.core.paths import on_host, volume_allows
 from heteroflow.core.placement.model import (
     CPU_TASK_MEMORY_SHARE,
     DEFAULT_CPU_TASK_MEMORY_MB,
@@ -26,6 +27,7 @@ from heteroflow.core.placement.model import (
 OFFLINE = "offline"
 RESERVED = "reserved"
 PROCESS_RUNTIME = "process_runtime"
+VOLUME = "volume"
 NO_GPUS = "no_gpus"
 TYPE_MISMATCH = "gpu_type_mismatch"
 PORTS = "ports"
@@ -65,8 +67,9 @@ def card_admits(card: CardView, t: TaskDemand, res: Reservation) -> tuple[str, b
 
 
 def node_gate(node: NodeView, t: TaskDemand, thr: float, cap: int) -> str:
-    """The node-level checks that need no card: online, dedication, runtime, load
-    threshold, container cap.
+    """The node-level checks that need no card: online, dedication, runtime, the node's
+    volume rule for an absolute model path (C4: its agent would refuse it; issue 26),
+    load threshold, container cap.
 
     The load threshold (other programs' CPU or memory use) gates GPU work only: a CPU
     engine is admitted by the memory really free on the node (``cpu_room``), and CPU
@@ -78,6 +81,10 @@ def node_gate(node: NodeView, t: TaskDemand, thr: float, cap: int) -> str:
         return RESERVED  # dedicated to other tenants (same rule as NodeView.visible_to)
     if t.needs_container and node.runtime == "process":
         return PROCESS_RUNTIME  # the trusted mode runs the platform's own launcher only
+    if on_host(t.model_path, t.engine) and not volume_allows(
+        t.model_path, node.allowed_volume_prefixes, node.denied_volume_prefixes
+    ):
+        return VOLUME
     if t.gpu_required and (node.cpu_percent > thr or node.memory_percent > thr):
         return OVERLOADED
     if t.inference and node.inference_tasks >= cap:

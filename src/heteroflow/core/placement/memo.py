@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+from heteroflow.core.paths import on_host
 from heteroflow.core.placement.model import TaskDemand, Unplaced
 from heteroflow.core.placement.reasons import explain
 
@@ -26,8 +27,9 @@ class FailureMemo:
 
     @staticmethod
     def _kind(t: TaskDemand, extra: Hashable) -> Hashable:
+        volume = t.model_path if on_host(t.model_path, t.engine) else ""  # nodes' C4 rules
         return (t.gpu_type, t.task_type, t.share_key, t.tenant_id, t.whole, t.host_ports,
-                t.engine_vendors, t.needs_container, t.priority_class, extra)
+                t.engine_vendors, t.needs_container, t.priority_class, volume, extra)
 
     @staticmethod
     def _size(t: TaskDemand) -> tuple[int, int, int, int]:

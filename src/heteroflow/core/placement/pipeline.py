@@ -50,7 +50,7 @@ def evaluate(
 ) -> tuple[Placement | None, list[CardView], str]:
     """One node through the filters: (placement, its cards, "") or (None, [], reason)."""
     why = f.node_gate(node, t, policy.load_threshold_pct, policy.inference_cap)
-    if why in (f.OFFLINE, f.RESERVED, f.PROCESS_RUNTIME):
+    if why in (f.OFFLINE, f.RESERVED, f.PROCESS_RUNTIME, f.VOLUME):
         return None, [], why
     if t.gpu_required == 0:
         need, free = f.cpu_room(node, t)
