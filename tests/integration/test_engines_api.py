@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from heteroflow.core.engine_access import ENGINE_ADDRESS
 from heteroflow.db.tables import InferenceEndpoint, Task, TaskGroup
 from heteroflow.models.tiny_gguf import write_tiny_gguf
 
@@ -113,7 +114,8 @@ def test_dry_run_plans_a_cpu_service_and_writes_nothing(api: Api, tmp_path: Path
     assert c["command"][c["command"].index("--port") + 1] == "8000"
     assert "-np" in c["command"]
     assert c["mounts"] == [{"source": str(model), "target": str(model), "read_only": True}]
-    assert c["ports"] == [{"container_port": 8000, "host_ip": "127.0.0.1", "host_port": 21000}]
+    # C14: the engine's port on the node's private loopback; its door on the node's address
+    assert c["ports"] == [{"container_port": 8000, "host_ip": ENGINE_ADDRESS, "host_port": 21000}]
     assert plan["estimate_detail"]  # the tiny GGUF is readable here, so it is estimated
     assert plan["memory_mb"] > 0
     assert [rows(api, t) for t in (TaskGroup, Task, InferenceEndpoint)] == [0, 0, 0]
