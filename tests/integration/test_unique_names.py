@@ -37,7 +37,10 @@ from heteroflow.schemas.routing import hash_key
 
 from .conftest import Api, service_body
 
-N = 12  # parallel requests per race
+# parallel requests per race: more than the app's 40 worker threads, as the attack was
+# (50 creates of one service): a lock held across a thread hand-off stalled them all
+# until the database's lock timeout (api/unit_of_work.py)
+N = 50
 
 
 def at_once(n: int, send: Callable[[int], Response]) -> list[Response]:

@@ -416,16 +416,28 @@ def plan_group(
         templates=templates,
     )
     _apply_estimate(plan, nodes, reservation)
-    if plan.enable_api:
-        clash = s.scalar(
-            select(InferenceEndpoint.id).where(
-                InferenceEndpoint.tenant_id == who.tenant_id,
-                InferenceEndpoint.name == plan.endpoint_name,
-            )
-        )
-        if clash is not None:
-            raise endpoint_taken(plan)
+    check_endpoint_name(s, who, plan)
     return plan
+
+
+def check_endpoint_name(s: Session, who: Principal, plan: GroupPlan) -> None:
+    """409 when the caller's tenant already has an endpoint of the plan's name.
+
+    Planning asks it (a read); a create asks again under its tenant's lock, so a create
+    of the name that committed meanwhile refuses this one before anything is written —
+    fifty creates of one name at once wait for the lock one statement each, not one
+    create each. The unique constraint holds what no lock orders (services/unique.py).
+    """
+    if not plan.enable_api:
+        return
+    clash = s.scalar(
+        select(InferenceEndpoint.id).where(
+            InferenceEndpoint.tenant_id == who.tenant_id,
+            InferenceEndpoint.name == plan.endpoint_name,
+        )
+    )
+    if clash is not None:
+        raise endpoint_taken(plan)
 
 
 def endpoint_taken(plan: GroupPlan) -> Conflict:

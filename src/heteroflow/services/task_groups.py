@@ -45,7 +45,13 @@ from heteroflow.services import dedup  # issue 16 (dedup)
 from heteroflow.services.access import group_clause, visible_group, visible_task
 from heteroflow.services.auth import Principal
 from heteroflow.services.fleet import read_fleet
-from heteroflow.services.planning import GroupPlan, check_quota, endpoint_taken, plan_group
+from heteroflow.services.planning import (
+    GroupPlan,
+    check_endpoint_name,
+    check_quota,
+    endpoint_taken,
+    plan_group,
+)
 from heteroflow.services.quotas import lock_tenant  # issue 16 (N2)
 from heteroflow.services.recovery import RUNNING, STOPPED, replace
 from heteroflow.services.transitions import refresh_group_status, transition
@@ -83,6 +89,7 @@ def create_group(
             return reused
     plan.warnings.extend(found.warnings)
     lock_tenant(s, who.tenant_id)  # issue 16 (N2): one tenant's creates in turn
+    check_endpoint_name(s, who, plan)  # again under the lock: a winner that just committed
     check_quota(s, who, plan)
     return _write(s, who, clock, plan)
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fastapi import APIRouter, Query
+from fastapi import Query
 
 from heteroflow.api.deps import DB, Who
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.audit import AuditPage
 from heteroflow.services import audit
 
-router = APIRouter(prefix="/api/v1", tags=["audit"])
+router = api_router(prefix="/api/v1", tags=["audit"])
 
 _INT_MAX = 2**31 - 1  # audit_log.id is a 32-bit integer
 _ID = r"^[A-Za-z0-9_.-]*$"

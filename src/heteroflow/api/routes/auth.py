@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 
 from heteroflow.api.deps import Ctx
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.core.auth_policy import LoginBackoff
 from heteroflow.schemas.auth import LoginRequest, LoginResponse
 from heteroflow.services import auth
 
-router = APIRouter(prefix="/api/v1/auth", tags=["auth"])
+router = api_router(prefix="/api/v1/auth", tags=["auth"])
 
 
 @router.post(

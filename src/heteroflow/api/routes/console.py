@@ -24,8 +24,10 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 from urllib.parse import quote
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import Response
+
+from heteroflow.api.unit_of_work import api_router
 
 CONTENT_TYPES = {
     ".js": "text/javascript; charset=utf-8",
@@ -37,7 +39,7 @@ CONTENT_TYPES = {
 INDEX = "index.html"  # the console
 API_DOCS = "api-docs.html"  # the API reference (Swagger UI)
 
-router = APIRouter(include_in_schema=False)
+router = api_router(include_in_schema=False)
 
 
 @dataclass(frozen=True)

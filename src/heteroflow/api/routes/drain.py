@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from heteroflow.api.deps import DB, Ctx, Who
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.task_groups import TaskRead
 from heteroflow.services import draining
 
-router = APIRouter(prefix="/api/v1", tags=["task-groups"])
+router = api_router(prefix="/api/v1", tags=["task-groups"])
 
 
 @router.post("/tasks/{task_id}/drain", response_model=TaskRead)

@@ -7,11 +7,12 @@ import asyncio
 from typing import Annotated
 from urllib.parse import quote
 
-from fastapi import APIRouter, Header, Request
+from fastapi import Header, Request
 from fastapi.responses import StreamingResponse
 
 from heteroflow.api.deps import DB, AgentNode, Ctx, Who
 from heteroflow.api.routes.logs import read_capped
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.common import MAX_INT32, IdStr
 from heteroflow.schemas.files import (
     AgentFileRequest,
@@ -22,7 +23,7 @@ from heteroflow.schemas.files import (
 )
 from heteroflow.services import files
 
-router = APIRouter(prefix="/api/v1", tags=["file-requests"])
+router = api_router(prefix="/api/v1", tags=["file-requests"])
 
 
 @router.post("/file-requests", response_model=FileRequestCreated, status_code=201)

@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Depends, Header, Response
+from fastapi import Depends, Header, Response
 
 from heteroflow.api.deps import DB, Ctx, Who, require_gateway
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.gateway import (
     EndpointRead,
@@ -33,7 +34,7 @@ from heteroflow.schemas.routing import (
 from heteroflow.schemas.usage import ActivityReport
 from heteroflow.services import endpoints, idle, usage
 
-router = APIRouter(prefix="/api/v1", tags=["gateway"])
+router = api_router(prefix="/api/v1", tags=["gateway"])
 
 
 @router.get("/gateway/endpoints", response_model=list[EndpointRead])

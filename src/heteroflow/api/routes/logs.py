@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
 from heteroflow.api.deps import DB, AgentNode, Ctx, Who
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.core.errors import PayloadTooLarge
 from heteroflow.schemas.common import MAX_INT32, IdStr
 from heteroflow.schemas.logs import LogAppend, LogAppended, LogPage
 from heteroflow.services import logs
 from heteroflow.services.access import visible_task
 
-router = APIRouter(prefix="/api/v1", tags=["logs"])
+router = api_router(prefix="/api/v1", tags=["logs"])
 
 
 async def read_capped(request: Request, limit: int, what: str) -> bytes:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from pydantic import ValidationError
 
 from heteroflow.api.context import ServerContext
 from heteroflow.api.deps import DB, AgentNode, Ctx, Who, get_node_id
 from heteroflow.api.heartbeat_fast import Beat
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.core.errors import Unauthorized
 from heteroflow.logs import REQUEST_ID
 from heteroflow.schemas.common import IdStr
@@ -26,7 +27,7 @@ from heteroflow.services import nodes
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/api/v1", tags=["nodes"])
+router = api_router(prefix="/api/v1", tags=["nodes"])
 
 
 @router.get("/nodes", response_model=list[NodeRead])

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from heteroflow.api.deps import DB, Who
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.dedup import PlatformSettingsRead, PlatformSettingsUpdate
 from heteroflow.services import platform_settings
 
-router = APIRouter(prefix="/api/v1/platform-settings", tags=["platform settings"])
+router = api_router(prefix="/api/v1/platform-settings", tags=["platform settings"])
 
 
 @router.get("", response_model=PlatformSettingsRead)

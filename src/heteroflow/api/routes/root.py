@@ -16,10 +16,11 @@ from __future__ import annotations
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from heteroflow.api.routes import console
+from heteroflow.api.unit_of_work import api_router
 
 NAME = "heteroflow"
 API_PREFIX = "/api/v1"
@@ -27,7 +28,7 @@ OPENAI_BASE = "/v1"
 API_DOCS = "/api/v1/docs"
 METRICS = "/metrics"
 
-router = APIRouter(tags=["health"])
+router = api_router(tags=["health"])
 
 
 @cache

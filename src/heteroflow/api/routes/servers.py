@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from heteroflow.api.deps import DB, Ctx, Who
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.servers import ServersRead
 from heteroflow.services import leadership
 
-router = APIRouter(prefix="/api/v1", tags=["servers"])
+router = api_router(prefix="/api/v1", tags=["servers"])
 
 
 @router.get("/servers", response_model=ServersRead)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 
 from heteroflow.api.deps import DB, Ctx, Who
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.sharing import (
     SharingGroupCreate,
@@ -13,7 +14,7 @@ from heteroflow.schemas.sharing import (
 )
 from heteroflow.services import sharing
 
-router = APIRouter(prefix="/api/v1/sharing-groups", tags=["sharing groups"])
+router = api_router(prefix="/api/v1/sharing-groups", tags=["sharing groups"])
 
 
 @router.post("", response_model=SharingGroupRead, status_code=201)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Request, Response
+from fastapi import Body, Request, Response
 
 from heteroflow.api.deps import DB, Ctx, Who
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.task_groups import (
     DryRunPlan,
@@ -26,7 +27,7 @@ from heteroflow.services.dry_run import dry_run as plan_dry_run
 from heteroflow.services.scaling import scale_group as scale_service  # issue 14 (I2)
 from heteroflow.services.scaling import set_scale_policy as set_policy  # issue 14 (I1)
 
-router = APIRouter(prefix="/api/v1", tags=["task-groups"])
+router = api_router(prefix="/api/v1", tags=["task-groups"])
 
 
 @router.post(

@@ -8,15 +8,14 @@ went (``branch``), including the ones that must wait (F3).
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from heteroflow.api.deps import DB, AgentNode, Ctx, Who
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.sleep import GroupSleepResult, GroupWakeResult, NodeTaskLife, WakeResult
 from heteroflow.schemas.task_groups import TaskRead
 from heteroflow.services import sleep
 
-router = APIRouter(prefix="/api/v1", tags=["task-groups"])
+router = api_router(prefix="/api/v1", tags=["task-groups"])
 
 
 @router.post("/tasks/{task_id}/sleep", response_model=TaskRead, status_code=202)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from heteroflow.api.deps import DB, Ctx, Who
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.auth import (
     TenantCreate,
     TenantQuotaRead,
@@ -16,7 +15,7 @@ from heteroflow.schemas.auth import (
 from heteroflow.schemas.common import IdStr
 from heteroflow.services import quotas, tenants
 
-router = APIRouter(prefix="/api/v1", tags=["tenants"])
+router = api_router(prefix="/api/v1", tags=["tenants"])
 
 
 @router.post("/tenants", response_model=TenantRead, status_code=201)

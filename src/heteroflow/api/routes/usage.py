@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import Depends, Header, Query, Response
 from pydantic import AfterValidator, StringConstraints
 
 from heteroflow.api.deps import DB, Ctx, Who, require_gateway
+from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.common import IdStr, UtcTime, no_nul
 from heteroflow.schemas.usage import UsageAccepted, UsageBatch, UsageReport, UsageRow
 from heteroflow.services import usage
 
-router = APIRouter(prefix="/api/v1", tags=["usage"])
+router = api_router(prefix="/api/v1", tags=["usage"])
 ModelName = Annotated[str, StringConstraints(max_length=256), AfterValidator(no_nul)]
 
 
