@@ -12,6 +12,7 @@ log in, where the admin password is and where the API docs are is printed every 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -542,3 +543,21 @@ async def run_up(opts: UpOptions) -> int:
     await server
     say("stopped")
     return 0
+
+
+def run(a: argparse.Namespace) -> int:
+    """``heteroflow up``'s arguments -> ``UpOptions``; the models default to DATA_DIR/models."""
+    data_dir = Path(a.data_dir).expanduser().resolve()
+    models_dir = Path(a.models_dir).expanduser().resolve() if a.models_dir else data_dir / "models"
+    opts = UpOptions(
+        data_dir=data_dir,
+        models_dir=models_dir,
+        host=a.host,
+        port=a.port,
+        demo=a.demo,
+        agent_config=Path(a.agent_config) if a.agent_config else None,
+        threads=a.threads,
+        runtime=a.runtime,
+        port_range=a.port_range,
+    )
+    return asyncio.run(run_up(opts))
