@@ -164,8 +164,10 @@ def test_the_agent_launches_what_the_dry_run_showed(
         for field in want:
             assert want[field] == launched[field], field
         # C14: an engine's API port on the node's private loopback, behind its door
-        api, *others = want["ports"]
-        assert api["host_ip"] == (ENGINE_ADDRESS if t.task_type == "inference" else ADDRESS)
+        api_port, *others = want["ports"]
+        assert api_port["host_ip"] == (
+            ENGINE_ADDRESS if t.task_type == "inference" else ADDRESS
+        )
         assert {p["host_ip"] for p in others} <= {ADDRESS}
         assert want["labels"]["heteroflow.task"] == t.id
         assert want["security"]["cap_drop"] == ["ALL"]
