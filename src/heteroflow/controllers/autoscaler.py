@@ -18,13 +18,9 @@ decision twice; a leader paused past its lease writes nothing (``fenced``).
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from dataclasses import dataclass
 
-from heteroflow.controllers.base import FrozenClock
-from heteroflow.controllers.node_watch import HoldsLease
-from heteroflow.core.clock import Clock
-from heteroflow.db.engine import Database
-from heteroflow.services.leadership import LeaseLost, fenced
+from heteroflow.controllers.base import FencedController, Round
 from heteroflow.services.scaling import (
     AutoscaleOutcome,
     autoscale_group,
@@ -36,51 +32,26 @@ from heteroflow.services.usage import prune_load, read_load
 log = logging.getLogger(__name__)
 
 
-class Autoscaler:
+@dataclass(eq=False, kw_only=True)
+class Autoscaler(FencedController[list[AutoscaleOutcome]]):
+    """A round answers what was decided for each autoscaled service."""
+
     name = "autoscaler"
-    leader_only = True
+    skipped = "autoscaler"
 
-    def __init__(
-        self,
-        db: Database,
-        clock: Clock,
-        leadership: HoldsLease,
-        *,
-        interval_s: float,
-        min_age_s: float,
-        load_stale_s: float,
-    ) -> None:
-        self.db = db
-        self.clock = clock
-        self.leadership = leadership
-        self.interval_s = interval_s
-        self.min_age_s = min_age_s
-        self.load_stale_s = load_stale_s
+    min_age_s: float
+    load_stale_s: float
 
-    def reconcile_once(self, now: datetime) -> None:
-        self.run_round(now)
-
-    def run_round(self, now: datetime | None = None) -> list[AutoscaleOutcome]:
-        """One round as of ``now``: what was decided for each autoscaled service.
-        ``LeaseLost`` when this instance does not lead (nothing is written then)."""
-        now = now or self.clock.now()
-        fence = self.leadership.fence(now)
-        if fence is None:
-            raise LeaseLost("this instance does not lead: autoscaler skipped")
+    def round(self, r: Round) -> list[AutoscaleOutcome]:
         with self.db.read_snapshot() as s:
             groups = autoscaled_groups(s)
-            load = read_load(s, now, self.load_stale_s) if groups else None
+            load = read_load(s, r.now, self.load_stale_s) if groups else None
         out: list[AutoscaleOutcome] = []
         for group_id in groups:
             assert load is not None
-            with self.db.session() as s:
-                fenced(s, fence, self.clock.now())  # first statement of the transaction
+            with r.transaction() as s:
                 outcome = autoscale_group(
-                    s,
-                    FrozenClock(self.clock, now),
-                    group_id,
-                    load,
-                    min_age_s=self.min_age_s,
+                    s, r.clock, group_id, load, min_age_s=self.min_age_s,
                     stale_s=self.load_stale_s,
                 )
             if outcome is None:
@@ -91,43 +62,21 @@ class Autoscaler:
         return out
 
 
-class ScaleDrainer:
+@dataclass(eq=False, kw_only=True)
+class ScaleDrainer(FencedController[list[str]]):
+    """A round answers the leaving replicas it asked to stop."""
+
     name = "scale-drainer"
-    leader_only = True
+    skipped = "scale-in drains"
 
-    def __init__(
-        self,
-        db: Database,
-        clock: Clock,
-        leadership: HoldsLease,
-        *,
-        interval_s: float,
-        drain_timeout_s: float,
-        load_stale_s: float,
-    ) -> None:
-        self.db = db
-        self.clock = clock
-        self.leadership = leadership
-        self.interval_s = interval_s
-        self.drain_timeout_s = drain_timeout_s
-        self.load_stale_s = load_stale_s
+    drain_timeout_s: float
+    load_stale_s: float
 
-    def reconcile_once(self, now: datetime) -> None:
-        self.run_round(now)
-
-    def run_round(self, now: datetime | None = None) -> list[str]:
-        """One round as of ``now``: the leaving replicas asked to stop."""
-        now = now or self.clock.now()
-        fence = self.leadership.fence(now)
-        if fence is None:
-            raise LeaseLost("this instance does not lead: scale-in drains skipped")
-        with self.db.session() as s:
-            fenced(s, fence, self.clock.now())
-            load = read_load(s, now, self.load_stale_s)
-            stopped = finish_scale_ins(
-                s, FrozenClock(self.clock, now), load, drain_timeout_s=self.drain_timeout_s
-            )
-            prune_load(s, now, self.load_stale_s)
+    def round(self, r: Round) -> list[str]:
+        with r.transaction() as s:
+            load = read_load(s, r.now, self.load_stale_s)
+            stopped = finish_scale_ins(s, r.clock, load, drain_timeout_s=self.drain_timeout_s)
+            prune_load(s, r.now, self.load_stale_s)
         if stopped:
             log.info("scale-in: %d replica(s) drained or timed out, stopping", len(stopped))
         return stopped

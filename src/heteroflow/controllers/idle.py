@@ -20,62 +20,37 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from dataclasses import dataclass
 
-from heteroflow.controllers.base import FrozenClock
-from heteroflow.controllers.node_watch import HoldsLease
+from heteroflow.controllers.base import FencedController, Round
 from heteroflow.controllers.snapshot import SnapshotPublisher
 from heteroflow.core.clock import Clock
 from heteroflow.db.engine import Database
 from heteroflow.schemas.routing import WakeOutcome
 from heteroflow.services.idle import MINUTE_S, idle_groups, sleep_if_idle, wake_for_request
-from heteroflow.services.leadership import LeaseLost, fenced
 
 log = logging.getLogger(__name__)
 
 
-class IdleSleeper:
+@dataclass(eq=False, kw_only=True)
+class IdleSleeper(FencedController[dict[str, list[str]]]):
+    """A round answers group id -> the task ids it put to sleep."""
+
     name = "idle-sleep"
-    leader_only = True
+    skipped = "idle check"
 
-    def __init__(
-        self,
-        db: Database,
-        clock: Clock,
-        leadership: HoldsLease,
-        *,
-        interval_s: float,
-        minute_s: float = MINUTE_S,
-        on_slept: Callable[[], object] | None = None,
-    ) -> None:
-        self.db = db
-        self.clock = clock
-        self.leadership = leadership
-        self.interval_s = interval_s
-        self.minute_s = minute_s
-        # called after a round put something to sleep (the server: refresh the routing
-        # snapshot at once, so its gateway stops routing there before the engine stops)
-        self.on_slept = on_slept
+    minute_s: float = MINUTE_S
+    # called after a round put something to sleep (the server: refresh the routing
+    # snapshot at once, so its gateway stops routing there before the engine stops)
+    on_slept: Callable[[], object] | None = None
 
-    def reconcile_once(self, now: datetime) -> None:
-        self.run_round(now)
-
-    def run_round(self, now: datetime | None = None) -> dict[str, list[str]]:
-        """One round as of ``now``: group id -> the task ids it put to sleep.
-        ``LeaseLost`` when this instance does not lead (nothing is written then)."""
-        now = now or self.clock.now()
-        fence = self.leadership.fence(now)
-        if fence is None:
-            raise LeaseLost("this instance does not lead: idle check skipped")
+    def round(self, r: Round) -> dict[str, list[str]]:
         with self.db.read_snapshot() as s:
-            candidates = idle_groups(s, now, minute_s=self.minute_s)
+            candidates = idle_groups(s, r.now, minute_s=self.minute_s)
         out: dict[str, list[str]] = {}
         for c in candidates:
-            with self.db.session() as s:
-                fenced(s, fence, self.clock.now())  # first statement of the transaction
-                slept = sleep_if_idle(
-                    s, FrozenClock(self.clock, now), c.group_id, minute_s=self.minute_s
-                )
+            with r.transaction() as s:
+                slept = sleep_if_idle(s, r.clock, c.group_id, minute_s=self.minute_s)
             if slept:
                 out[c.group_id] = slept
                 log.info(

@@ -17,53 +17,19 @@ nothing once another instance took over.
 
 from __future__ import annotations
 
-import logging
-from datetime import datetime
-from typing import Protocol
+from dataclasses import dataclass
 
-from heteroflow.controllers.base import FrozenClock
-from heteroflow.core.clock import Clock
-from heteroflow.db.engine import Database
+from heteroflow.controllers.base import FencedController, Round
 from heteroflow.services.faults import WatchResult, watch_nodes
-from heteroflow.services.leadership import Fence, LeaseLost, fenced
-
-log = logging.getLogger(__name__)
 
 
-class HoldsLease(Protocol):
-    def fence(self, now: datetime) -> Fence | None: ...
-
-
-class NodeWatch:
+@dataclass(eq=False, kw_only=True)
+class NodeWatch(FencedController[WatchResult]):
     name = "node-watch"
-    leader_only = True
+    skipped = "node watch"
 
-    def __init__(
-        self,
-        db: Database,
-        clock: Clock,
-        leadership: HoldsLease,
-        *,
-        interval_s: float,
-        offline_after_s: float,
-    ) -> None:
-        self.db = db
-        self.clock = clock
-        self.leadership = leadership
-        self.interval_s = interval_s
-        self.offline_after_s = offline_after_s
+    offline_after_s: float
 
-    def reconcile_once(self, now: datetime) -> None:
-        self.run_round(now)
-
-    def run_round(self, now: datetime | None = None) -> WatchResult:
-        """One round as of ``now`` (default: the clock's); ``LeaseLost`` when this
-        instance does not hold the lease, and then nothing is written."""
-        now = now or self.clock.now()
-        fence = self.leadership.fence(now)
-        if fence is None:
-            raise LeaseLost("this instance does not lead: node watch skipped")
-        with self.db.session() as s:
-            # first statement of the transaction; the check uses the time it runs at
-            fenced(s, fence, self.clock.now())
-            return watch_nodes(s, FrozenClock(self.clock, now), self.offline_after_s)
+    def round(self, r: Round) -> WatchResult:
+        with r.transaction() as s:
+            return watch_nodes(s, r.clock, self.offline_after_s)

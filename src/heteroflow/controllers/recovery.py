@@ -11,66 +11,39 @@ fenced like every leader-only write, so a leader paused past its lease writes no
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
 
-from heteroflow.controllers.base import FrozenClock
-from heteroflow.core.clock import Clock
+from heteroflow.controllers.base import FencedController, Round
 from heteroflow.core.recovery import RecoveryPolicy
-from heteroflow.db.engine import Database
-from heteroflow.services.leadership import Fence, LeaseLost, fenced
 from heteroflow.services.recovery import RecoveryResult, recover
 
 log = logging.getLogger(__name__)
 
 
-class HoldsLease(Protocol):
-    def fence(self, now: datetime) -> Fence | None: ...
-
-    def leading_since(self, now: datetime) -> datetime | None: ...
-
-
-class Recovery:
+@dataclass(eq=False, kw_only=True)
+class Recovery(FencedController[RecoveryResult]):
     name = "recovery"
-    leader_only = True
+    skipped = "recovery"
 
-    def __init__(
-        self,
-        db: Database,
-        clock: Clock,
-        leadership: HoldsLease,
-        *,
-        interval_s: float,
-        policy: RecoveryPolicy,
-        offline_after_s: float,
-        migrate_after_s: float,
-    ) -> None:
-        self.db = db
-        self.clock = clock
-        self.leadership = leadership
-        self.interval_s = interval_s
-        self.policy = policy
-        self.offline_after_s = offline_after_s
-        self.migrate_after_s = migrate_after_s
-        self._held: list[str] = []  # lost nodes whose work waits (logged once per change)
-        self._disrupted_at: datetime | None = None  # the last round that held evacuation
+    policy: RecoveryPolicy
+    offline_after_s: float
+    migrate_after_s: float
+    # when this instance took the lease it holds (``Leadership.leading_since``): a new
+    # leader gives every lost node a whole delay from then
+    leading_since: Callable[[datetime], datetime | None]
+    # lost nodes whose work waits (logged once per change); the last round that held it
+    _held: list[str] = field(default_factory=list, init=False)
+    _disrupted_at: datetime | None = field(default=None, init=False)
 
-    def reconcile_once(self, now: datetime) -> None:
-        self.run_round(now)
-
-    def run_round(self, now: datetime | None = None) -> RecoveryResult:
-        """One round as of ``now`` (default: the clock's); ``LeaseLost`` when this
-        instance does not hold the lease, and then nothing is written."""
-        now = now or self.clock.now()
-        fence = self.leadership.fence(now)
-        if fence is None:
-            raise LeaseLost("this instance does not lead: recovery skipped")
-        calm = [t for t in (self.leadership.leading_since(now), self._disrupted_at) if t]
-        with self.db.session() as s:
-            fenced(s, fence, self.clock.now())
+    def round(self, r: Round) -> RecoveryResult:
+        now = r.now
+        calm = [t for t in (self.leading_since(now), self._disrupted_at) if t]
+        with r.transaction() as s:
             result = recover(
                 s,
-                FrozenClock(self.clock, now),
+                r.clock,
                 self.policy,
                 offline_after_s=self.offline_after_s,
                 migrate_after_s=self.migrate_after_s,

@@ -13,56 +13,25 @@ compare-and-set (harmless, but double work) and write the same deferral events.
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Protocol
+from dataclasses import dataclass
 
-from heteroflow.controllers.base import FrozenClock
-from heteroflow.core.clock import Clock
-from heteroflow.db.engine import Database
-from heteroflow.services.leadership import Fence, LeaseLost, fenced
+from heteroflow.controllers.base import FencedController, Round
 from heteroflow.services.sleep import WakeRound, retry_wakes
 
 
-class HoldsLease(Protocol):
-    def fence(self, now: datetime) -> Fence | None: ...
-
-
-class WakeRetrier:
+@dataclass(eq=False, kw_only=True)
+class WakeRetrier(FencedController[WakeRound]):
     name = "wake-retrier"
-    leader_only = True
+    skipped = "wake retrier"
 
-    def __init__(
-        self,
-        db: Database,
-        clock: Clock,
-        leadership: HoldsLease,
-        *,
-        interval_s: float,
-        offline_after_s: float,
-        node_lost_after_s: float,
-    ) -> None:
-        self.db = db
-        self.clock = clock
-        self.leadership = leadership
-        self.interval_s = interval_s
-        self.offline_after_s = offline_after_s
-        self.node_lost_after_s = node_lost_after_s
+    offline_after_s: float
+    node_lost_after_s: float
 
-    def reconcile_once(self, now: datetime) -> None:
-        self.run_round(now)
-
-    def run_round(self, now: datetime | None = None) -> WakeRound:
-        """One round as of ``now`` (default: the clock's); ``LeaseLost`` when this
-        instance does not lead, and then nothing is written."""
-        now = now or self.clock.now()
-        fence = self.leadership.fence(now)
-        if fence is None:
-            raise LeaseLost("this instance does not lead: wake retrier skipped")
-        with self.db.session() as s:
-            fenced(s, fence, self.clock.now())
+    def round(self, r: Round) -> WakeRound:
+        with r.transaction() as s:
             return retry_wakes(
                 s,
-                FrozenClock(self.clock, now),
+                r.clock,
                 offline_after_s=self.offline_after_s,
                 node_lost_after_s=self.node_lost_after_s,
             )

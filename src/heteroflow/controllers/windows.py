@@ -15,70 +15,38 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
-from typing import Protocol
+from dataclasses import dataclass
 
-from heteroflow.controllers.base import FrozenClock
-from heteroflow.core.clock import Clock
-from heteroflow.db.engine import Database
-from heteroflow.services.leadership import Fence, LeaseLost, fenced
+from heteroflow.controllers.base import FencedController, Round
+from heteroflow.services.leadership import LeaseLost
 from heteroflow.services.sleep import DEFAULT_OFFLINE_AFTER_S
 from heteroflow.services.windows import Scaler, WindowOutcome, apply_window, due_groups
 
 log = logging.getLogger(__name__)
 
 
-class HoldsLease(Protocol):
-    def fence(self, now: datetime) -> Fence | None: ...
+@dataclass(eq=False, kw_only=True)
+class WindowExecutor(FencedController[list[WindowOutcome]]):
+    """A round answers what each due group's window did."""
 
-
-class WindowExecutor:
     name = "schedule-windows"
-    leader_only = True
+    skipped = "schedule windows"
 
-    def __init__(
-        self,
-        db: Database,
-        clock: Clock,
-        leadership: HoldsLease,
-        *,
-        interval_s: float,
-        scaler: Scaler,
-        offline_after_s: float = DEFAULT_OFFLINE_AFTER_S,
-        on_change: Callable[[], object] | None = None,
-    ) -> None:
-        self.db = db
-        self.clock = clock
-        self.leadership = leadership
-        self.interval_s = interval_s
-        self.scaler = scaler
-        self.offline_after_s = offline_after_s
-        # called after a round moved tasks (the server: refresh the routing snapshot at
-        # once, so the gateway stops routing to a paused service before its engine stops)
-        self.on_change = on_change
+    scaler: Scaler
+    offline_after_s: float = DEFAULT_OFFLINE_AFTER_S
+    # called after a round moved tasks (the server: refresh the routing snapshot at
+    # once, so the gateway stops routing to a paused service before its engine stops)
+    on_change: Callable[[], object] | None = None
 
-    def reconcile_once(self, now: datetime) -> None:
-        self.run_round(now)
-
-    def run_round(self, now: datetime | None = None) -> list[WindowOutcome]:
-        """One round as of ``now``: what each group's window did. ``LeaseLost`` when
-        this instance does not lead (nothing is written then)."""
-        now = now or self.clock.now()
-        fence = self.leadership.fence(now)
-        if fence is None:
-            raise LeaseLost("this instance does not lead: schedule windows skipped")
+    def round(self, r: Round) -> list[WindowOutcome]:
         with self.db.read_snapshot() as s:
-            due = due_groups(s, now)
+            due = due_groups(s, r.now)
         out: list[WindowOutcome] = []
         for group_id in due:
             try:
-                with self.db.session() as s:
-                    fenced(s, fence, self.clock.now())  # first statement of the transaction
+                with r.transaction() as s:
                     done = apply_window(
-                        s,
-                        FrozenClock(self.clock, now),
-                        group_id,
-                        scaler=self.scaler,
+                        s, r.clock, group_id, scaler=self.scaler,
                         offline_after_s=self.offline_after_s,
                     )
             except LeaseLost:
