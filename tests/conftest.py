@@ -43,7 +43,7 @@ def _hash_each_password_once() -> None:
     import functools
     import hashlib
 
-    from heteroflow.services import auth, tenants
+    from heteroflow.services import auth, login, passwords, tenants
 
     real_scrypt = hashlib.scrypt
 
@@ -57,9 +57,9 @@ def _hash_each_password_once() -> None:
         return computed(bytes(password), bytes(salt), n, r, p, maxmem, dklen)
 
     hashlib.scrypt = scrypt  # type: ignore[assignment]
-    once = functools.lru_cache(maxsize=1024)(auth.hash_password)
-    auth.hash_password = once
-    vars(tenants)["hash_password"] = once  # imported there by name
+    once = functools.lru_cache(maxsize=1024)(passwords.hash_password)
+    for module in (passwords, auth, login, tenants):  # imported by name in the others
+        vars(module)["hash_password"] = once
 
 
 _hash_each_password_once()

@@ -37,12 +37,12 @@ from heteroflow.schemas.routing import SnapshotHolder
 from heteroflow.services.auth import (
     JWT_SECRET_KEY,
     Bootstrap,
-    NodeTokens,
     Tokens,
     bootstrap,
     shared_secret,
 )
 from heteroflow.services.metrics import LeaderState, ServerMetrics, read_fleet_counts
+from heteroflow.services.node_tokens import NodeTokens
 from heteroflow.services.usage import DbUsageSink
 from heteroflow.serving import http_server
 from heteroflow.settings import ServerSettings

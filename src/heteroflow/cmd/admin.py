@@ -21,7 +21,7 @@ from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
 from heteroflow.core.ids import new_api_key
 from heteroflow.db.engine import Database, downgrade, make_engine, migrate
 from heteroflow.schemas.routing import hash_key
-from heteroflow.services import auth
+from heteroflow.services import auth, login, node_tokens
 from heteroflow.settings import ServerSettings
 
 
@@ -142,9 +142,9 @@ def _rotate_node_token(a: argparse.Namespace) -> int:
 def _node_token_action(a: argparse.Namespace, db: Database, settings: ServerSettings) -> int:
     now = clock.SystemClock().now()
     if a.show:
-        print(auth.load_node_tokens(db).current)
+        print(node_tokens.load_node_tokens(db).current)
         return 0
-    on_previous = auth.nodes_on_previous_token(db, now)
+    on_previous = node_tokens.nodes_on_previous_token(db, now)
     listing = [
         f"  {n.node_id}  {n.name or '(not registered)'}  seen {_utc(n.seen_at)}"
         for n in on_previous
@@ -154,7 +154,9 @@ def _node_token_action(a: argparse.Namespace, db: Database, settings: ServerSett
     if a.finish:
         return _finish_node_token_rotation(a, db, settings, listing)
     try:
-        state = auth.rotate_node_token(db, clock.SystemClock(), a.previous_valid_hours * 3600.0)
+        state = node_tokens.rotate_node_token(
+            db, clock.SystemClock(), a.previous_valid_hours * 3600.0
+        )
     except Conflict as exc:
         print(exc.message, file=sys.stderr)
         return 1
@@ -174,7 +176,7 @@ def _node_token_action(a: argparse.Namespace, db: Database, settings: ServerSett
 def _node_token_status(
     db: Database, settings: ServerSettings, now: datetime, listing: list[str]
 ) -> int:
-    state = auth.load_node_tokens(db) if not settings.node_token else None
+    state = node_tokens.load_node_tokens(db) if not settings.node_token else None
     if state is not None and state.previous and state.previous_until is not None:
         live = state.previous_live(now)
         print(
@@ -204,7 +206,7 @@ def _finish_node_token_rotation(
             file=sys.stderr,
         )
         return 1
-    if auth.finish_node_token_rotation(db):
+    if node_tokens.finish_node_token_rotation(db):
         print(
             "node token rotation finished: only the current token works now (on every "
             f"server instance within {settings.node_token_cache_s:g} s)"
@@ -214,7 +216,7 @@ def _finish_node_token_rotation(
     return 0
 
 
-_WINDOW = f"{auth.NODE_TOKEN_SEEN_WINDOW_S:g} s"
+_WINDOW = f"{node_tokens.NODE_TOKEN_SEEN_WINDOW_S:g} s"
 
 
 def _utc(t: datetime) -> str:
@@ -241,7 +243,7 @@ def _reset_password(a: argparse.Namespace) -> int:
     if db is None:
         return 1
     try:
-        auth.reset_password(db, clock.SystemClock(), a.username, password)
+        login.reset_password(db, clock.SystemClock(), a.username, password)
     except NotFound:
         print(f"no user named {a.username!r}", file=sys.stderr)
         return 1

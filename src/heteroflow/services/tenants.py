@@ -21,7 +21,8 @@ from heteroflow.schemas.auth import (
     UserCreate,
     UserRead,
 )
-from heteroflow.services.auth import Principal, hash_password
+from heteroflow.services.auth import Principal
+from heteroflow.services.passwords import hash_password
 from heteroflow.services.sharing import require_group
 from heteroflow.services.unique import taken_as
 

@@ -8,7 +8,7 @@ from heteroflow.api.deps import Ctx
 from heteroflow.api.unit_of_work import api_router
 from heteroflow.core.auth_policy import LoginBackoff
 from heteroflow.schemas.auth import LoginRequest, LoginResponse
-from heteroflow.services import auth
+from heteroflow.services import login as logins
 
 router = api_router(prefix="/api/v1/auth", tags=["auth"])
 
@@ -31,5 +31,7 @@ def login(req: LoginRequest, request: Request, ctx: Ctx) -> LoginResponse:
     address = request.client.host if request.client else ""
     # The service opens its own units of work: a failure must be counted (committed)
     # although the answer is an error.
-    token = auth.login(ctx.db, ctx.tokens, ctx.clock, backoff, req.username, req.password, address)
+    token = logins.login(
+        ctx.db, ctx.tokens, ctx.clock, backoff, req.username, req.password, address
+    )
     return LoginResponse(access_token=token, expires_in=int(st.jwt_ttl_s))
