@@ -200,7 +200,7 @@ def test_tasks_stop_and_services_delete_wait_until_the_agent_confirms(
         api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/report", {"status": "stopped"})
         real_sleep(0.01)
 
-    monkeypatch.setattr("heteroflow.cmd.remote.time.sleep", agent_confirms)
+    monkeypatch.setattr("heteroflow.cmd.waiting.time.sleep", agent_confirms)
     code, out, _ = run(capsys, "tasks", "stop", task_id, "--wait", "--timeout", "30")
     assert code == 0, out
     assert out.splitlines()[0] == f"stopping {task_id} (now stopping)"

@@ -148,7 +148,7 @@ def test_follow_ends_after_its_timeout(api: Api) -> None:
 def test_cli_prints_logs_and_follows_until_the_end(
     api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from heteroflow.cmd import remote
+    from heteroflow.cmd import remote, remote_tasks
 
     admin = api.login()
     node_id = api.heartbeat()
@@ -157,15 +157,15 @@ def test_cli_prints_logs_and_follows_until_the_end(
         ship(api, node_id, task_id, text)
     api.client.headers.update(admin)
     monkeypatch.setattr(remote, "_client", lambda server=None: _Shared(api.client))
-    remote.logs(task_id)
+    remote_tasks.logs(task_id)
     assert capsys.readouterr().out == "one\ntwo\n"
     api.app.settings.log_follow_poll_s = 0.01
     ship(api, node_id, task_id, "three\n")
     api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/report", {"status": "failed"})
-    remote.logs(task_id, follow=True)
+    remote_tasks.logs(task_id, follow=True)
     assert capsys.readouterr().out == "one\ntwo\nthree\n"
     with pytest.raises(remote.CliError, match="404"):
-        remote.logs("task-000000000000", follow=True)
+        remote_tasks.logs("task-000000000000", follow=True)
 
 
 class _Shared:

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from heteroflow import cli
-from heteroflow.cmd import remote
 from heteroflow.core.rollout import CANDIDATE
 
 from .conftest import Api, service_body
@@ -339,7 +338,7 @@ def test_a_stop_during_the_update_ends_it_and_stops_its_new_replicas(api: Api) -
 def test_cli_update_follows_the_batches(
     api: Api, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(remote, "POLL_S", 0.02)
+    monkeypatch.setattr("heteroflow.cmd.waiting.POLL_S", 0.02)
     admin = api.login()
     group_id, node_id, (old0, old1) = two_replicas(api, admin)
     codes: list[int] = []

@@ -194,7 +194,7 @@ def test_create_waits_and_prints_each_new_pending_reason(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("heteroflow.cmd.remote.time.sleep", lambda _s: None)  # no real pauses
+    monkeypatch.setattr("heteroflow.cmd.waiting.time.sleep", lambda _s: None)  # no real pauses
     created = {**group("pending", task("pending", "waiting for the scheduler")), "api_key": None}
     rec = server(
         (201, created),

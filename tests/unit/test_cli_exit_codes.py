@@ -51,7 +51,7 @@ def fake_time(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     def sleep(seconds: float) -> None:
         now[0] += seconds
 
-    monkeypatch.setattr(time, "sleep", sleep)  # the module remote.py calls them on
+    monkeypatch.setattr(time, "sleep", sleep)  # the module waiting.py calls them on
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
     return now
 

@@ -1,7 +1,8 @@
 """The management client's root: the commands that talk to a server's management API
 (``login``, ``status``, ``services``, ``tasks``, ``tenants``, ``platform``,
 ``sharing-groups``, ``users``, ``nodes``, ``logs``) turn their arguments into the
-request ``remote.py`` sends. Like the agent, it only speaks HTTP to the server.
+request ``remote.py`` (and ``remote_services``, ``remote_changes``, ``remote_tasks``)
+sends. Like the agent, it only speaks HTTP to the server.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import getpass
 import os
 from collections.abc import Callable
 
-from heteroflow.cmd import remote, status, tables
+from heteroflow.cmd import remote, remote_changes, remote_services, remote_tasks, status, tables
 from heteroflow.cmd.errors import CliError
 
 Command = Callable[[argparse.Namespace], object]
@@ -90,38 +91,44 @@ def _window_changes(a: argparse.Namespace) -> tuple[str, dict[str, object]]:
 
 def _window(a: argparse.Namespace) -> None:
     mode, changes = _window_changes(a)
-    remote.window_service(a.id, changes, mode, as_json=a.json)
+    remote_changes.window_service(a.id, changes, mode, as_json=a.json)
 
 
 SERVICE_ACTIONS: dict[str, Command] = {
-    "create": lambda a: remote.create_service(
+    "create": lambda a: remote_services.create_service(
         _create_body(a), wait=a.wait, timeout_s=a.timeout, as_json=a.json
     ),
-    "list": lambda a: remote.list_services(as_json=a.json),
-    "show": lambda a: remote.show_service(a.id, as_json=a.json),
-    "delete": lambda a: remote.delete_service(a.id, wait=a.wait, timeout_s=a.timeout),
+    "list": lambda a: remote_services.list_services(as_json=a.json),
+    "show": lambda a: remote_services.show_service(a.id, as_json=a.json),
+    "delete": lambda a: remote_services.delete_service(a.id, wait=a.wait, timeout_s=a.timeout),
     # issue 13: the service's desired state
-    "stop": lambda a: remote.stop_service(a.id, wait=a.wait, timeout_s=a.timeout),
-    "start": lambda a: remote.start_service(a.id, wait=a.wait, timeout_s=a.timeout),
-    "restart": lambda a: remote.restart_service(a.id, wait=a.wait, timeout_s=a.timeout),
-    "update": lambda a: remote.update_service(
+    "stop": lambda a: remote_services.stop_service(a.id, wait=a.wait, timeout_s=a.timeout),
+    "start": lambda a: remote_services.start_service(a.id, wait=a.wait, timeout_s=a.timeout),
+    "restart": lambda a: remote_services.restart_service(a.id, wait=a.wait, timeout_s=a.timeout),
+    "update": lambda a: remote_changes.update_service(
         a.id, _update_body(a), wait=a.wait, timeout_s=a.timeout, as_json=a.json
     ),
-    "sleep": lambda a: remote.sleep_service(a.id, as_json=a.json),
-    "wake": lambda a: remote.wake_service(a.id, wait=a.wait, timeout_s=a.timeout, as_json=a.json),
+    "sleep": lambda a: remote_services.sleep_service(a.id, as_json=a.json),
+    "wake": lambda a: remote_services.wake_service(
+        a.id, wait=a.wait, timeout_s=a.timeout, as_json=a.json
+    ),
     # issue 14 (I1, I2): scale and autoscale; (K1) the schedule window
-    "scale": lambda a: remote.scale_service(
+    "scale": lambda a: remote_changes.scale_service(
         a.id, a.replicas, wait=a.wait, timeout_s=a.timeout, as_json=a.json
     ),
-    "autoscale": lambda a: remote.autoscale_service(a.id, _autoscale_body(a), as_json=a.json),
+    "autoscale": lambda a: remote_changes.autoscale_service(
+        a.id, _autoscale_body(a), as_json=a.json
+    ),
     "window": _window,
 }
 
 TASK_ACTIONS: dict[str, Command] = {
-    "show": lambda a: remote.show_task(a.id, as_json=a.json),
-    "stop": lambda a: remote.stop_task(a.id, wait=a.wait, timeout_s=a.timeout),
-    "sleep": lambda a: remote.sleep_task(a.id, as_json=a.json),
-    "wake": lambda a: remote.wake_task(a.id, wait=a.wait, timeout_s=a.timeout, as_json=a.json),
+    "show": lambda a: remote_tasks.show_task(a.id, as_json=a.json),
+    "stop": lambda a: remote_tasks.stop_task(a.id, wait=a.wait, timeout_s=a.timeout),
+    "sleep": lambda a: remote_tasks.sleep_task(a.id, as_json=a.json),
+    "wake": lambda a: remote_tasks.wake_task(
+        a.id, wait=a.wait, timeout_s=a.timeout, as_json=a.json
+    ),
 }
 
 
@@ -201,5 +208,5 @@ COMMANDS: dict[str, Command] = {
     "sharing-groups": _sharing_groups,
     "users": _users,
     "nodes": lambda a: remote.get_list("/api/v1/nodes", tables.nodes_table, a.json, "nodes"),
-    "logs": lambda a: remote.logs(a.task_id, follow=a.follow),
+    "logs": lambda a: remote_tasks.logs(a.task_id, follow=a.follow),
 }
