@@ -1,8 +1,8 @@
-"""The rollout state machine (core/rollout.py) on a fake clock: every branch — success,
+"""The rollout state machine (core/rollout/) on a fake clock: every branch — success,
 a batch tried again, the rollback (and a restore that fails), recreate, the drain rule,
 the lease (renew, expiry, the 16-minute bound), abandon (the expiry scan) and orphans.
 
-``World`` applies each step to a dict of replicas the way services/rollout.py writes it
+``World`` applies each step to a dict of replicas the way services/rollout/ writes it
 to the database (a created candidate is pending; a stop is immediate), so a test drives
 the machine round by round and moves replicas (running, failed) by hand."""
 
