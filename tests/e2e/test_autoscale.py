@@ -27,6 +27,8 @@ import httpx
 import openai
 import pytest
 
+from heteroflow.core.engine_access import ENGINE_ADDRESS
+
 from .conftest import (
     ADMIN_PASSWORD,
     Stack,
@@ -134,10 +136,12 @@ def test_load_takes_a_service_from_1_to_3_replicas_and_idle_back_to_1(stack: Sta
             scaled = wait_for(three_running, 120, "3 replicas running under load", 0.25)
             up_s = time.monotonic() - start
             ports = [int(t["ports"][0]["host_port"]) for t in scaled["tasks"]]
-            # every replica answers: the gateways route to the new ones too
+            # every replica answers (its engine, on the node's private loopback behind
+            # its door, C14): the gateways route to the new ones too
             wait_for(
                 lambda: all(
-                    httpx.get(f"http://127.0.0.1:{p}/health", timeout=2).status_code == 200
+                    httpx.get(f"http://{ENGINE_ADDRESS}:{p}/health", timeout=2).status_code
+                    == 200
                     for p in ports
                 ),
                 30,
