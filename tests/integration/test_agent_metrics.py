@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from heteroflow.agent import daemon
+from heteroflow.agent import daemon, watch
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.inventory import GpuCard, NodeInventory, NvmlDiscovery
@@ -147,7 +147,7 @@ def node(monkeypatch: pytest.MonkeyPatch) -> None:
     inv = NodeInventory((CARD,), 8, 65536, 60000, 3.0, 10.0)
     monkeypatch.setattr(daemon, "collect_inventory", lambda gpus, nvml: inv)
     monkeypatch.setattr(daemon, "listening_ports", lambda: [])
-    monkeypatch.setattr(daemon, "probe", _never_passes)
+    monkeypatch.setattr(watch, "probe", _never_passes)  # where the watch loop looks it up
 
 
 def make(tmp_path: Path, client: FakeClient, **settings: Any) -> Agent:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from heteroflow.agent import daemon
+from heteroflow.agent import daemon, watch
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.inventory import NodeInventory, NvmlDiscovery
@@ -161,7 +161,7 @@ class Probe:
 @pytest.fixture
 def probe(monkeypatch: pytest.MonkeyPatch) -> Probe:
     p = Probe()
-    monkeypatch.setattr(daemon, "probe", p)
+    monkeypatch.setattr(watch, "probe", p)  # where the watch loop looks it up
     inv = NodeInventory((), 2, 1024, 1024, 0.0, 0.0)
     monkeypatch.setattr(daemon, "collect_inventory", lambda gpus, nvml: inv)
     monkeypatch.setattr(daemon, "listening_ports", lambda: [])

@@ -1,0 +1,94 @@
+"""Starting engines: claim a scheduled task and launch it, adopt one that outlived the
+agent (C2), and a launch whose port is taken (P2: back to the server, or retried with
+back-off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from heteroflow.agent.client import ServerError
+from heteroflow.agent.launch import host_port_for
+from heteroflow.agent.runtime.protocol import LaunchFailed, PortInUse
+from heteroflow.agent.state import AgentState, Local, Retry
+from heteroflow.core.health import HealthCheckConfig, HealthTracker
+from heteroflow.core.ports import ports_from_dicts
+from heteroflow.schemas.nodes import TaskAssignment
+
+log = logging.getLogger(__name__)
+
+
+class Starting(AgentState):
+    """The agent's part that starts engines."""
+
+    def _adopt(self, t: TaskAssignment) -> None:
+        health = HealthCheckConfig.from_api(t.health_check)
+        tracker = HealthTracker(health, started_at=self.clock.monotonic())
+        self.local[t.id] = Local(
+            task=t,
+            tracker=tracker,
+            health=health,
+            port=host_port_for(t, health.port),
+            reported_running=t.status == "running",
+        )
+        log.info("adopted running %s %s", self.runtime.name, t.id)
+
+    async def _claim_and_start(self, t: TaskAssignment) -> None:
+        try:
+            t = await self.client.claim(t.id)
+        except ServerError as exc:
+            log.info("claim of %s refused: %s", t.id, exc)
+            return
+        await self._launch(t, attempt=1, first_try=self.clock.monotonic())
+
+    async def _launch(self, t: TaskAssignment, *, attempt: int, first_try: float) -> None:
+        self.retry.pop(t.id, None)
+        try:
+            health = HealthCheckConfig.from_api(t.health_check)
+            port = host_port_for(t, health.port)
+            if self.launcher.runtime.name == "process":
+                # in the loop's own thread: a child's death signal follows its parent thread
+                argv = self.launcher.launch(t)
+            else:
+                argv = await asyncio.to_thread(self.launcher.launch, t)
+        except PortInUse as exc:
+            self.metrics.launched("port_busy")
+            await self._port_taken(t, exc, attempt, first_try)
+            return
+        except (LaunchFailed, ValueError) as exc:
+            self.metrics.launched("failed")
+            await self._report(t.id, "failed", f"launch failed: {exc}")
+            return
+        self.metrics.launched("started")
+        tracker = HealthTracker(health, started_at=self.clock.monotonic())
+        self.local[t.id] = Local(task=t, tracker=tracker, health=health, port=port, argv=argv)
+
+    async def _port_taken(
+        self, t: TaskAssignment, exc: PortInUse, attempt: int, first_try: float
+    ) -> None:
+        """P2. A port the pool chose, held by something this agent did not just stop,
+        goes back to the server at once: it places the task again with another port and
+        skips this one here. A fixed port, or one an engine this agent stopped may still
+        be leaving (C11), is retried with back-off; every retry is noted on the task."""
+        now = self.clock.monotonic()
+        for port, at in list(self.released.items()):
+            if now - at > self.backoff.total_s:
+                del self.released[port]
+        pool = {p.host_port for p in ports_from_dicts(t.ports) if p.from_pool}
+        strangers = tuple(p for p in exc.ports if p in pool and p not in self.released)
+        if strangers:
+            log.info("%s: %s; the server places it again", t.id, exc)
+            await self._report(t.id, "pending", str(exc), busy_ports=strangers)
+            return
+        delay = self.backoff.next_delay(attempt, now - first_try)
+        if delay is None:
+            elapsed = now - first_try
+            why = f"launch failed: {exc} (still after {elapsed:.0f} s)"
+            await self._report(t.id, "failed", why)
+            return
+        why = f"{exc}; launch retry {attempt} in {delay:.0f} s"
+        log.info("%s: %s", t.id, why)
+        self.retry[t.id] = Retry(t, now + delay, attempt + 1, first_try)
+        await self._report(t.id, "starting", why)
+

@@ -1,0 +1,189 @@
+"""What the node agent holds about the engines on its node, and the acts all its parts
+share: report to the server (an outbox: a report that cannot be delivered is kept and
+retried, nothing is silently lost) and stop an engine.
+
+The agent itself (``daemon.Agent``) is this state with its parts: starting engines
+(``starting``), putting them to sleep and waking them (``sleep_wake``), watching them
+(``watch``), and the heartbeat that converges on the server's list (``daemon``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from heteroflow.agent.client import ServerClient, ServerError
+from heteroflow.agent.config import NodeConfig
+from heteroflow.agent.inventory import NvmlDiscovery, node_labels
+from heteroflow.agent.launch import Launcher, host_port_for
+from heteroflow.agent.log_shipper import LogShipper
+from heteroflow.agent.metrics import AgentMetrics, nvml_utilisation
+from heteroflow.agent.model_scan import ModelScanner, default_cache_dir, scan_dirs
+from heteroflow.core.clock import Clock
+from heteroflow.core.health import HealthCheckConfig, HealthTracker
+from heteroflow.core.ports import host_ports, ports_from_dicts
+from heteroflow.core.retry import Backoff
+from heteroflow.logs import register_secrets
+from heteroflow.schemas.nodes import TaskAssignment
+from heteroflow.settings import AgentSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Retry:
+    task: TaskAssignment
+    due: float
+    attempt: int
+    first_try: float
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A report waiting to reach the server (kept until it does, one per task)."""
+
+    status: str
+    message: str
+    argv: list[str] | None = None
+    fault: str | None = None
+    busy_ports: tuple[int, ...] = ()
+
+
+@dataclass
+class Local:
+    task: TaskAssignment
+    tracker: HealthTracker
+    health: HealthCheckConfig
+    port: int
+    argv: tuple[str, ...] = ()
+    reported_running: bool = False
+    # F2: resumed after a sleep, not yet reported running; when it must be ready by
+    waking: bool = False
+    woken_at: float = 0.0
+    wake_deadline: float = 0.0
+    probed_at: float | None = None  # the last health probe (the wake's quick probes)
+
+
+class AgentState:
+    """The agent's state (one per node) and the acts every part of it uses."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        config: NodeConfig,
+        launcher: Launcher,
+        clock: Clock,
+        nvml: NvmlDiscovery | None = None,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.launcher = launcher
+        self.runtime = launcher.runtime
+        self.clock = clock
+        self.nvml = nvml if nvml is not None else NvmlDiscovery()
+        self.labels = node_labels(self.config.labels)
+        self.client = ServerClient(
+            settings.server_url, settings.node_token, settings.request_timeout_s,
+            ca_file=settings.ca_file,
+        )
+        self.name = settings.node_name or socket.gethostname()
+        register_secrets(settings.node_token)  # issue 18 (P3): never in a log line
+        # issue 18 (P3): served on HETEROFLOW_AGENT_METRICS_PORT when set (agent/metrics.py)
+        served = settings.metrics_port is not None
+        self.metrics = AgentMetrics(self.name, nvml_utilisation if served else None)
+        self.metrics_port: int | None = None  # the port it was bound to, once served
+        self.local: dict[str, Local] = {}
+        self.stopping: set[str] = set()  # being stopped right now: neither adopt nor reap
+        # F1: tasks asleep here (engine stopped; Docker: container kept), health paused
+        self.asleep: dict[str, Local] = {}
+        self._nudge = asyncio.Event()  # the light poll wants a heartbeat now
+        self.retry: dict[str, Retry] = {}  # port conflicts waiting for their next try
+        self.backoff = Backoff(total_s=settings.port_retry_total_s)
+        self.scanner = ModelScanner(
+            scan_dirs(config.model_scan_dirs, os.environ, default_cache_dir())
+        )
+        self.models: list[dict[str, Any]] = []
+        self.shipper = LogShipper(self.client, launcher.log_source)
+        self.beats = 0
+        self.outbox: dict[str, Outgoing] = {}  # task id -> its report not yet delivered
+        # host port -> when this agent stopped the task that held it: a port found taken
+        # soon after may still be leaving (P2's back-off), anything else is a stranger's
+        self.released: dict[int, float] = {}
+        self._http: aiohttp.ClientSession | None = None
+        self.host_ports: list[int] = []  # listening on this host at the last look
+
+    def _local_for(self, t: TaskAssignment) -> Local:
+        """A fresh record of a task's engine here, its health check from the task."""
+        health = HealthCheckConfig.from_api(t.health_check)
+        tracker = HealthTracker(health, started_at=self.clock.monotonic())
+        return Local(task=t, tracker=tracker, health=health, port=host_port_for(t, health.port))
+
+    # -- stopping and reporting ----------------------------------------------------
+    async def _stop(
+        self, task_id: str, status: str, message: str, fault: str | None = None
+    ) -> None:
+        # Out of `local` first: the watcher must not take the exit we cause for a crash.
+        loc = self.local.pop(task_id, None)
+        if loc is not None:
+            self._release_ports(loc.task)
+        self.stopping.add(task_id)
+        try:
+            try:  # its last output first; a shipping error must never block the stop
+                await self.shipper.ship_once([task_id])
+            except Exception:
+                log.exception("last log round of %s failed", task_id)
+            self.shipper.forget(task_id)
+            await asyncio.to_thread(self.runtime.stop, task_id, self.settings.stop_timeout_s)
+            self.runtime.forget(task_id)
+        finally:
+            self.stopping.discard(task_id)
+        await self._report(task_id, status, message, fault=fault)
+
+    def _release_ports(self, t: TaskAssignment) -> None:
+        now = self.clock.monotonic()
+        for port in host_ports(ports_from_dicts(t.ports), chosen_only=True):
+            self.released[port] = now
+
+    async def _report(
+        self,
+        task_id: str,
+        status: str,
+        message: str,
+        argv: list[str] | None = None,
+        fault: str | None = None,
+        busy_ports: tuple[int, ...] = (),
+    ) -> None:
+        if status == "starting" and task_id in self.outbox:
+            return  # a note never hides an outcome still waiting to be delivered
+        self.outbox[task_id] = Outgoing(status, message, argv, fault, busy_ports)
+        await self._flush_outbox()
+
+    async def _flush_outbox(self) -> None:
+        for task_id, out in list(self.outbox.items()):
+            status = out.status
+            try:
+                await self.client.report(
+                    task_id, status, out.message, out.argv, out.fault, out.busy_ports
+                )
+            except ServerError as exc:
+                if exc.status in (404, 409):  # the server moved on; nothing to deliver
+                    log.info("report %s for %s dropped: %s", status, task_id, exc)
+                else:
+                    continue
+            except Exception as exc:  # network: keep it for the next round
+                log.warning("report %s for %s not delivered: %s", status, task_id, exc)
+                continue
+            self.outbox.pop(task_id, None)
+
+    def _session(self) -> aiohttp.ClientSession:
+        """The HTTP session this agent talks to its engines with (health probes, /sleep)."""
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession()
+        return self._http
+

@@ -1,0 +1,123 @@
+"""Watching engines: one that exits is reported (with its last output), and the
+container-level health checks run (D1-D4); a waking engine is probed quickly and
+reported running at its first passing check (F2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from heteroflow.agent.health_probe import probe
+from heteroflow.agent.state import AgentState, Local
+from heteroflow.core.clock import interruptible_sleep
+from heteroflow.core.health import HealthVerdict
+
+log = logging.getLogger(__name__)
+
+
+class Watching(AgentState):
+    """The agent's part that watches the engines it runs."""
+
+    async def watch_once(self) -> None:
+        for task_id, loc in list(self.local.items()):
+            if self.local.get(task_id) is not loc:
+                continue  # stopped (or replaced) while this round awaited
+            code = self.runtime.exit_code(task_id)
+            if code is not None:
+                await self._exited(task_id, loc, code)
+                continue
+            now = self.clock.monotonic()
+            if loc.waking and now >= loc.wake_deadline:
+                limit = self.settings.wake_ready_timeout_s
+                await self._stop(
+                    task_id,
+                    "failed",
+                    f"not ready {limit:g} s after its wake (F2); last health check: "
+                    f"{loc.tracker.last_detail or 'none passed'}",
+                    fault="unhealthy",
+                )
+                continue
+            if not (loc.tracker.due(now) or self._wake_probe_due(loc, now)):
+                continue
+            loc.probed_at = now
+            host = self.launcher.probe_host_for(loc.task, loc.port)
+            ok, detail = await probe(
+                loc.health, host, loc.port, self._session(), key=loc.task.engine_key
+            )
+            verdict = loc.tracker.record(ok, self.clock.monotonic(), detail)
+            if loc.waking and verdict in (HealthVerdict.HEALTHY_FIRST, HealthVerdict.HEALTHY):
+                loc.waking, loc.reported_running = False, True
+                took = self.clock.monotonic() - loc.woken_at
+                await self._report(
+                    task_id,
+                    "running",
+                    f"awake: health check passed {took:.1f} s after its wake",
+                    list(loc.argv) or None,
+                )
+            elif verdict == HealthVerdict.HEALTHY_FIRST and not loc.reported_running:
+                loc.reported_running = True
+                await self._report(task_id, "running", "health check passed", list(loc.argv))
+            elif verdict == HealthVerdict.IGNORED_IN_START_PERIOD:
+                log.debug("task %s: health check failed in start period: %s", task_id, detail)
+            elif verdict == HealthVerdict.FAILING:
+                log.warning("task %s: health check failed: %s", task_id, detail)
+            elif verdict == HealthVerdict.UNHEALTHY:
+                await self._stop(
+                    task_id,
+                    "failed",
+                    f"health check failed {loc.health.unhealthy_threshold} times: {detail}",
+                    fault="unhealthy",
+                )
+
+    async def _exited(self, task_id: str, loc: Local, code: int) -> None:
+        """An engine that exited: its last output shipped, its outcome reported (a
+        clean exit completes a non-inference task; anything else fails it)."""
+        tail = self.runtime.log_tail(task_id, 20)
+        try:
+            await self.shipper.ship_once([task_id])  # its last words matter most
+        except Exception:
+            log.exception("last log round of %s failed", task_id)
+        self.shipper.forget(task_id)
+        self.runtime.forget(task_id)
+        self.local.pop(task_id, None)
+        self._release_ports(loc.task)
+        if code == -1 and self.runtime.name == "docker":
+            await self._report(
+                task_id,
+                "failed",
+                "container removed behind the agent's back",
+                fault="container_lost",
+            )
+        elif code == 0 and loc.task.task_type != "inference":
+            await self._report(task_id, "completed", "exited with code 0")
+        else:
+            await self._report(
+                task_id,
+                "failed",
+                f"engine exited with code {code}; last output:\n{tail}",
+                list(loc.argv),
+                # a negative code is a signal: killed behind the agent's back
+                fault="engine_exited" if code >= 0 else "container_lost",
+            )
+
+    def _wake_probe_due(self, loc: Local, now: float) -> bool:
+        """A waking engine is probed every ``wake_probe_interval_s`` inside its start
+        period (failures there are never counted), so it serves as soon as it answers."""
+        last = loc.probed_at
+        return (
+            loc.waking
+            and not loc.tracker.paused
+            and loc.tracker.in_start_period(now)
+            and (last is None or now - last >= self.settings.wake_probe_interval_s)
+        )
+
+    async def _watch_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.watch_once()
+            except Exception:
+                log.exception("watch round failed")
+            if await interruptible_sleep(stop, self.settings.watch_interval_s):
+                return
+
