@@ -18,7 +18,7 @@ import httpx
 import pytest
 from openai.types.responses import Response
 
-from heteroflow.gateway.app import MAX_BODY_BYTES
+from heteroflow.gateway.inbound import MAX_BODY_BYTES
 from tests.clients.conftest import (
     EMPTY_MODEL,
     KEY,

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from heteroflow.gateway.app import MAX_BODY_BYTES
+from heteroflow.gateway.inbound import MAX_BODY_BYTES
 from heteroflow.schemas.routing import SnapshotHolder
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 from tests.gateway_stack import RequestIdTap, serve_gateway, snapshot, target

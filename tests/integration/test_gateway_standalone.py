@@ -254,9 +254,9 @@ def test_the_all_in_one_builds_its_gateway_from_the_same_settings(tmp_path: Path
     )
     app = ServerApp(settings)
     try:
-        assert app.gateway._connect_retries == 0
-        assert app.gateway._retry_unanswered is False
-        assert app.gateway._auto_long_prompt_tokens == 123
+        assert app.gateway._forwarder._connect_retries == 0
+        assert app.gateway._forwarder._retry_unanswered is False
+        assert app.gateway._router._auto_long_prompt_tokens == 123
         assert app.gateway._upstream._read_timeout_s == 42.0
     finally:
         app.db.dispose()
