@@ -18,7 +18,7 @@ from sqlalchemy import event, func, select
 
 from heteroflow.core.placement import NodeView, never_fits
 from heteroflow.db.tables import InferenceEndpoint, Task, TaskGroup
-from heteroflow.services import dry_run, fleet, planning, scheduling, task_groups
+from heteroflow.services import dry_run, fleet, placer, planning, scheduling, task_groups
 
 from .conftest import NODE_TOKEN, Api, service_body
 
@@ -195,7 +195,7 @@ def test_create_dry_run_precheck_and_round_read_the_one_fleet(
 
     monkeypatch.setattr(planning, "engines_of", planning_engines)
     monkeypatch.setattr(planning, "never_fits", precheck)
-    monkeypatch.setattr(scheduling, "engines_of", round_engines)
+    monkeypatch.setattr(placer, "engines_of", round_engines)  # the round's chain (H1)
     monkeypatch.setattr(planning, "_estimate", lambda *_: _ESTIMATE)  # runs the precheck
     api.clock.advance(window(api) - 1)
 

@@ -1,7 +1,8 @@
 """``POST /api/v1/task-groups?dry_run=true``: the plan of a create, with nothing written.
 
 The same validation as a create (``plan_group``), then for each task: the placement
-the scheduler would choose now (or why it can't), and the container the agent would
+a scheduler round would choose now, by the round's own calls (``Placer.preview``), or
+the pending reason it would write, and the container the agent would
 build — the one recipe (``core.recipe.container_plan``) the agent launches, with
 placeholder ids, the placement's cards and the node's reported address.
 """
@@ -16,7 +17,7 @@ from sqlalchemy.orm import Session
 from heteroflow.core.clock import Clock
 from heteroflow.core.containers import DEFAULT_ENV_ALLOW, ContainerPlan
 from heteroflow.core.engines.selection import NoEngineAvailable, select_engine
-from heteroflow.core.placement import NodeView, Placement, Policy, Reservation, book, place
+from heteroflow.core.placement import NodeView, Placement, Policy, Reservation
 from heteroflow.core.ports import host_ports, with_host_ports
 from heteroflow.core.recipe import (
     NodeShape,
@@ -34,6 +35,7 @@ from heteroflow.schemas.task_groups import (
 from heteroflow.services import dedup  # issue 16 (dedup)
 from heteroflow.services.auth import Principal
 from heteroflow.services.fleet import engines_of, read_fleet
+from heteroflow.services.placer import Intent, Outcome, Placer
 from heteroflow.services.planning import GroupPlan, check_quota, plan_group
 
 # What a create assigns, and what only the agent knows, shown as placeholders.
@@ -56,11 +58,10 @@ def dry_run(
     env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
 ) -> DryRunPlan:
     """What a create would do, written nowhere: the plan and where each task would go
-    now, by the same filters, sharing rules and scorers as a scheduler round (a pipeline
-    group is shown stage by stage; the round places it all-or-nothing)."""
-    policy = policy or Policy()
+    now — the scheduler's own decision (``services.placer``: its index, ranked order,
+    sampling, engine chain, preemption; a pipeline group all or nothing), on the one read
+    of the fleet the plan was made on. Nothing is booked: the views are this call's."""
     fleet = read_fleet(s, clock, offline_after_s)  # the create's read, the round's too
-    views = fleet.views
     plan = plan_group(s, who, req, fleet, reservation, env_allow)
     # issue 16 (L2): the create's own dedup decision; a reuse places nothing
     found = dedup.decide(s, clock, who, plan, offline_after_s=offline_after_s)
@@ -68,16 +69,15 @@ def dry_run(
     if found.group is None:
         check_quota(s, who, plan)  # issue 16 (N2): the create's own question
     share_key = fleet.share_key(who.tenant_id)
-    tasks: list[PlannedTask] = []
-    for rank in range(0 if found.group is not None else plan.replicas):
-        demand = plan.demand(share_key, task_id=f"planned-{rank}", tenant_id=who.tenant_id)
-        decision = place(demand, fleet.nodes, reservation, port_pool, policy)
-        if isinstance(decision, Placement):
-            node = views[decision.node_id]
-            book(node, decision, demand)
-            tasks.append(_planned(plan, rank, decision, node, address=node.address))
-        else:
-            tasks.append(_planned(plan, rank, None, None, decision.reason))
+    demands = [
+        plan.demand(share_key, task_id=f"planned-{rank}", tenant_id=who.tenant_id)
+        for rank in range(0 if found.group is not None else plan.replicas)
+    ]
+    # the round's own calls on the round's own index, order and sampling (issue 27)
+    placer = Placer(fleet, reservation, port_pool, policy or Policy())
+    intent = Intent(image=plan.req.task.image, named=bool(plan.engine or plan.req.task.command))
+    outcomes = placer.preview(demands, intent, gang=plan.req.parallelism == "pipeline")
+    tasks = [_planned(plan, rank, o) for rank, o in enumerate(outcomes)]
     est = plan.estimate
     return DryRunPlan(
         name=req.name,
@@ -96,25 +96,20 @@ def dry_run(
     )
 
 
-def _planned(
-    plan: GroupPlan,
-    rank: int,
-    placement: Placement | None,
-    node: NodeView | None,
-    reason: str | None = None,
-    *,
-    address: str | None = None,
-) -> PlannedTask:
+def _planned(plan: GroupPlan, rank: int, o: Outcome) -> PlannedTask:
+    p, node = o.placement, o.node
     where = None
-    if placement is not None and node is not None:
+    if p is not None and node is not None:
         where = {
             "node_id": node.id,
             "node_name": node.name,
-            "gpu_ids": list(placement.gpu_ids),
-            "host_ports": list(placement.host_ports),
+            "gpu_ids": list(p.gpu_ids),
+            "host_ports": list(p.host_ports),
         }
+    address = node.address if node is not None else None
+    engine = o.choice.engine if o.choice is not None else ""
     try:
-        container = plan_read(planned_recipe(plan, rank, placement, node, address))
+        container = plan_read(planned_recipe(plan, rank, p, node, address, engine=engine))
         error = None
     except (ValueError, NoEngineAvailable) as exc:  # CommandError is a ValueError
         container, error = None, str(exc)
@@ -122,7 +117,7 @@ def _planned(
         rank=rank,
         gpu_required=plan.gpus_per_task,
         placement=where,
-        pending_reason=reason,
+        pending_reason=o.reason or None,
         container=container,
         command_error=error,
     )
@@ -134,13 +129,16 @@ def planned_recipe(
     placement: Placement | None,
     node: NodeView | None,
     address: str | None,
+    *,
+    engine: str = "",
 ) -> RecipeResult:
     """The container the agent would build for task ``rank`` of ``plan`` on ``node``: the
     one recipe (``core.recipe``) with placeholder ids and the agent's inputs as far as
     the server knows them (the image's vLLM version from its tag, for kv offload; the
-    node's engine chain for a task that names no engine, as the round picks it, H1)."""
+    node's engine chain for a task that names no engine, as the round picks it, H1;
+    ``engine``: the one the placement chose there, when the caller has it)."""
     spec = plan.req.task
-    engine = plan.engine
+    engine = engine or plan.engine
     if not engine and not spec.command and node is not None:
         chain = engines_of(node)
         engine = select_engine(explicit="", label="", image=spec.image, node=chain).engine

@@ -1,8 +1,9 @@
 """Validating a task-group request into a plan, shared by create and dry run.
 
 ``plan_group`` checks every rule that needs no write (priority ceiling, the model path
-against the nodes' volume rules, engine, shape, ports, health check, kv offload,
-endpoint-name clash, the create-time memory precheck) and returns the derived values;
+against the nodes' volume rules, engine, shape, ports, health check, kv offload, the
+group's run timeout, replica bounds, scale policy and schedule window, endpoint-name
+clash, the create-time memory precheck) and returns the derived values;
 ``check_task`` is its part about one task's intent, which an update (services/rollout.py)
 asks of its new generation too — the same rule, so an update that cannot run is refused
 at the request as its create would be (issue 26);
@@ -22,6 +23,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from heteroflow.core.autoscale import ScalePolicy, create_bounds
 from heteroflow.core.containers import (
     DEFAULT_ENV_ALLOW,
     MODEL_IN_IMAGE,
@@ -47,6 +49,7 @@ from heteroflow.core.quotas import new_service, task_usage
 from heteroflow.db.tables import InferenceEndpoint, Tenant
 from heteroflow.models.estimate import estimate_model_path
 from heteroflow.schemas.task_groups import HealthCheckIn, TaskGroupCreate, TaskSpec
+from heteroflow.schemas.windows import check_for_group
 from heteroflow.services import quotas
 from heteroflow.services.auth import Principal
 from heteroflow.services.fleet import Fleet, engines_of
@@ -74,6 +77,10 @@ class GroupPlan:
     estimate: MemoryEstimate | None = None
     templates: list[dict[str, str]] = field(default_factory=list)  # one-click chain (E3)
     warnings: list[str] = field(default_factory=list)
+    # issue 14 (A1, I1): the replica bounds and scale policy the group is written with
+    min_replicas: int = 0
+    max_replicas: int = 0
+    scale_policy: dict[str, Any] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -415,9 +422,42 @@ def plan_group(
         estimated_gpu_memory_mb=spec.estimated_gpu_memory_mb,
         templates=templates,
     )
+    _check_group(plan)
     _apply_estimate(plan, nodes, reservation)
     check_endpoint_name(s, who, plan)
     return plan
+
+
+def _check_group(plan: GroupPlan) -> None:
+    """The rules of the group as it will be written, on the plan's own task type and
+    replica count (one-click may have made the group split): no run timeout for an
+    inference service (A10; the schema refuses it when the type is given), the replica
+    bounds and scale policy (A1, I1), the schedule window's rules that need the group
+    (K1). A create once asked them as it wrote the group, after planning, so its dry
+    run said yes to what the create then refused (issue 27); here both ask them."""
+    req = plan.req
+    if req.run_timeout_seconds and plan.task_type == "inference":
+        raise ValidationFailed(
+            "inference services are long-running and have no run timeout (A10); it is "
+            "for training and container groups",
+            field="run_timeout_seconds",
+        )
+    sp = req.scale_policy
+    plan.min_replicas, plan.max_replicas = create_bounds(
+        replicas=plan.replicas, task_type=plan.task_type, parallelism=req.parallelism,
+        min_replicas=req.min_replicas if sp is None or sp.min_replicas is None
+        else sp.min_replicas,
+        max_replicas=req.max_replicas if sp is None or sp.max_replicas is None
+        else sp.max_replicas,
+    )
+    if sp is not None and sp.metric is not None and sp.target is not None:
+        plan.scale_policy = ScalePolicy(sp.enabled, sp.metric, sp.target).to_json()
+    if req.schedule_window is not None:
+        check_for_group(
+            req.schedule_window, task_type=plan.task_type, parallelism=req.parallelism,
+            min_replicas=plan.min_replicas, max_replicas=plan.max_replicas,
+            current_replicas=plan.replicas,
+        )
 
 
 def check_endpoint_name(s: Session, who: Principal, plan: GroupPlan) -> None:

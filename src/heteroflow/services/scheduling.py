@@ -28,31 +28,21 @@ from sqlalchemy.orm import Session
 from heteroflow.core.clock import Clock
 from heteroflow.core.containers import needs_container
 from heteroflow.core.engines.registry import vendors_of
-from heteroflow.core.engines.selection import (
-    EngineChoice,
-    NoEngineAvailable,
-    select_engine,
-)
+from heteroflow.core.engines.selection import EngineChoice
 from heteroflow.core.events import EventKind
 from heteroflow.core.placement import (
-    FleetIndex,
     NodeView,
     Placement,
     Policy,
     Reservation,
     TaskDemand,
-    Unplaced,
-    book,
-    place,
-    place_gang,
-    plan_preemption,
 )
-from heteroflow.core.placement.memo import FailureMemo
 from heteroflow.core.placement.preemption import Preemption
 from heteroflow.core.ports import PortMapping, host_ports, ports_from_dicts, with_host_ports
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import Event, Node, Task, TaskGroup
-from heteroflow.services.fleet import engines_of, read_fleet
+from heteroflow.services.fleet import read_fleet
+from heteroflow.services.placer import Intent, Outcome, Placer
 from heteroflow.services.transitions import (
     Move,
     TaskUpdate,
@@ -115,7 +105,7 @@ def _demand(t: Row[Any], keys: dict[str, str]) -> TaskDemand:
 
 
 class _Round:
-    """The state of one round: views, index, caches and the decisions to write."""
+    """The state of one round: the placer (views, index, caches) and what to write."""
 
     def __init__(
         self,
@@ -126,49 +116,16 @@ class _Round:
         port_pool: range,
         policy: Policy,
     ) -> None:
-        self.s, self.clock, self.res, self.pool, self.policy = (
-            s, clock, reservation, port_pool, policy,
-        )
-        self.fleet = read_fleet(s, clock, offline_after_s)
-        self.keys = self.fleet.keys
-        self.views = self.fleet.views
-        self.nodes = self.fleet.nodes
-        self.index = FleetIndex(
-            self.nodes,
-            pack=policy.packs,
-            load_threshold_pct=policy.load_threshold_pct,
-            inference_cap=policy.inference_cap,
-            reservation=reservation,
-        )
-        self.engine_cache: dict[str, tuple[list[NodeView], dict[str, EngineChoice], str]] = {}
-        self.failed = FailureMemo(policy.load_threshold_pct, policy.inference_cap)
+        self.s, self.clock = s, clock
+        fleet = read_fleet(s, clock, offline_after_s)
+        self.keys = fleet.keys
+        self.views = fleet.views
+        self.placer = Placer(fleet, reservation, port_pool, policy)
         self.decisions: list[_Decision] = []
         self.reasons: dict[str, str] = {}  # task id -> new pending reason
         self.preemptions: list[tuple[Row[Any], Preemption]] = []
         self.result = RoundResult(0, 0)
         self.waiting_for = _outstanding_preemptions(s)
-
-    def engine_candidates(
-        self, image: str
-    ) -> tuple[list[NodeView], dict[str, EngineChoice], str]:
-        """For tasks that name no engine: the nodes whose chain yields one (H1), and why not."""
-        if image not in self.engine_cache:
-            ok: list[NodeView] = []
-            choices: dict[str, EngineChoice] = {}
-            why: list[str] = []
-            for n in self.nodes:
-                try:
-                    choice = select_engine(
-                        explicit="", label="", image=image, node=engines_of(n)
-                    )
-                except NoEngineAvailable as exc:
-                    why.append(f"{n.name}: {exc}")
-                    continue
-                ok.append(n)
-                choices[n.id] = choice
-            reason = "" if ok else "NoEngineAvailable: " + " | ".join(why or ["no node registered"])
-            self.engine_cache[image] = (ok, choices, reason)
-        return self.engine_cache[image]
 
     def unplaced(self, t: Row[Any], reason: str) -> None:
         self.result.unplaced += 1
@@ -178,103 +135,29 @@ class _Round:
     def decide(self, t: Row[Any]) -> None:
         start = time.perf_counter()
         d = _demand(t, self.keys)
-        # Priority matters only to preemption, which is retried for a higher priority
-        # than the one that already found no victims.
-        extra = (t.image, bool(t.engine or t.command))
-        known = self.failed.lookup(d, extra)
-        if known is not None and d.priority <= known[1]:
-            self.unplaced(t, known[0].reason)
-            return
-        choices: dict[str, EngineChoice] = {}
-        if known is not None:
-            r: Placement | Unplaced = known[0]
-        elif not t.engine and not t.command:
-            candidates, choices, why = self.engine_candidates(t.image)
-            if not candidates:
-                self.failed.record(d, Unplaced(why), 1001, extra)
-                self.unplaced(t, why)
-                return
-            r = place(d, candidates, self.res, self.pool, self.policy)
-        else:
-            r = place(d, self.index.order(d), self.res, self.pool, self.policy)
-        if isinstance(r, Placement):
-            self._book(t, d, r, choices.get(r.node_id), time.perf_counter() - start)
-            return
-        preempting = self._try_preemption(t, d)
-        # a found preemption books nothing yet: the next such task may preempt too
-        self.failed.record(d, r, -1 if preempting else d.priority, extra)
-        self.unplaced(t, preempting or r.reason)
-
-    def _book(
-        self, t: Row[Any], d: TaskDemand, p: Placement, choice: EngineChoice | None, dt: float
-    ) -> None:
-        node = self.views[p.node_id]
-        book(node, p, d)
-        self.index.update(node)
-        self.decisions.append(_Decision(t, d, p, node, choice, dt))
-
-    def _try_preemption(self, t: Row[Any], d: TaskDemand) -> str:
-        if not self.policy.preemption or d.priority <= 0:
-            return ""
-        if t.id in self.waiting_for:
-            n = self.waiting_for[t.id]
-            return f"waiting for {n} preempted task(s) to release their cards"
-        # the index hands over exactly the nodes plan_preemption would not skip at once
-        candidates = self.index.preemption_candidates(d)
-        plan = plan_preemption(d, candidates, self.res, self.pool, self.policy)
-        if plan is None:
-            return ""
-        node = self.views[plan.node_id]
-        for v in plan.victims:  # taken once: no other task picks the same victims
-            for o in node.occupants:
-                if o.task_id == v.task_id:
-                    o.preempting = True
-        self.preemptions.append((t, plan))
-        names = ", ".join(v.task_id for v in plan.victims)
-        return (
-            f"preempting {len(plan.victims)} lower-priority task(s) on {node.name} ({names}); "
-            "placed once they release their cards"
-        )
+        o = self.placer.decide(d, _intent(t), self.waiting_for.get(t.id, 0))
+        self._record(t, d, o, time.perf_counter() - start)
 
     def decide_gang(self, members: list[Row[Any]]) -> None:
         """G1: a pipeline group's queued stages are placed together or not at all."""
         start = time.perf_counter()
         demands = [_demand(t, self.keys) for t in members]
-        strict = _strict_type_reason(demands[0], self.nodes)
-        if strict:
-            for t in members:
-                self.unplaced(t, strict)
-            return
-        r = place_gang(demands, self.nodes, self.res, self.pool, self.policy)
-        if isinstance(r, Unplaced):
-            for t in members:
-                self.unplaced(t, r.reason)
-            return
+        outcomes = self.placer.decide_gang(demands)
         dt = (time.perf_counter() - start) / len(members)
-        for t, d, p in zip(members, demands, r, strict=True):
-            self._book(t, d, p, None, dt)
+        for t, d, o in zip(members, demands, outcomes, strict=True):
+            self._record(t, d, o, dt)
+
+    def _record(self, t: Row[Any], d: TaskDemand, o: Outcome, dt: float) -> None:
+        if o.placement is not None and o.node is not None:
+            self.decisions.append(_Decision(t, d, o.placement, o.node, o.choice, dt))
+            return
+        if o.preemption is not None:
+            self.preemptions.append((t, o.preemption))
+        self.unplaced(t, o.reason)
 
 
-def _strict_type_reason(d: TaskDemand, nodes: list[NodeView]) -> str:
-    """B7: a pipeline stage that names a gpu_type takes only that type; its nodes being
-    offline means wait, no node reporting it at all is a different message."""
-    if not d.gpu_type:
-        return ""
-    having = [
-        n for n in nodes
-        if n.visible_to(d.tenant_id) and any(c.model == d.gpu_type for c in n.cards)
-    ]
-    if not having:
-        return (
-            f"GpuTypeUnavailable: no node this tenant may use reports gpu_type {d.gpu_type!r}; "
-            "pipeline stages never fall back to another type"
-        )
-    if not any(n.online for n in having):
-        return (
-            f"Waiting: all {len(having)} node(s) with gpu_type {d.gpu_type!r} are offline; "
-            "the stages are placed when one returns"
-        )
-    return ""
+def _intent(t: Row[Any]) -> Intent:
+    return Intent(image=t.image, named=bool(t.engine or t.command))
 
 
 def _outstanding_preemptions(s: Session) -> dict[str, int]:

@@ -22,7 +22,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from heteroflow.core.autoscale import ScalePolicy, create_bounds  # issue 14 (scaling)
 from heteroflow.core.clock import Clock
 from heteroflow.core.containers import DEFAULT_ENV_ALLOW
 from heteroflow.core.errors import Conflict, ValidationFailed
@@ -40,7 +39,6 @@ from heteroflow.schemas.task_groups import (
     TaskGroupRead,
     TaskRead,
 )
-from heteroflow.schemas.windows import check_for_group  # issue 14 (K1)
 from heteroflow.services import dedup  # issue 16 (dedup)
 from heteroflow.services.access import group_clause, visible_group, visible_task
 from heteroflow.services.auth import Principal
@@ -73,13 +71,6 @@ def create_group(
     then write the group, its tasks, route and endpoint."""
     fleet = read_fleet(s, clock, offline_after_s)
     plan = plan_group(s, who, req, fleet, reservation or Reservation(), env_allow)
-    if req.run_timeout_seconds and plan.task_type == "inference":
-        # the schema refuses it already; this is the plan's own inferred type (A10)
-        raise ValidationFailed(
-            "inference services are long-running and have no run timeout (A10); it is "
-            "for training and container groups",
-            field="run_timeout_seconds",
-        )
     # issue 16 (L2-L4): a live service of the same model and image is reused instead
     found = dedup.decide(s, clock, who, plan, offline_after_s=offline_after_s)
     if found.group is not None:
@@ -98,20 +89,6 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
     req, spec = plan.req, plan.req.task
     now = clock.now()
     model_name = plan.model_name
-    # --- issue 14 (A1, I1): the replica bounds and the scale policy, checked again on
-    # the plan's own replica count (one-click may have made the group split) ---
-    sp = req.scale_policy
-    min_r, max_r = create_bounds(
-        replicas=plan.replicas, task_type=plan.task_type, parallelism=req.parallelism,
-        min_replicas=req.min_replicas if sp is None or sp.min_replicas is None
-        else sp.min_replicas,
-        max_replicas=req.max_replicas if sp is None or sp.max_replicas is None
-        else sp.max_replicas,
-    )
-    policy: dict[str, Any] = {}
-    if sp is not None and sp.metric is not None and sp.target is not None:
-        policy = ScalePolicy(sp.enabled, sp.metric, sp.target).to_json()
-    # --- end issue 14 (scaling) ---
     group = TaskGroup(
         id=new_id("tg"),
         tenant_id=who.tenant_id,
@@ -122,8 +99,8 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
         parallelism=req.parallelism,
         world_size=plan.world_size,
         current_replicas=plan.replicas,
-        min_replicas=min_r,  # issue 14 (A1)
-        max_replicas=max_r,
+        min_replicas=plan.min_replicas,  # issue 14 (A1), checked by plan_group
+        max_replicas=plan.max_replicas,
         enable_api=plan.enable_api,
         endpoint_id=None,
         inference_templates=list(plan.templates),
@@ -135,7 +112,7 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
         priority=req.priority,
         priority_class=req.priority_class,
         health_check=plan.health,
-        scale_policy=policy,  # issue 14 (I1)
+        scale_policy=plan.scale_policy,  # issue 14 (I1)
         schedule_window={},
         labels=dict(req.labels),
         status=GroupStatus.PENDING.value,
@@ -143,12 +120,7 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
         created_at=now,
         updated_at=now,
     )
-    if req.schedule_window is not None:  # K1: its rules checked against the group as built
-        check_for_group(
-            req.schedule_window, task_type=group.task_type, parallelism=group.parallelism,
-            min_replicas=group.min_replicas, max_replicas=group.max_replicas,
-            current_replicas=group.current_replicas,
-        )
+    if req.schedule_window is not None:  # K1: plan_group checked it against the group
         group.schedule_window = req.schedule_window.stored()
     s.add(group)
     s.flush()
