@@ -69,27 +69,7 @@ def _check_model(t: TaskAssignment, config: NodeConfig) -> None:
 
 def task_shape(t: TaskAssignment, engine_version: str = "") -> TaskShape:
     """The recipe's view of an assignment (the wire's port dicts become ``PortMapping``)."""
-    return TaskShape(
-        id=t.id,
-        group_id=t.group_id,
-        name=t.name,
-        image=t.image,
-        engine=t.engine,
-        model_path=t.model_path,
-        model_name=t.model_name,
-        command=tuple(t.command),
-        engine_args=tuple(t.engine_args),
-        env=tuple(t.env),
-        ports=ports_from_dicts(t.ports),
-        parallelism=t.parallelism,
-        gpu_required=t.gpu_required,
-        gpu_ids=tuple(t.gpu_ids),
-        gpu_memory_utilization=t.gpu_memory_utilization,
-        kv_offload_gb=t.kv_offload_gb,
-        engine_version=engine_version,
-        generation=t.generation,
-        task_type=t.task_type,
-    )
+    return TaskShape.of(t, ports=ports_from_dicts(t.ports), engine_version=engine_version)
 
 
 def build_container(

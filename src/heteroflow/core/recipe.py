@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from heteroflow.core.containers import (
     HARDENED,
@@ -69,7 +70,20 @@ class TaskShape:
     generation: int = 1
     task_type: str = "inference"
 
-
+    @classmethod
+    def of(cls, task: object, **given: Any) -> TaskShape:
+        """The one constructor: each field from ``given``, else ``task``'s attribute of the
+        same name (a list becomes a tuple), else its default. The agent shapes its
+        assignment, the dry run the group's spec with the planned values given (as the
+        create writes its rows), so a field added here is read by both."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in given:
+                values[f.name] = given[f.name]
+            elif hasattr(task, f.name):
+                value = getattr(task, f.name)
+                values[f.name] = tuple(value) if isinstance(value, list) else value
+        return cls(**values)
 
 
 @dataclass(frozen=True)

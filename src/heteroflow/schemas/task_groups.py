@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BaseModel,
     Field,
     StringConstraints,
@@ -382,7 +383,8 @@ class TaskGroupRead(BaseModel):
     min_replicas: int
     max_replicas: int
     enable_api: bool
-    endpoint: str | None
+    # read from a row: its ``endpoint_id`` (services.views)
+    endpoint: str | None = Field(validation_alias=AliasChoices("endpoint", "endpoint_id"))
     inference_templates: list[Any]
     current_generation: int
     rolling_update_state: str | None

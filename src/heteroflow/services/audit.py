@@ -121,21 +121,6 @@ def list_records(
     if before_id is not None:
         q = q.where(AuditRecord.id < before_id)
     rows = list(s.scalars(q.order_by(AuditRecord.id.desc()).limit(limit)))
-    records = [
-        AuditRead(
-            id=r.id,
-            created_at=r.created_at,
-            user_id=r.user_id,
-            username=r.username,
-            tenant_id=r.tenant_id,
-            role=r.role,
-            method=r.method,
-            path=r.path,
-            status=r.status,
-            remote_addr=r.remote_addr,
-            detail=r.detail,
-        )
-        for r in rows
-    ]
+    records = [AuditRead.model_validate(r, from_attributes=True) for r in rows]
     next_before = records[-1].id if len(records) == limit else None
     return AuditPage(records=records, next_before_id=next_before)

@@ -143,23 +143,18 @@ def planned_recipe(
         chain = engines_of(node)
         engine = select_engine(explicit="", label="", image=spec.image, node=chain).engine
     chosen = placement.host_ports if placement else host_ports(plan.ports)
-    task = TaskShape(
+    task = TaskShape.of(
+        spec,  # its image, model path, command, engine args, env and kv offload
         id=PLANNED_ID,
         group_id=PLANNED_GROUP_ID,
         name=spec.name or f"{plan.req.name}-{rank}",
-        image=spec.image,
         engine=engine,
-        model_path=spec.model_path,
         model_name=plan.model_name,
-        command=tuple(spec.command),
-        engine_args=tuple(spec.engine_args),
-        env=tuple(spec.env),
         ports=with_host_ports(plan.ports, chosen),
         parallelism=plan.req.parallelism,
         gpu_required=plan.gpus_per_task,
         gpu_ids=tuple(placement.gpu_ids) if placement else (),
         gpu_memory_utilization=plan.req.gpu_memory_utilization,
-        kv_offload_gb=spec.kv_offload_gb,
         engine_version=image_tag_version(spec.image) if spec.kv_offload_gb else "",
         generation=1,
         task_type=plan.task_type,

@@ -209,12 +209,7 @@ def claim_pending(s: Session, clock: Clock, node_id: str) -> list[AgentFileReque
         .limit(CLAIM_BATCH)
     )
     return [
-        AgentFileRequest(
-            id=fr.id,
-            task_id=fr.task_id,
-            request_type=fr.request_type,
-            target_path=fr.target_path,
-        )
+        AgentFileRequest.model_validate(fr, from_attributes=True)
         for fr in list(rows)
         if _move(s, clock, fr.id, F.PENDING, F.RUNNING)
     ]

@@ -28,26 +28,11 @@ from heteroflow.services.unique import taken_as
 
 
 def _tenant_read(t: Tenant) -> TenantRead:
-    return TenantRead(
-        id=t.id,
-        name=t.name,
-        priority_ceiling=t.priority_ceiling,
-        sharing_group_id=t.sharing_group_id,
-        quota_cards=t.quota_cards,
-        quota_services=t.quota_services,
-        quota_replicas=t.quota_replicas,
-        quota_cpu_memory_mb=t.quota_cpu_memory_mb,
-        quota_tokens=t.quota_tokens or 0,
-        quota_token_period=t.quota_token_period or "",
-        members_see_own=bool(t.members_see_own),
-        created_at=t.created_at,
-    )
+    return TenantRead.model_validate(t, from_attributes=True)
 
 
 def _user_read(u: User) -> UserRead:
-    return UserRead(
-        id=u.id, username=u.username, role=u.role, tenant_id=u.tenant_id, created_at=u.created_at
-    )
+    return UserRead.model_validate(u, from_attributes=True)
 
 
 def create_tenant(s: Session, who: Principal, clock: Clock, req: TenantCreate) -> TenantRead:
