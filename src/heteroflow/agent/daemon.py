@@ -147,8 +147,7 @@ class Agent(SleepWake, Watching, Starting):
                 await self._stop_asleep(task_id)
                 managed.pop(task_id, None)
         await self._reap(managed, desired)
-        held = [loc.task for loc in (*self.local.values(), *self.asleep.values())]
-        await asyncio.to_thread(self.launcher.keep_doors, held)  # C14
+        await self._keep_doors()  # C14: and open those of engines adopted just now
 
     async def _reap(self, managed: dict[str, str], desired: dict[str, TaskAssignment]) -> None:
         """C8: remove what this agent started that the server no longer lists.

@@ -139,6 +139,7 @@ class SleepWake(AgentState):
             self.runtime.forget(task_id)
         finally:
             self.stopping.discard(task_id)
+        await self._keep_doors()
         await self._report(task_id, "stopped", "stopped while asleep")
 
     def _life_wants_beat(self, life: NodeTaskLife) -> bool:

@@ -143,7 +143,14 @@ class AgentState:
             self.runtime.forget(task_id)
         finally:
             self.stopping.discard(task_id)
+        await self._keep_doors()
         await self._report(task_id, status, message, fault=fault)
+
+    async def _keep_doors(self) -> None:
+        """C14: the doors of exactly the engines this agent runs or keeps asleep — closed
+        as soon as an engine is gone, so its port is free at the next heartbeat."""
+        held = [loc.task for loc in (*self.local.values(), *self.asleep.values())]
+        await asyncio.to_thread(self.launcher.keep_doors, held)
 
     def _release_ports(self, t: TaskAssignment) -> None:
         now = self.clock.monotonic()

@@ -82,6 +82,7 @@ class Watching(AgentState):
         self.runtime.forget(task_id)
         self.local.pop(task_id, None)
         self._release_ports(loc.task)
+        await self._keep_doors()
         if code == -1 and self.runtime.name == "docker":
             await self._report(
                 task_id,
