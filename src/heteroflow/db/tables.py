@@ -262,6 +262,10 @@ class Task(Base):
     wake_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     # N5: the member it belongs to — its group's creator, whoever made it (0014)
     created_by: Mapped[str] = mapped_column(String(32), default="")
+    # A2 (0016): bind mounts [{host_path, container_path, read_only}] under the node's
+    # volume allow-list, and whether higher-priority work may stop it (B4)
+    volumes: Mapped[list[Any]] = mapped_column(default=list)
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
@@ -451,3 +455,25 @@ class ServerInstance(Base):
     version: Mapped[str] = mapped_column(String(64), default="")
     started_at: Mapped[datetime]
     last_seen_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class RegistryCredential(Base):
+    """A login for pulling private images from one registry (H7, 0016).
+
+    ``tenant_id`` "" is the platform's own (an operator's), used for a tenant that has
+    none of its own for that registry. The password is sealed; nothing reads it back
+    out of the API.
+    """
+
+    __tablename__ = "registry_credentials"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "registry_host", name="uq_registry_credential"),
+    )
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(32), default="")
+    registry_host: Mapped[str] = mapped_column(String(255))  # host[:port]
+    username: Mapped[str] = mapped_column(String(255))
+    password_sealed: Mapped[str] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(32), default="")
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
