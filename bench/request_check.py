@@ -1,4 +1,4 @@
-"""The cost of the gateway's request check (``heteroflow.gateway.requests.check``).
+"""The cost of the gateway's request check (``heteroflow.gateway.shaping.requests.check``).
 
 Times the check on typical bodies (a 3-message chat, a chat with 3 tools, an embeddings
 batch of 16; and a batch of 2048, the largest OpenAI takes) against ``orjson.loads`` of
@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from heteroflow.gateway.requests import check
+from heteroflow.gateway.shaping.requests import check
 
 REPEATS = 7
 NUMBER = 20_000

@@ -44,7 +44,7 @@ is the total over its ``-np`` slots), drawn from a per-model list that keeps sma
 services at 5-45 % of an 80 GB card and mid ones at 65-90 %. A one-card
 instance's commitment (``gpu_memory_utilization``) is its estimate as a share of the
 card it is sized for, rounded up to 5 %. TP instances carry estimate / TP per card
-(as ``services/planning.py`` books it). Training memory is not estimated by
+(as ``services/placement/planning.py`` books it). Training memory is not estimated by
 ``core/estimate.py``: each job declares a per-card need in ``JOBS``.
 
 **Tenants**: search and support share one sharing group (``product``), labs and sandbox
@@ -557,7 +557,7 @@ class _Replay:
         self.index = self._index()
 
     def _index(self) -> FleetIndex:
-        """Built as services/scheduling.py builds it (with the B3 reservation where the
+        """Built as services/placement/scheduling.py builds it (with the B3 reservation where the
         index takes one)."""
         p = self.policy
         kw: dict[str, Any] = {}
@@ -583,7 +583,7 @@ class _Replay:
         return r
 
     def sleep(self, node_id: str, task_id: str) -> None:
-        """Mark a placed task sleeping, as services/fleet.py reads a ``sleeping`` task."""
+        """Mark a placed task sleeping, as services/placement/fleet.py reads a ``sleeping`` task."""
         node = self.by_id[node_id]
         o = next(o for o in node.occupants if o.task_id == task_id)
         o.sleeping = True

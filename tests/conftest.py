@@ -43,7 +43,8 @@ def _hash_each_password_once() -> None:
     import functools
     import hashlib
 
-    from heteroflow.services import auth, login, passwords, tenants
+    from heteroflow.services.identity import auth, login, passwords
+    from heteroflow.services.tenancy import tenants
 
     real_scrypt = hashlib.scrypt
 

@@ -26,7 +26,7 @@ import pytest
 
 from heteroflow.core.engines.capabilities import UNKNOWN, Capabilities
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.errors import Receive, Scope, Send
+from heteroflow.gateway.wire.errors import Receive, Scope, Send
 from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,

@@ -30,11 +30,12 @@ from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.engine_access import ENGINE_KEY_SECRET, engine_key
 from heteroflow.db.engine import Database, migrate
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.usage import UsageCollector
+from heteroflow.gateway.policy.usage import UsageCollector
 from heteroflow.logs import register_secrets
 from heteroflow.private_files import private_dir
 from heteroflow.schemas.routing import SnapshotHolder
-from heteroflow.services.auth import (
+from heteroflow.services.agents.node_tokens import NodeTokens
+from heteroflow.services.identity.auth import (
     JWT_SECRET_KEY,
     Bootstrap,
     Tokens,
@@ -42,8 +43,7 @@ from heteroflow.services.auth import (
     shared_secret,
 )
 from heteroflow.services.metrics import LeaderState, ServerMetrics, read_fleet_counts
-from heteroflow.services.node_tokens import NodeTokens
-from heteroflow.services.usage import DbUsageSink
+from heteroflow.services.tenancy.usage import DbUsageSink
 from heteroflow.serving import http_server
 from heteroflow.settings import ServerSettings
 

@@ -81,7 +81,7 @@ class ServerSettings(BaseSettings):
     # over within leader_lease_ttl_s plus one renew interval.
     leader_lease_ttl_s: float = Field(default=15.0, gt=0.0)
     leader_renew_interval_s: float = Field(default=5.0, gt=0.0)
-    # --- issue 13: the recovery loop (E1-E4, A10; services/recovery.py, leader-only) ---
+    # --- issue 13: the recovery loop (E1-E4, A10; services/lifecycle/recovery.py, leader-only) ---
     # Every recovery_interval_s it rebuilds failed tasks of groups meant to run, at most
     # recovery_max_rebuilds in a row (the count starts again once the task it replaces had
     # run recovery_stable_s); after recovery_fallback_after failed starts in a row of one
@@ -198,7 +198,7 @@ class ServerSettings(BaseSettings):
     gateway_wake_retry_after_s: int = Field(default=10, ge=1, le=3600)
     gateway_wake_poll_s: float = Field(default=0.2, gt=0.0)
 
-    # --- issue 14: scaling (I1, I2; core/autoscale.py, services/scaling.py) ---
+    # --- issue 14: scaling (I1, I2; core/autoscale.py, services/lifecycle/scaling.py) ---
     # The leader's autoscaler decides every autoscale_interval_s for each service whose
     # scale_policy is enabled; a replica younger than autoscale_min_age_s (from running_at)
     # is never scaled down. A replica a scale-in takes away drains first (no new request)
@@ -217,7 +217,7 @@ class ServerSettings(BaseSettings):
     gateway_load_scrape_interval_s: float = Field(default=5.0, ge=0.0)
     # --- end issue 14 (scaling) ---
 
-    # Sleep and wake (F1-F3, services/sleep.py). A wake that cannot happen now (node
+    # Sleep and wake (F1-F3, services/lifecycle/sleep.py). A wake that cannot happen now (node
     # offline, cards borrowed by training) is recorded as wake_requested; the leader's
     # wake retrier looks at those every wake_retry_interval_s: it wakes the task once it
     # can, and fails it (the recovery loop then rebuilds it elsewhere) once its node has
@@ -226,7 +226,7 @@ class ServerSettings(BaseSettings):
     # wake_ready_timeout_s (HETEROFLOW_AGENT_WAKE_READY_TIMEOUT_S, 120 s, F2).
     wake_retry_interval_s: float = Field(default=2.0, gt=0.0)
     wake_node_lost_after_s: float = Field(default=120.0, gt=0.0)
-    # --- issue 14: schedule windows (K1, services/windows.py; leader-only). Every
+    # --- issue 14: schedule windows (K1, services/lifecycle/windows.py; leader-only). Every
     # schedule_window_interval_s the leader acts on each service's window: outside it,
     # its action (pause / scale / stop); back inside, or disabled, undone (but a stop). ---
     schedule_window_interval_s: float = Field(default=60.0, gt=0.0)

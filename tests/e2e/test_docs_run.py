@@ -100,7 +100,7 @@ def _node_config(data: Any, _: Path) -> None:
 
 
 def _routes_file(data: Any, tmp: Path) -> None:
-    from heteroflow.gateway.routes_file import load_routes
+    from heteroflow.gateway.routing.routes_file import load_routes
 
     path = tmp / "routes.json"
     path.write_text(json.dumps(data))

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import select
 
 from heteroflow.db.tables import AuditRecord
-from heteroflow.services import audit, task_groups
+from heteroflow.services.identity import audit
+from heteroflow.services.lifecycle import task_groups
 
 from .conftest import NODE_TOKEN, Api, service_body
 

@@ -40,7 +40,7 @@ def _stdin(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
 
 def _secret_row(api: Api) -> str:
     from heteroflow.db.tables import PlatformSetting
-    from heteroflow.services.auth import JWT_SECRET_KEY
+    from heteroflow.services.identity.auth import JWT_SECRET_KEY
 
     with api.app.db.session() as s:
         row = s.get(PlatformSetting, JWT_SECRET_KEY)

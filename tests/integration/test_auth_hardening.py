@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from heteroflow.core.errors import Unauthorized
 from heteroflow.db.tables import LoginThrottle, PlatformSetting, Tenant, User
-from heteroflow.services.auth import (
+from heteroflow.services.identity.auth import (
     JWT_SECRET_KEY,
     Tokens,
     rotate_jwt_secret,

@@ -20,9 +20,9 @@ from sqlalchemy import update
 from heteroflow.db.tables import TaskGroup
 from heteroflow.schemas.routing import Backend, RoutingSnapshot
 from heteroflow.services.leadership import LeaseLost
-from heteroflow.services.routing import build_snapshot
-from heteroflow.services.scaling import AutoscaleOutcome
-from heteroflow.services.usage import read_load
+from heteroflow.services.lifecycle.scaling import AutoscaleOutcome
+from heteroflow.services.serving.routing import build_snapshot
+from heteroflow.services.tenancy.usage import read_load
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 
 from .conftest import Api

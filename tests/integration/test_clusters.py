@@ -16,8 +16,8 @@ from heteroflow.core.engines.selection import select_engine
 from heteroflow.db.engine import Database, migrate
 from heteroflow.db.tables import Node
 from heteroflow.schemas.nodes import GpuCardWire, Heartbeat
-from heteroflow.services import nodes as node_service
-from heteroflow.services.scheduling import node_views
+from heteroflow.services.agents import nodes as node_service
+from heteroflow.services.placement.scheduling import node_views
 from heteroflow.testing import clusters
 
 ALL = clusters.kinds()

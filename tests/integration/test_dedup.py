@@ -17,8 +17,9 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from heteroflow.schemas.routing import RoutingSnapshot, hash_key
-from heteroflow.services import dedup, sharing
-from heteroflow.services.routing import build_snapshot
+from heteroflow.services.placement import dedup
+from heteroflow.services.serving.routing import build_snapshot
+from heteroflow.services.tenancy import sharing
 
 from .conftest import Api, service_body
 

@@ -19,7 +19,7 @@ from heteroflow.agent.inventory import GpuCard
 from heteroflow.core.engine_access import ENGINE_ADDRESS
 from heteroflow.models.tiny_gguf import write_tiny_gguf
 from heteroflow.schemas.nodes import TaskAssignment
-from heteroflow.services.dry_run import (
+from heteroflow.services.placement.dry_run import (
     PLANNED_CONFIG_DIR,
     PLANNED_GROUP_ID,
     PLANNED_ID,

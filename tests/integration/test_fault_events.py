@@ -15,7 +15,7 @@ from heteroflow.agent.daemon import Agent
 from heteroflow.agent.inventory import NvmlDiscovery
 from heteroflow.agent.launch import NoDoors
 from heteroflow.schemas.nodes import TaskAssignment
-from heteroflow.services.faults import WatchResult
+from heteroflow.services.lifecycle.faults import WatchResult
 from heteroflow.settings import AgentSettings
 
 from .conftest import NODE_TOKEN, Api, service_body

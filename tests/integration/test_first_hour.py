@@ -16,8 +16,8 @@ from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
 from heteroflow.db.tables import InferenceEndpoint, User
 from heteroflow.models.demo import ensure_demo_model
 from heteroflow.schemas.routing import hash_key
-from heteroflow.services import endpoints
-from heteroflow.services.auth import Principal
+from heteroflow.services.identity.auth import Principal
+from heteroflow.services.serving import endpoints
 
 from .conftest import Api, service_body
 

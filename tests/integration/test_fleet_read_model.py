@@ -18,7 +18,8 @@ from sqlalchemy import event, func, select
 
 from heteroflow.core.placement import NodeView, never_fits
 from heteroflow.db.tables import InferenceEndpoint, Task, TaskGroup
-from heteroflow.services import dry_run, fleet, placer, planning, scheduling, task_groups
+from heteroflow.services.lifecycle import task_groups
+from heteroflow.services.placement import dry_run, fleet, placer, planning, scheduling
 
 from .conftest import NODE_TOKEN, Api, service_body
 

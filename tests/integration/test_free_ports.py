@@ -28,7 +28,7 @@ from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.agent.runtime.protocol import LaunchSpec
 from heteroflow.db.tables import Task
 from heteroflow.schemas.nodes import TaskAssignment
-from heteroflow.services.nodes import MAX_PORT_CONFLICTS, assignment
+from heteroflow.services.agents.nodes import MAX_PORT_CONFLICTS, assignment
 from heteroflow.settings import AgentSettings
 
 from .conftest import NODE_TOKEN, Api, service_body

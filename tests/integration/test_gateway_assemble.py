@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.errors import Receive, Scope, Send
+from heteroflow.gateway.wire.errors import Receive, Scope, Send
 from heteroflow.testing.fake_openai_backend import UvicornThread
 from tests.gateway_stack import serve_gateway, snapshot, target
 from tests.openai_schema import ErrorResponse, assert_conforms, conforms

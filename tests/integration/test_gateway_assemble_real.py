@@ -19,7 +19,7 @@ import pytest
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.usage import UsageCollector
+from heteroflow.gateway.policy.usage import UsageCollector
 from heteroflow.models.tiny_gguf import write_tiny_gguf
 from heteroflow.schemas.usage import UsageRow
 from heteroflow.testing.fake_openai_backend import UvicornThread

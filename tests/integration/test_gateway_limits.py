@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from heteroflow.core.clock import FakeClock
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.store import MemoryStore
+from heteroflow.gateway.routing.store import MemoryStore
 from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,

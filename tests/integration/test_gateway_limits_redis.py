@@ -25,7 +25,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from heteroflow.core.clock import FakeClock
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.idempotency import (
+from heteroflow.gateway.policy.idempotency import (
     IN_FLIGHT,
     MISMATCH,
     PROCEED,
@@ -33,8 +33,8 @@ from heteroflow.gateway.idempotency import (
     StoredResponse,
     fingerprint,
 )
-from heteroflow.gateway.limits import OK, Charge, quota_period
-from heteroflow.gateway.store import MemoryStore, RedisStore
+from heteroflow.gateway.policy.limits import OK, Charge, quota_period
+from heteroflow.gateway.routing.store import MemoryStore, RedisStore
 from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
@@ -249,7 +249,7 @@ def test_redis_down_fails_open_to_per_instance_limits_and_logs_once(
         finally:
             await store.aclose()
 
-    with caplog.at_level(logging.WARNING, logger="heteroflow.gateway.store"):
+    with caplog.at_level(logging.WARNING, logger="heteroflow.gateway.routing.store"):
         verdicts = asyncio.run(scenario())
     assert verdicts == [OK, OK, 2, 2]  # RPM 2 still enforced, by this instance alone
     lines = [r.getMessage() for r in caplog.records]

@@ -36,9 +36,9 @@ import pytest
 
 from heteroflow.core.clock import FakeClock
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.store import MemoryStore
-from heteroflow.gateway.upstream import UpstreamFailure
-from heteroflow.gateway.usage import UsageCollector
+from heteroflow.gateway.backend.upstream import UpstreamFailure
+from heteroflow.gateway.policy.usage import UsageCollector
+from heteroflow.gateway.routing.store import MemoryStore
 from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,

@@ -21,7 +21,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.errors import Receive, Scope, Send
+from heteroflow.gateway.wire.errors import Receive, Scope, Send
 from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,

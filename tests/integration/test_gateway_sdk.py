@@ -22,8 +22,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.errors import Receive, Scope, Send
-from heteroflow.gateway.poller import PollError, SnapshotPoller
+from heteroflow.gateway.routing.poller import PollError, SnapshotPoller
+from heteroflow.gateway.wire.errors import Receive, Scope, Send
 from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,
@@ -621,7 +621,7 @@ async def test_poller_follows_the_server_snapshot(
         await poller.aclose()
 
     # run(): errors are logged (without the token) and survived; changes are picked up.
-    caplog.set_level(logging.DEBUG, logger="heteroflow.gateway.poller")
+    caplog.set_level(logging.DEBUG, logger="heteroflow.gateway.routing.poller")
     stop = asyncio.Event()
     task = asyncio.create_task(poller.run(stop))
     deadline = time.monotonic() + 5.0

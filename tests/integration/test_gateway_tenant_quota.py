@@ -26,8 +26,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from heteroflow.core.clock import FakeClock
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.limits import OK, TENANT_QUOTA, Charge, TenantCharge, quota_period
-from heteroflow.gateway.store import GatewayStore, MemoryStore, RedisStore
+from heteroflow.gateway.policy.limits import OK, TENANT_QUOTA, Charge, TenantCharge, quota_period
+from heteroflow.gateway.routing.store import GatewayStore, MemoryStore, RedisStore
 from heteroflow.schemas.routing import (
     Backend,
     KeyEntry,

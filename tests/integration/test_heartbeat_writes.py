@@ -27,7 +27,7 @@ from heteroflow.api.heartbeat_fast import Beat
 from heteroflow.api.routes.nodes import heartbeat_work
 from heteroflow.db.tables import Node
 from heteroflow.schemas.nodes import Heartbeat, HeartbeatReply
-from heteroflow.services import nodes
+from heteroflow.services.agents import nodes
 
 from .conftest import NODE_TOKEN, Api
 

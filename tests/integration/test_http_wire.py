@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from heteroflow.gateway import http_wire as wire
+from heteroflow.gateway.wire import http_wire as wire
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

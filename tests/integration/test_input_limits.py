@@ -336,7 +336,7 @@ def test_the_dry_run_reads_no_file_outside_the_prefixes(
 ) -> None:
     """The estimate reads GGUF headers: it must never run for a path no node allows."""
     from heteroflow.models.estimate import estimate_model_path as real
-    from heteroflow.services import planning
+    from heteroflow.services.placement import planning
 
     read: list[Path] = []
 

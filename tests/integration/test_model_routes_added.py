@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from heteroflow.schemas.routing import RoutingSnapshot, hash_key
-from heteroflow.services.routing import build_snapshot
+from heteroflow.services.serving.routing import build_snapshot
 
 from .conftest import Api, service_body
 

@@ -18,7 +18,7 @@ from heteroflow.cli import main
 from heteroflow.core.clock import FakeClock
 from heteroflow.core.errors import Conflict
 from heteroflow.server import ServerApp
-from heteroflow.services.node_tokens import (
+from heteroflow.services.agents.node_tokens import (
     NODE_TOKEN_SEEN_WINDOW_S,
     NodeTokenState,
     finish_node_token_rotation,

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 
-from heteroflow.gateway.engine_metrics import EngineLoad
-from heteroflow.gateway.health import PassiveHealth
-from heteroflow.gateway.probes import BackendMonitor
+from heteroflow.gateway.backend.engine_metrics import EngineLoad
+from heteroflow.gateway.routing.health import PassiveHealth
+from heteroflow.gateway.routing.probes import BackendMonitor
 from heteroflow.schemas.routing import Backend, RouteTarget, RoutingSnapshot
 
 VLLM_PAGE = (

@@ -19,8 +19,8 @@ import pytest
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.factory import make_launcher
-from heteroflow.gateway.health import PassiveHealth
-from heteroflow.gateway.probes import BackendMonitor
+from heteroflow.gateway.routing.health import PassiveHealth
+from heteroflow.gateway.routing.probes import BackendMonitor
 from heteroflow.models.tiny_gguf import write_tiny_gguf
 from heteroflow.schemas.routing import Backend, RouteTarget, RoutingSnapshot
 from heteroflow.server import ServerApp
@@ -148,7 +148,7 @@ async def test_one_failed_probe_is_info_and_a_second_in_a_row_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """An engine stopped as asked fails one probe before the next snapshot drops it."""
-    caplog.set_level(logging.INFO, logger="heteroflow.gateway.probes")
+    caplog.set_level(logging.INFO, logger="heteroflow.gateway.routing.probes")
     dead = f"http://127.0.0.1:{free_port()}"
     target = RouteTarget("r", "g", 0, 1, (Backend("task-x", dead),), "round_robin", ())
     monitor = BackendMonitor(PassiveHealth(5.0), {}, lambda url: 0)

@@ -12,8 +12,8 @@ from sqlalchemy import select
 
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import Task
-from heteroflow.services.recovery import RecoveryResult
-from heteroflow.services.transitions import transition
+from heteroflow.services.lifecycle.recovery import RecoveryResult
+from heteroflow.services.lifecycle.transitions import transition
 
 from .conftest import NODE_TOKEN, Api, service_body
 from .test_fault_events import create, events, faults, report, start

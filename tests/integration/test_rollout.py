@@ -383,7 +383,7 @@ def test_cli_update_follows_the_batches(
 @pytest.mark.feature("J1", "M11")
 def test_the_old_replica_stops_once_every_gateway_reports_it_drained(api: Api) -> None:
     from heteroflow.schemas.usage import BackendLoad, GatewayLoad
-    from heteroflow.services.usage import write_load
+    from heteroflow.services.tenancy.usage import write_load
 
     def gateway_says(task_id: str, *, draining: bool, in_flight: int) -> None:
         load = GatewayLoad("gw-test", (BackendLoad(task_id, group_id, draining, in_flight, 0.0),))

@@ -16,8 +16,9 @@ from sqlalchemy import select
 from heteroflow.core.errors import NotFound
 from heteroflow.db.tables import ModelRoute, User
 from heteroflow.schemas.gateway import ModelRouteCreate
-from heteroflow.services import endpoints, task_groups
-from heteroflow.services.auth import Principal
+from heteroflow.services.identity.auth import Principal
+from heteroflow.services.lifecycle import task_groups
+from heteroflow.services.serving import endpoints
 
 from .conftest import Api, service_body
 

@@ -18,8 +18,8 @@ from sqlalchemy import select
 
 from heteroflow.core.errors import Conflict
 from heteroflow.db.tables import Task, TaskGroup
-from heteroflow.services.scaling import SCALED_IN, scale_as_platform
-from heteroflow.services.usage import read_load
+from heteroflow.services.lifecycle.scaling import SCALED_IN, scale_as_platform
+from heteroflow.services.tenancy.usage import read_load
 
 from .conftest import Api, service_body
 

@@ -244,7 +244,7 @@ def test_a_stale_view_loses_the_booking_cas_and_the_task_stays_queued(
             )
         return idx
 
-    target = "heteroflow.services.placer.FleetIndex"  # the round's placer builds it
+    target = "heteroflow.services.placement.placer.FleetIndex"  # the round's placer builds it
     monkeypatch.setattr(target, index_then_someone_else_books)
     r = api.app.scheduler.run_round()
     assert (r.placed, r.conflicts) == (0, 1)

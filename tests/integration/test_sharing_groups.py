@@ -10,9 +10,9 @@ import pytest
 
 from heteroflow.core.errors import Conflict
 from heteroflow.schemas.sharing import SharingGroupTenantAdd
-from heteroflow.services import sharing
-from heteroflow.services.auth import Principal
-from heteroflow.services.sharing import tenant_share_keys
+from heteroflow.services.identity.auth import Principal
+from heteroflow.services.tenancy import sharing
+from heteroflow.services.tenancy.sharing import tenant_share_keys
 
 from .conftest import Api
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from heteroflow.services.sleep import WakeRound
+from heteroflow.services.lifecycle.sleep import WakeRound
 
 from .conftest import Api, service_body
 
@@ -317,7 +317,7 @@ def test_training_groups_do_not_sleep(api: Api) -> None:
 
 def test_platform_callers_use_the_same_functions(api: Api) -> None:
     """The idle timer and the gateway call the services with who=None (the platform)."""
-    from heteroflow.services import sleep
+    from heteroflow.services.lifecycle import sleep
 
     admin = api.login()
     _, group_id, task_id = running_service(api, admin)

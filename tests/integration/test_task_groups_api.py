@@ -281,7 +281,7 @@ def test_an_endpoint_that_cannot_be_written_fails_the_whole_create(
 ) -> None:
     """Issue 26: the group, its tasks, route and endpoint (with its key) are one unit of
     work — before, a failed endpoint was a warning and left a service without a key."""
-    import heteroflow.services.task_groups as svc
+    import heteroflow.services.lifecycle.task_groups as svc
 
     def broken_key() -> str:
         raise RuntimeError("key generator down")

@@ -23,8 +23,8 @@ from heteroflow.db.engine import Database, make_engine, migrate
 from heteroflow.db.tables import Event
 from heteroflow.schemas.files import FileRequestDone
 from heteroflow.schemas.nodes import TaskReport
-from heteroflow.services import faults
-from heteroflow.services.transitions import UNSET, TaskUpdate, transition
+from heteroflow.services.lifecycle import faults
+from heteroflow.services.lifecycle.transitions import UNSET, TaskUpdate, transition
 
 from .conftest import Api, service_body
 from .test_fault_events import create, start, watch_round

@@ -25,10 +25,10 @@ from sqlalchemy import select
 from heteroflow.core.clock import FakeClock
 from heteroflow.db.tables import UsageRecord
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.usage import HttpUsageSink, UsageCollector
+from heteroflow.gateway.policy.usage import HttpUsageSink, UsageCollector
 from heteroflow.schemas.routing import Backend, RoutingSnapshot, SnapshotHolder
 from heteroflow.server import ServerApp
-from heteroflow.services.routing import build_snapshot
+from heteroflow.services.serving.routing import build_snapshot
 from heteroflow.serving import bind
 from heteroflow.settings import ServerSettings
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread

@@ -23,9 +23,9 @@ import pytest
 
 from heteroflow.db.tables import TaskGroup
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.poller import SnapshotPoller
-from heteroflow.gateway.usage import HttpUsageSink, UsageCollector
-from heteroflow.gateway.wake import HttpServerLink
+from heteroflow.gateway.policy.usage import HttpUsageSink, UsageCollector
+from heteroflow.gateway.routing.poller import SnapshotPoller
+from heteroflow.gateway.routing.wake import HttpServerLink
 from heteroflow.schemas.routing import SnapshotHolder
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 

@@ -16,7 +16,7 @@ from heteroflow.core.clock import Clock
 from heteroflow.core.errors import Conflict
 from heteroflow.db.tables import TaskGroup
 from heteroflow.services.leadership import LeaseLost
-from heteroflow.services.windows import WindowOutcome
+from heteroflow.services.lifecycle.windows import WindowOutcome
 
 from .conftest import Api, service_body
 

@@ -13,10 +13,10 @@ from typing import Any
 import orjson
 import pytest
 
-from heteroflow.gateway import normalize
 from heteroflow.gateway.assemble import PATHS, Assembler, as_stream
-from heteroflow.gateway.errors import OpenAIError
-from heteroflow.gateway.usage import Usage, UsageTracker
+from heteroflow.gateway.policy.usage import Usage, UsageTracker
+from heteroflow.gateway.shaping import normalize
+from heteroflow.gateway.wire.errors import OpenAIError
 from tests.openai_schema import ChatCompletion, Completion, assert_conforms, conforms
 
 CHAT = "/v1/chat/completions"

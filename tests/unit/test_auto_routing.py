@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from heteroflow.gateway.auto import (
+from heteroflow.gateway.routing.auto import (
     AutoChoice,
     NoAutoChoice,
     choose_model,

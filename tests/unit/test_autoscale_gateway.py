@@ -11,8 +11,8 @@ import pytest
 
 from heteroflow.core.clock import FakeClock
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.engine_metrics import EngineLoad
-from heteroflow.gateway.usage import TOKEN_WINDOW_S, UsageCollector
+from heteroflow.gateway.backend.engine_metrics import EngineLoad
+from heteroflow.gateway.policy.usage import TOKEN_WINDOW_S, UsageCollector
 from heteroflow.schemas.routing import Backend, RouteTarget, RoutingSnapshot, SnapshotHolder
 from heteroflow.schemas.usage import (
     ActivityReport,

@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from heteroflow.gateway.balancing import Balancer
-from heteroflow.gateway.engine_metrics import EngineLoad
-from heteroflow.gateway.health import PassiveHealth
+from heteroflow.gateway.backend.engine_metrics import EngineLoad
+from heteroflow.gateway.routing.balancing import Balancer
+from heteroflow.gateway.routing.health import PassiveHealth
 from heteroflow.schemas.routing import Backend, RouteTarget
 
 

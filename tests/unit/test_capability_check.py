@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from heteroflow.core.engines.capabilities import UNKNOWN, Capabilities
-from heteroflow.gateway.capability_check import refuse
-from heteroflow.gateway.responses import to_chat
+from heteroflow.gateway.routing.capability_check import refuse
+from heteroflow.gateway.shaping.responses import to_chat
 from heteroflow.schemas.routing import RouteTarget
 
 pytestmark = pytest.mark.feature("M13")

@@ -33,14 +33,14 @@ from heteroflow.core.ports import (
 from heteroflow.core.recipe import NodeShape, TaskShape, container_plan, image_tag_version
 from heteroflow.schemas.nodes import TaskAssignment
 from heteroflow.schemas.task_groups import TaskGroupCreate
-from heteroflow.services.dry_run import (
+from heteroflow.services.placement.dry_run import (
     PLANNED_CONFIG_DIR,
     PLANNED_GROUP_ID,
     PLANNED_ID,
     plan_read,
     planned_recipe,
 )
-from heteroflow.services.planning import GroupPlan
+from heteroflow.services.placement.planning import GroupPlan
 
 NODE_ADDRESS = "10.0.0.7"  # the address the node reports and its agent publishes on
 TASK_ID, GROUP_ID = "task-0123", "tg-4567"

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from heteroflow.gateway.balancing import Balancer
-from heteroflow.gateway.health import PassiveHealth
+from heteroflow.gateway.routing.balancing import Balancer
+from heteroflow.gateway.routing.health import PassiveHealth
 from heteroflow.schemas.routing import Backend, RouteTarget
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from heteroflow.gateway.health import DEFAULT_COOLDOWN_S, PassiveHealth
+from heteroflow.gateway.routing.health import DEFAULT_COOLDOWN_S, PassiveHealth
 
 
 class Clock:

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heteroflow.core.clock import FakeClock
-from heteroflow.gateway import limits
-from heteroflow.gateway.limits import (
+from heteroflow.gateway.policy import limits
+from heteroflow.gateway.policy.limits import (
     OK,
     QUOTA,
     REQUESTS,
@@ -28,7 +28,7 @@ from heteroflow.gateway.limits import (
     request_cost,
     settle,
 )
-from heteroflow.gateway.store import MemoryStore
+from heteroflow.gateway.routing.store import MemoryStore
 from heteroflow.schemas.routing import KeyEntry, RoutingSnapshot
 
 T0 = datetime(2026, 3, 31, 23, 0, tzinfo=UTC).timestamp() * 1000.0

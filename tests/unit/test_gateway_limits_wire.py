@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from heteroflow.gateway.redis_wire import RedisWire, ReplyError, encode, parse
+from heteroflow.gateway.wire.redis_wire import RedisWire, ReplyError, encode, parse
 
 
 @pytest.mark.feature("M8")

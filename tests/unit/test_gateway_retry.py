@@ -6,9 +6,9 @@ tests/integration/test_http_wire.py."""
 
 from __future__ import annotations
 
-from heteroflow.gateway.balancing import Balancer
-from heteroflow.gateway.health import PassiveHealth
-from heteroflow.gateway.retry import Failovers, without
+from heteroflow.gateway.backend.retry import Failovers, without
+from heteroflow.gateway.routing.balancing import Balancer
+from heteroflow.gateway.routing.health import PassiveHealth
 from heteroflow.schemas.routing import Backend, RouteTarget
 
 DEADLINE = 100.0

@@ -8,8 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from heteroflow.core.clock import FakeClock
-from heteroflow.gateway import errors
-from heteroflow.gateway.limits import (
+from heteroflow.gateway.policy.limits import (
     OK,
     QUOTA,
     REQUESTS,
@@ -26,7 +25,8 @@ from heteroflow.gateway.limits import (
     refusal_headers,
     settle,
 )
-from heteroflow.gateway.store import MemoryStore
+from heteroflow.gateway.routing.store import MemoryStore
+from heteroflow.gateway.wire import errors
 from heteroflow.schemas.routing import KeyEntry, RoutingSnapshot
 
 T0 = datetime(2026, 12, 1, 23, 0, tzinfo=UTC).timestamp() * 1000.0

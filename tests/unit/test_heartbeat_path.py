@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from heteroflow.schemas.nodes import Heartbeat
-from heteroflow.services.nodes import STEADY_COLUMNS, changed_columns, reported_columns
+from heteroflow.services.agents.nodes import STEADY_COLUMNS, changed_columns, reported_columns
 
 CARD = {"index": 0, "memory_total_mb": 24000, "memory_used_mb": 10, "temperature_c": 40}
 BODY: dict[str, Any] = {

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from heteroflow.gateway import http_conventions as hc
-from heteroflow.gateway import upstream as upstream_mod
-from heteroflow.gateway.errors import OpenAIError
-from heteroflow.gateway.http_wire import Disconnected, Unwritten
-from heteroflow.gateway.upstream import Upstream, UpstreamFailure
+from heteroflow.gateway.backend import upstream as upstream_mod
+from heteroflow.gateway.backend.upstream import Upstream, UpstreamFailure
+from heteroflow.gateway.wire import http_conventions as hc
+from heteroflow.gateway.wire.errors import OpenAIError
+from heteroflow.gateway.wire.http_wire import Disconnected, Unwritten
 from heteroflow.schemas.routing import Backend
 
 LIMIT = 1000

@@ -9,8 +9,7 @@ import orjson
 import pytest
 
 from heteroflow.core.clock import FakeClock
-from heteroflow.gateway.errors import Message
-from heteroflow.gateway.idempotency import (
+from heteroflow.gateway.policy.idempotency import (
     IN_FLIGHT,
     MISMATCH,
     PROCEED,
@@ -21,7 +20,8 @@ from heteroflow.gateway.idempotency import (
     StoredResponse,
     fingerprint,
 )
-from heteroflow.gateway.store import MemoryStore
+from heteroflow.gateway.routing.store import MemoryStore
+from heteroflow.gateway.wire.errors import Message
 
 FP = fingerprint("/v1/chat/completions", b'{"a":1}')
 FP2 = fingerprint("/v1/chat/completions", b'{"a":2}')

@@ -14,10 +14,10 @@ from datetime import datetime, timedelta
 import pytest
 
 from heteroflow.core.clock import FakeClock
-from heteroflow.gateway.usage import UsageCollector
+from heteroflow.gateway.policy.usage import UsageCollector
 from heteroflow.schemas.routing import Backend, RouteTarget, RoutingSnapshot
 from heteroflow.schemas.usage import UsageRow
-from heteroflow.services.idle import idle_due
+from heteroflow.services.lifecycle.idle import idle_due
 
 MINUTE = 60.0
 

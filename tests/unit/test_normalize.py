@@ -17,10 +17,10 @@ from typing import Any
 import orjson
 import pytest
 
-from heteroflow.gateway.engine_errors import engine_error, is_backend_fault
-from heteroflow.gateway.errors import OpenAIError
-from heteroflow.gateway.normalize import Asked, asked, fix_answer, needs_parse, rename_model
-from heteroflow.gateway.usage import Usage, UsageTracker
+from heteroflow.gateway.policy.usage import Usage, UsageTracker
+from heteroflow.gateway.shaping.engine_errors import engine_error, is_backend_fault
+from heteroflow.gateway.shaping.normalize import Asked, asked, fix_answer, needs_parse, rename_model
+from heteroflow.gateway.wire.errors import OpenAIError
 from tests.openai_schema import conforms
 
 CHAT = "/v1/chat/completions"

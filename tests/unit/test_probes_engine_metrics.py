@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from heteroflow.gateway.engine_metrics import (
+from heteroflow.gateway.backend.engine_metrics import (
     KV_WEIGHT,
     WAITING_WEIGHT,
     EngineLoad,

@@ -1,4 +1,4 @@
-"""OpenAI's request shapes at the gateway (``heteroflow.gateway.requests``): each bad body
+"""OpenAI's request shapes at the gateway (``heteroflow.gateway.shaping.requests``): each bad body
 gives OpenAI's 400 naming the field, every good body (engine extras included) passes, and
 no JSON body whatever makes the check raise."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heteroflow.gateway.requests import check
+from heteroflow.gateway.shaping.requests import check
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -12,11 +12,11 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from heteroflow.gateway import errors
-from heteroflow.gateway.errors import Message
-from heteroflow.gateway.responses import from_chat, to_chat
-from heteroflow.gateway.responses_adapter import ResponsesExit
-from heteroflow.gateway.responses_stream import StreamTranslator
+from heteroflow.gateway.shaping.responses import from_chat, to_chat
+from heteroflow.gateway.shaping.responses_adapter import ResponsesExit
+from heteroflow.gateway.shaping.responses_stream import StreamTranslator
+from heteroflow.gateway.wire import errors
+from heteroflow.gateway.wire.errors import Message
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 WEATHER = {

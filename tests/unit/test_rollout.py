@@ -2,7 +2,7 @@
 a batch tried again, the rollback (and a restore that fails), recreate, the drain rule,
 the lease (renew, expiry, the 16-minute bound), abandon (the expiry scan) and orphans.
 
-``World`` applies each step to a dict of replicas the way services/rollout/ writes it
+``World`` applies each step to a dict of replicas the way services/lifecycle/rollout/ writes it
 to the database (a created candidate is pending; a stop is immediate), so a test drives
 the machine round by round and moves replicas (running, failed) by hand."""
 

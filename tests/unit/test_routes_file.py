@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from heteroflow.gateway.routes_file import RoutesFileError, RoutesFileWatcher, load_routes
+from heteroflow.gateway.routing.routes_file import RoutesFileError, RoutesFileWatcher, load_routes
 from heteroflow.schemas.routing import SnapshotHolder, hash_key
 
 KEY_A, KEY_B = hash_key("sk-a"), hash_key("sk-b")

@@ -215,7 +215,7 @@ def reference_plan(
 
 
 def put_to_sleep(node: NodeView, o: Occupant) -> None:
-    """As the fleet read books a sleeping holder (services/fleet._book_holders)."""
+    """As the fleet read books a sleeping holder (services/placement/fleet._book_holders)."""
     o.sleeping = True
     for c in node.cards:
         if c.index in o.gpu_ids:

@@ -13,7 +13,7 @@ from heteroflow.controllers.leadership import Leadership
 from heteroflow.core.prometheus import Exposition, Histogram, number
 from heteroflow.services.leadership import LeaseLost
 from heteroflow.services.metrics import FleetCounts, ServerMetrics
-from heteroflow.services.scheduling import RoundResult
+from heteroflow.services.placement.scheduling import RoundResult
 from heteroflow.testing.fake_leases import InMemoryLeaseStore
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)

@@ -13,7 +13,7 @@ from heteroflow.core.engines.capabilities import UNKNOWN
 from heteroflow.db.tables import Task
 from heteroflow.models.tiny_gguf import write_tiny_gguf
 from heteroflow.schemas.capabilities import CapabilitiesRead
-from heteroflow.services.capabilities import of_tasks, task_args
+from heteroflow.services.serving.capabilities import of_tasks, task_args
 
 pytestmark = pytest.mark.feature("M13")
 

@@ -17,7 +17,7 @@ from heteroflow.core.states import (
     can_transition,
     group_status,
 )
-from heteroflow.services.transitions import IllegalTransition, transition
+from heteroflow.services.lifecycle.transitions import IllegalTransition, transition
 
 # Written out independently of the module's table, by status value.
 EXPECTED_LEGAL: dict[str, set[str]] = {

@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from heteroflow.core.clock import FakeClock
-from heteroflow.gateway import usage as usage_mod
-from heteroflow.gateway.usage import (
+from heteroflow.gateway.policy import usage as usage_mod
+from heteroflow.gateway.policy.usage import (
     JsonLinesUsageSink,
     Usage,
     UsageCollector,
@@ -207,7 +207,7 @@ async def test_failed_writes_keep_the_sums_and_log_once(caplog: pytest.LogCaptur
     first_at = clock.now()
     c.record("ep1", "t1", "m", Usage(10, 5))
     sink.fail = 2
-    with caplog.at_level(logging.WARNING, logger="heteroflow.gateway.usage"):
+    with caplog.at_level(logging.WARNING, logger="heteroflow.gateway.policy.usage"):
         assert not await c.flush()
         clock.advance(5)
         c.record("ep1", "t1", "m", Usage(1, 1))
@@ -232,7 +232,7 @@ async def test_close_retries_then_reports_what_is_lost(
     assert _totals(sink.batches) == {("ep1", "t1", "m"): (1, 1, 1)}
     c.record("ep1", "t1", "m", Usage(1, 1))
     sink.fail = 99
-    with caplog.at_level(logging.ERROR, logger="heteroflow.gateway.usage"):
+    with caplog.at_level(logging.ERROR, logger="heteroflow.gateway.policy.usage"):
         await c.close()
     assert "1 requests could not be written" in caplog.text
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from heteroflow.gateway.metrics import GatewayMetrics
-from heteroflow.gateway.wake import CLIENT_LEFT, Ready, Refused, WakeHold, asleep
+from heteroflow.gateway.routing.wake import CLIENT_LEFT, Ready, Refused, WakeHold, asleep
 from heteroflow.schemas.routing import (
     Backend,
     RouteTarget,

@@ -33,7 +33,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from heteroflow.api.context import ServerContext
-from heteroflow.services import audit
+from heteroflow.services.identity import audit
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from heteroflow.core.clock import Clock
 from heteroflow.db.engine import Database
 from heteroflow.schemas.routing import SnapshotHolder
-from heteroflow.services.auth import Tokens
+from heteroflow.services.identity.auth import Tokens
 from heteroflow.settings import ServerSettings
 
 

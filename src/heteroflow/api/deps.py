@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 
 from heteroflow.api.context import ServerContext
 from heteroflow.core.errors import Unauthorized
-from heteroflow.services.auth import Principal, authenticate
-from heteroflow.services.node_tokens import NodeTokens
+from heteroflow.services.agents.node_tokens import NodeTokens
+from heteroflow.services.identity.auth import Principal, authenticate
 
 
 def get_ctx(request: Request) -> ServerContext:

@@ -21,7 +21,8 @@ from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
 from heteroflow.core.ids import new_api_key
 from heteroflow.db.engine import Database, downgrade, make_engine, migrate
 from heteroflow.schemas.routing import hash_key
-from heteroflow.services import auth, login, node_tokens
+from heteroflow.services.agents import node_tokens
+from heteroflow.services.identity import auth, login
 from heteroflow.settings import ServerSettings
 
 

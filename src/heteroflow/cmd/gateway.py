@@ -18,9 +18,14 @@ from typing import Any
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.gateway.app import GatewayApp
-from heteroflow.gateway.poller import SnapshotPoller
-from heteroflow.gateway.routes_file import RoutesFileError, RoutesFileWatcher
-from heteroflow.gateway.usage import HttpUsageSink, JsonLinesUsageSink, UsageCollector, UsageSink
+from heteroflow.gateway.policy.usage import (
+    HttpUsageSink,
+    JsonLinesUsageSink,
+    UsageCollector,
+    UsageSink,
+)
+from heteroflow.gateway.routing.poller import SnapshotPoller
+from heteroflow.gateway.routing.routes_file import RoutesFileError, RoutesFileWatcher
 from heteroflow.logs import register_secrets
 from heteroflow.schemas.routing import SnapshotHolder
 from heteroflow.serving import bind, http_server, install_stop_signals, settle_heap

@@ -43,8 +43,9 @@ from heteroflow.models.demo import GEMMA_CHAT_TEMPLATE, DemoModelUnavailable, en
 from heteroflow.private_files import private_file
 from heteroflow.schemas.task_groups import TaskGroupCreate
 from heteroflow.server import ServerApp
-from heteroflow.services import endpoints, task_groups
-from heteroflow.services.auth import Principal, authenticate
+from heteroflow.services.identity.auth import Principal, authenticate
+from heteroflow.services.lifecycle import task_groups
+from heteroflow.services.serving import endpoints
 from heteroflow.serving import bind, install_stop_signals, settle_heap
 from heteroflow.settings import AgentSettings, ServerSettings, default_data_dir
 

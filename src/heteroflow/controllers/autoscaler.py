@@ -21,13 +21,13 @@ import logging
 from dataclasses import dataclass
 
 from heteroflow.controllers.base import FencedController, Round
-from heteroflow.services.scaling import (
+from heteroflow.services.lifecycle.scaling import (
     AutoscaleOutcome,
     autoscale_group,
     autoscaled_groups,
     finish_scale_ins,
 )
-from heteroflow.services.usage import prune_load, read_load
+from heteroflow.services.tenancy.usage import prune_load, read_load
 
 log = logging.getLogger(__name__)
 

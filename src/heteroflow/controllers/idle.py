@@ -27,7 +27,12 @@ from heteroflow.controllers.snapshot import SnapshotPublisher
 from heteroflow.core.clock import Clock
 from heteroflow.db.engine import Database
 from heteroflow.schemas.routing import WakeOutcome
-from heteroflow.services.idle import MINUTE_S, idle_groups, sleep_if_idle, wake_for_request
+from heteroflow.services.lifecycle.idle import (
+    MINUTE_S,
+    idle_groups,
+    sleep_if_idle,
+    wake_for_request,
+)
 
 log = logging.getLogger(__name__)
 

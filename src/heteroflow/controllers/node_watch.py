@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from heteroflow.controllers.base import FencedController, Round
-from heteroflow.services.faults import WatchResult, watch_nodes
+from heteroflow.services.lifecycle.faults import WatchResult, watch_nodes
 
 
 @dataclass(eq=False, kw_only=True)

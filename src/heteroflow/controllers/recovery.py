@@ -17,7 +17,7 @@ from datetime import datetime
 
 from heteroflow.controllers.base import FencedController, Round
 from heteroflow.core.recovery import RecoveryPolicy
-from heteroflow.services.recovery import RecoveryResult, recover
+from heteroflow.services.lifecycle.recovery import RecoveryResult, recover
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Every ``rollout_interval_s`` each server instance drives the rollouts it holds (the
 instance that answered their ``PUT .../update`` took their execution lease): one step
-per rollout, each in its own transaction fenced by that lease (services/rollout.py), so
+per rollout, each in its own transaction fenced by that lease (services/lifecycle/rollout.py), so
 a rollout whose lease moved on or lapsed is refused and one group's failure does not
 stop the others. At its first round and every ``rollout_scan_interval_s`` it also runs
 the expiry scan, which fails the rollouts whose holder stopped renewing (it died).
@@ -23,7 +23,7 @@ from heteroflow.controllers.base import FrozenClock
 from heteroflow.core.clock import Clock
 from heteroflow.core.rollout import RolloutPolicy, Step
 from heteroflow.db.engine import Database
-from heteroflow.services.rollout import (
+from heteroflow.services.lifecycle.rollout import (
     InFlightReader,
     RolloutLeaseLost,
     ScanResult,

@@ -34,7 +34,7 @@ from datetime import datetime
 from heteroflow.core.clock import Clock
 from heteroflow.core.placement import Policy, Reservation
 from heteroflow.db.engine import Database
-from heteroflow.services.scheduling import RoundResult, schedule_round
+from heteroflow.services.placement.scheduling import RoundResult, schedule_round
 
 log = logging.getLogger(__name__)
 

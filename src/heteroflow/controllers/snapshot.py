@@ -21,7 +21,7 @@ from datetime import datetime
 
 from heteroflow.db.engine import Database
 from heteroflow.schemas.routing import RoutingSnapshot, SnapshotHolder
-from heteroflow.services.routing import build_snapshot
+from heteroflow.services.serving.routing import build_snapshot
 
 
 class SnapshotPublisher:

@@ -31,8 +31,8 @@ from heteroflow.core.recovery import RecoveryPolicy
 from heteroflow.db.engine import Database
 from heteroflow.schemas.routing import SnapshotHolder
 from heteroflow.services.leadership import DbLeaseStore, InstanceInfo
-from heteroflow.services.rollout import gateway_reports
-from heteroflow.services.windows import window_scaler
+from heteroflow.services.lifecycle.rollout import gateway_reports
+from heteroflow.services.lifecycle.windows import window_scaler
 from heteroflow.settings import ServerSettings
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from heteroflow.controllers.base import FencedController, Round
-from heteroflow.services.sleep import WakeRound, retry_wakes
+from heteroflow.services.lifecycle.sleep import WakeRound, retry_wakes
 
 
 @dataclass(eq=False, kw_only=True)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from heteroflow.controllers.base import FencedController, Round
 from heteroflow.services.leadership import LeaseLost
-from heteroflow.services.sleep import DEFAULT_OFFLINE_AFTER_S
-from heteroflow.services.windows import Scaler, WindowOutcome, apply_window, due_groups
+from heteroflow.services.lifecycle.sleep import DEFAULT_OFFLINE_AFTER_S
+from heteroflow.services.lifecycle.windows import Scaler, WindowOutcome, apply_window, due_groups
 
 log = logging.getLogger(__name__)
 

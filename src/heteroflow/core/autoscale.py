@@ -1,7 +1,7 @@
 """Replica bounds (A1, I2) and the autoscaler's rule (I1), pure: facts in, a decision out.
 
-``services/scaling.py`` reads the facts (the group, its current replicas, the gateways'
-load reports through ``services/usage.read_load``) and writes what ``decide`` says.
+``services/lifecycle/scaling.py`` reads the facts (the group, its current replicas, the gateways'
+load reports through ``services/tenancy/usage.read_load``) and writes what ``decide`` says.
 Nothing here reads a clock or a database.
 
 **Who scales.** Inference services whose parallelism is ``single``, ``split`` or

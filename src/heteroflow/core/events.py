@@ -1,7 +1,7 @@
 """What an ``events`` row can say: its kind, and the agent's fault names behind some.
 
 An event is a fact on a group's timeline (``GET /api/v1/task-groups/{id}/events``) or,
-with ``group_id`` NULL, a node-level mark the node watch keeps (services/faults.py). The
+with ``group_id`` NULL, a node-level mark the node watch keeps (services/lifecycle/faults.py). The
 ``kind`` column stays a string in the database and on the wire; code writes and reads it
 only through ``EventKind``. Which node a row concerns is the ``node_id`` column, never
 a name parsed out of the message: the message is for people and may change wording.
@@ -15,24 +15,24 @@ from heteroflow.core.states import WireEnum
 
 
 class EventKind(WireEnum):
-    TASK_STATUS = "task_status"  # services/transitions.py: a task's state change
+    TASK_STATUS = "task_status"  # services/lifecycle/transitions.py: a task's state change
     GROUP_STATUS = "group_status"  # its group's derived status changed with it
     PREEMPTION = "preemption"  # the scheduler stops lower-priority work (B4)
-    DRAIN = "drain"  # services/draining.py (M11)
+    DRAIN = "drain"  # services/lifecycle/draining.py (M11)
     UNDRAIN = "undrain"
     # a launch that met a taken host port (P2): retried on the same port, or placed again
     LAUNCH_RETRY = "task.launch_retry"
     PORT_CONFLICT = "task.port_conflict"
     # F3: a wake that cannot happen yet (node offline, card borrowed), and why
     WAKE_DEFERRED = "task.wake_deferred"
-    # faults (E2), services/faults.py
+    # faults (E2), services/lifecycle/faults.py
     CONTAINER_LOST = "fault.container_lost"
     ENGINE_EXITED = "fault.engine_exited"
     UNHEALTHY = "fault.unhealthy"
     GPU_LOST = "fault.gpu_lost"
     NODE_LOST = "fault.node_lost"
     NODE_BACK = "fault.node_back"
-    # recovery (E1-E4, services/recovery.py): one group-level row per real rebuild, with
+    # recovery (E1-E4, services/lifecycle/recovery.py): one group-level row per real rebuild, with
     # its cause; the one row when it stops trying; a task failed off lost hardware (a
     # node lost past node_migrate_after_s, a card gone from its node's inventory); a
     # training / container task stopped by its run timeout (A10)
@@ -43,13 +43,13 @@ class EventKind(WireEnum):
     # fault, core.recovery.evacuation_paused); once per group and loss
     EVACUATION_HELD = "fault.evacuation_held"
     RUN_TIMEOUT = "fault.run_timeout"
-    # the owner's word on a group (services/task_groups.py): stop / start (``desired``
+    # the owner's word on a group (services/lifecycle/task_groups.py): stop / start (``desired``
     # from -> to), and a change of its health check or idle timeout (D4)
     DESIRED = "group.desired"
     # issue 16 (L2-L4): a create reused this running / sleeping service (who, as what)
     DEDUP_REUSED = "group.dedup_reused"
     CONFIG_CHANGED = "group.config_changed"
-    # schedule windows (K1, services/windows.py): the window's action put in effect
+    # schedule windows (K1, services/lifecycle/windows.py): the window's action put in effect
     # (from_status "" -> to_status pause | scale | stop) or kept (a replica put back to
     # sleep); the action ended (restored or released: to_status ""); an action that
     # could not run (written once per distinct reason, retried every round)
@@ -66,7 +66,7 @@ class EventKind(WireEnum):
     ROLLOUT_DONE = "rollout.done"
     ROLLOUT_FAILED = "rollout.failed"
     # --- end issue 14 (rollout) ---
-    # --- issue 14: scaling (I1, I2; services/scaling.py): a replica count changed
+    # --- issue 14: scaling (I1, I2; services/lifecycle/scaling.py): a replica count changed
     # (from_status -> to_status: the counts; by whom, the tasks added or leaving), and the
     # autoscaler's decision (the counts, or to_status "skip:<why>"; the metric, target,
     # formula and why it was clamped or held) ---

@@ -5,8 +5,8 @@ range and cut into UTC hour or day buckets.
 awake, from placement until its agent confirmed the stop (scheduled, starting, running,
 waking, stopping) — and ``sleeping`` (F1: the engine is stopped, the commitment kept).
 Pending, stopped, failed and completed tasks hold nothing. The one door for state
-changes (``services/transitions.py``) writes a segment per stretch in one of them
-(``services/gpu_time.py``); a change inside one bucket (scheduled -> starting -> running)
+changes (``services/lifecycle/transitions.py``) writes a segment per stretch in one of them
+(``services/tenancy/gpu_time.py``); a change inside one bucket (scheduled -> starting -> running)
 writes nothing.
 
 **What a segment is worth.** Its *card-seconds* are its commitment times its seconds —

@@ -1,7 +1,7 @@
 """Per-tenant quotas (N2), pure: a tenant's limits, its usage and a change in, allowed
 or refused out, with a reason naming the quota.
 
-``services/quotas.py`` reads the facts and calls this at every door that adds to what
+``services/tenancy/quotas.py`` reads the facts and calls this at every door that adds to what
 a tenant holds: a create and its dry run (one check in ``plan_group``), a scale-out by
 hand or by a new lower bound, the start of a rolling update (its surge), and the
 autoscaler, which clamps to ``headroom`` instead of being refused.

@@ -1,6 +1,6 @@
 """The recovery loop's decisions (E1, E3, E4, A10), pure: facts in, a decision out.
 
-``services/recovery.py`` reads the facts (a failed task, the attempts behind it, its
+``services/lifecycle/recovery.py`` reads the facts (a failed task, the attempts behind it, its
 group's template chain) and writes what ``decide`` says. Nothing here reads a clock or
 a database.
 

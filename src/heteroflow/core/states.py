@@ -118,7 +118,7 @@ ReportTarget = Literal[
 
 
 class FileRequestStatus(WireEnum):
-    """A file request's lifecycle (services/files.py moves it by compare-and-set)."""
+    """A file request's lifecycle (services/agents/files.py moves it by compare-and-set)."""
 
     PENDING = "pending"
     RUNNING = "running"

@@ -20,7 +20,7 @@ several days) are one span.
 give one ``Step``: nothing (``Idle``), put the action in effect (``Act``, saving the
 replica count first), keep it (``Hold``), undo it (``Restore``: wake, or scale back to
 the saved count), or end it without undoing (``Release``: a ``stop``, or a service its
-owner stopped meanwhile). ``services/windows.py`` applies it.
+owner stopped meanwhile). ``services/lifecycle/windows.py`` applies it.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ class Act:
 @dataclass(frozen=True, slots=True)
 class Hold:
     """The action is in effect and the window still closed: keep it (a pause also puts
-    back to sleep a replica that came up by a start meanwhile, services/windows.py)."""
+    back to sleep a replica that came up by a start meanwhile, services/lifecycle/windows.py)."""
 
     action: Action
     reopens_at: datetime | None = None

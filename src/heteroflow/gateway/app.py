@@ -31,32 +31,28 @@ from collections.abc import Sequence
 
 from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from heteroflow.gateway import errors
-from heteroflow.gateway.admission import Admission
-from heteroflow.gateway.auto import DEFAULT_LONG_PROMPT_TOKENS
-from heteroflow.gateway.balancing import DEFAULT_MAX_TEMP_C, Balancer
-from heteroflow.gateway.engine_metrics import EngineLoad
-from heteroflow.gateway.errors import Receive, Scope, Send
-from heteroflow.gateway.forward import Forwarder
-from heteroflow.gateway.health import DEFAULT_COOLDOWN_S, PassiveHealth
-from heteroflow.gateway.http_conventions import REQUEST_ID_KEY, Conventions
+from heteroflow.gateway.backend.engine_metrics import EngineLoad
+from heteroflow.gateway.backend.forward import Forwarder
+from heteroflow.gateway.backend.retry import DEFAULT_CONNECT_RETRIES
+from heteroflow.gateway.backend.upstream import Upstream
 from heteroflow.gateway.inbound import Exchange, as_chat, parse
 from heteroflow.gateway.metrics import GatewayMetrics, path_label
-from heteroflow.gateway.model_list import MODELS_PREFIX, list_models
-from heteroflow.gateway.probes import (
+from heteroflow.gateway.policy.admission import Admission
+from heteroflow.gateway.policy.usage import HttpUsageSink, UsageCollector
+from heteroflow.gateway.routing.auto import DEFAULT_LONG_PROMPT_TOKENS
+from heteroflow.gateway.routing.balancing import DEFAULT_MAX_TEMP_C, Balancer
+from heteroflow.gateway.routing.health import DEFAULT_COOLDOWN_S, PassiveHealth
+from heteroflow.gateway.routing.model_list import MODELS_PREFIX, list_models
+from heteroflow.gateway.routing.probes import (
     DEFAULT_LOAD_SCRAPE_INTERVAL_S,
     DEFAULT_PROBE_INTERVAL_S,
     DEFAULT_PROBE_TIMEOUT_S,
     DEFAULT_SCRAPE_INTERVAL_S,
     BackendMonitor,
 )
-from heteroflow.gateway.responses import RESPONSES_PATH
-from heteroflow.gateway.retry import DEFAULT_CONNECT_RETRIES
-from heteroflow.gateway.router import Router
-from heteroflow.gateway.store import GatewayStore, MemoryStore, open_store
-from heteroflow.gateway.upstream import Upstream
-from heteroflow.gateway.usage import HttpUsageSink, UsageCollector
-from heteroflow.gateway.wake import (
+from heteroflow.gateway.routing.router import Router
+from heteroflow.gateway.routing.store import GatewayStore, MemoryStore, open_store
+from heteroflow.gateway.routing.wake import (
     DEFAULT_HOLD_S,
     DEFAULT_POLL_S,
     DEFAULT_RETRY_AFTER_S,
@@ -64,6 +60,10 @@ from heteroflow.gateway.wake import (
     ServerLink,
     WakeHold,
 )
+from heteroflow.gateway.shaping.responses import RESPONSES_PATH
+from heteroflow.gateway.wire import errors
+from heteroflow.gateway.wire.errors import Receive, Scope, Send
+from heteroflow.gateway.wire.http_conventions import REQUEST_ID_KEY, Conventions
 from heteroflow.logs import REQUEST_ID
 from heteroflow.schemas.routing import RoutingSnapshot, SnapshotHolder
 from heteroflow.schemas.usage import BackendLoad, GatewayLoad

@@ -29,8 +29,8 @@ from typing import Any, Final
 
 import orjson
 
-from heteroflow.gateway.engine_errors import KINDS, engine_error
-from heteroflow.gateway.errors import OpenAIError
+from heteroflow.gateway.shaping.engine_errors import KINDS, engine_error
+from heteroflow.gateway.wire.errors import OpenAIError
 
 # The paths whose non-stream requests may be sent as streams and assembled.
 PATHS: Final = frozenset(p for p, kind in KINDS.items() if kind != "embeddings")

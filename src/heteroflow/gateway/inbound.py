@@ -16,13 +16,13 @@ from typing import Any
 
 import orjson
 
-from heteroflow.gateway import errors
-from heteroflow.gateway.errors import Message, Receive, Scope, Send
-from heteroflow.gateway.http_conventions import decode_body
-from heteroflow.gateway.idempotency import Pending, Recorder
-from heteroflow.gateway.limits import Ticket
-from heteroflow.gateway.requests import check as check_request
-from heteroflow.gateway.responses import CHAT_PATH, to_chat
+from heteroflow.gateway.policy.idempotency import Pending, Recorder
+from heteroflow.gateway.policy.limits import Ticket
+from heteroflow.gateway.shaping.requests import check as check_request
+from heteroflow.gateway.shaping.responses import CHAT_PATH, to_chat
+from heteroflow.gateway.wire import errors
+from heteroflow.gateway.wire.errors import Message, Receive, Scope, Send
+from heteroflow.gateway.wire.http_conventions import decode_body
 from heteroflow.schemas.routing import Backend, KeyEntry, RouteTarget, RoutingSnapshot
 
 MAX_BODY_BYTES = 64 * 1024 * 1024

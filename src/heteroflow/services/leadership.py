@@ -53,7 +53,7 @@ from heteroflow.core.errors import Forbidden
 from heteroflow.db.engine import Database
 from heteroflow.db.tables import Lease, ServerInstance
 from heteroflow.schemas.servers import ServerInstanceRead, ServersRead
-from heteroflow.services.auth import Principal
+from heteroflow.services.identity.auth import Principal
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from heteroflow.core.prometheus import Exposition, Histogram
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.engine import Database
 from heteroflow.db.tables import Node, Task
-from heteroflow.services.scheduling import RoundResult
+from heteroflow.services.placement.scheduling import RoundResult
 
 log = logging.getLogger(__name__)
 P = "heteroflow_server_"

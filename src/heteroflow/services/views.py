@@ -11,7 +11,7 @@ from heteroflow.db.tables import InferenceEndpoint, ModelRoute, Task, TaskGroup
 from heteroflow.schemas.capabilities import CapabilitiesRead
 from heteroflow.schemas.gateway import EndpointRead, ModelRouteRead
 from heteroflow.schemas.task_groups import TaskGroupRead, TaskRead
-from heteroflow.services.capabilities import of_tasks
+from heteroflow.services.serving.capabilities import of_tasks
 
 
 def task_read(t: Task) -> TaskRead:

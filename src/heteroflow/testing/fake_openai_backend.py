@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import orjson
 import uvicorn
 
-from heteroflow.gateway.errors import Receive, Scope, Send
+from heteroflow.gateway.wire.errors import Receive, Scope, Send
 
 T = TypeVar("T")
 _JSON = (b"content-type", b"application/json")

@@ -9,7 +9,7 @@ from fastapi import Query
 from heteroflow.api.deps import DB, Who
 from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.audit import AuditPage
-from heteroflow.services import audit
+from heteroflow.services.identity import audit
 
 router = api_router(prefix="/api/v1", tags=["audit"])
 

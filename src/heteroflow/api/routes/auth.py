@@ -8,7 +8,7 @@ from heteroflow.api.deps import Ctx
 from heteroflow.api.unit_of_work import api_router
 from heteroflow.core.auth_policy import LoginBackoff
 from heteroflow.schemas.auth import LoginRequest, LoginResponse
-from heteroflow.services import login as logins
+from heteroflow.services.identity import login as logins
 
 router = api_router(prefix="/api/v1/auth", tags=["auth"])
 

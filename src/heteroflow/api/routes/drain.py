@@ -6,7 +6,7 @@ from heteroflow.api.deps import DB, Ctx, Who
 from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.task_groups import TaskRead
-from heteroflow.services import draining
+from heteroflow.services.lifecycle import draining
 
 router = api_router(prefix="/api/v1", tags=["task-groups"])
 

@@ -21,7 +21,7 @@ from heteroflow.schemas.files import (
     FileRequestDone,
     FileRequestRead,
 )
-from heteroflow.services import files
+from heteroflow.services.agents import files
 
 router = api_router(prefix="/api/v1", tags=["file-requests"])
 

@@ -32,7 +32,9 @@ from heteroflow.schemas.routing import (
     WakeRequest,
 )
 from heteroflow.schemas.usage import ActivityReport
-from heteroflow.services import endpoints, idle, usage
+from heteroflow.services.lifecycle import idle
+from heteroflow.services.serving import endpoints
+from heteroflow.services.tenancy import usage
 
 router = api_router(prefix="/api/v1", tags=["gateway"])
 

@@ -14,8 +14,8 @@ from heteroflow.api.unit_of_work import api_router
 from heteroflow.core.errors import PayloadTooLarge
 from heteroflow.schemas.common import MAX_INT32, IdStr
 from heteroflow.schemas.logs import LogAppend, LogAppended, LogPage
-from heteroflow.services import logs
-from heteroflow.services.access import visible_task
+from heteroflow.services.agents import logs
+from heteroflow.services.identity.access import visible_task
 
 router = api_router(prefix="/api/v1", tags=["logs"])
 

@@ -23,7 +23,7 @@ from heteroflow.schemas.nodes import (
     TaskReport,
     TemplateRead,
 )
-from heteroflow.services import nodes
+from heteroflow.services.agents import nodes
 
 log = logging.getLogger(__name__)
 

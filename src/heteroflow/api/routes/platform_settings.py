@@ -5,7 +5,7 @@ from __future__ import annotations
 from heteroflow.api.deps import DB, Who
 from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.dedup import PlatformSettingsRead, PlatformSettingsUpdate
-from heteroflow.services import platform_settings
+from heteroflow.services.tenancy import platform_settings
 
 router = api_router(prefix="/api/v1/platform-settings", tags=["platform settings"])
 

@@ -12,7 +12,7 @@ from heteroflow.schemas.sharing import (
     SharingGroupRead,
     SharingGroupTenantAdd,
 )
-from heteroflow.services import sharing
+from heteroflow.services.tenancy import sharing
 
 router = api_router(prefix="/api/v1/sharing-groups", tags=["sharing groups"])
 

@@ -22,10 +22,10 @@ from heteroflow.schemas.task_groups import (
     TaskRead,
 )
 from heteroflow.schemas.windows import ScheduleWindowIn, ScheduleWindowRead  # issue 14 (K1)
-from heteroflow.services import rollout, task_groups, windows  # windows: issue 14 (K1)
-from heteroflow.services.dry_run import dry_run as plan_dry_run
-from heteroflow.services.scaling import scale_group as scale_service  # issue 14 (I2)
-from heteroflow.services.scaling import set_scale_policy as set_policy  # issue 14 (I1)
+from heteroflow.services.lifecycle import rollout, task_groups, windows  # windows: issue 14 (K1)
+from heteroflow.services.lifecycle.scaling import scale_group as scale_service  # issue 14 (I2)
+from heteroflow.services.lifecycle.scaling import set_scale_policy as set_policy  # issue 14 (I1)
+from heteroflow.services.placement.dry_run import dry_run as plan_dry_run
 
 router = api_router(prefix="/api/v1", tags=["task-groups"])
 

@@ -13,7 +13,7 @@ from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.common import IdStr
 from heteroflow.schemas.sleep import GroupSleepResult, GroupWakeResult, NodeTaskLife, WakeResult
 from heteroflow.schemas.task_groups import TaskRead
-from heteroflow.services import sleep
+from heteroflow.services.lifecycle import sleep
 
 router = api_router(prefix="/api/v1", tags=["task-groups"])
 

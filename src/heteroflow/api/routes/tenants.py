@@ -13,7 +13,7 @@ from heteroflow.schemas.auth import (
     UserRead,
 )
 from heteroflow.schemas.common import IdStr
-from heteroflow.services import quotas, tenants
+from heteroflow.services.tenancy import quotas, tenants
 
 router = api_router(prefix="/api/v1", tags=["tenants"])
 

@@ -11,7 +11,7 @@ from heteroflow.api.deps import DB, Ctx, Who, require_gateway
 from heteroflow.api.unit_of_work import api_router
 from heteroflow.schemas.common import IdStr, UtcTime, no_nul
 from heteroflow.schemas.usage import UsageAccepted, UsageBatch, UsageReport, UsageRow
-from heteroflow.services import usage
+from heteroflow.services.tenancy import usage
 
 router = api_router(prefix="/api/v1", tags=["usage"])
 ModelName = Annotated[str, StringConstraints(max_length=256), AfterValidator(no_nul)]

@@ -112,7 +112,7 @@ class NodeView:
     runtime: str = "docker"  # docker | process (the agent's runtime)
     address: str = ""  # where its agent publishes task ports (the heartbeat's address)
     # What the engine chain and the create-time checks read (filled by the one reader,
-    # services/fleet.py): engine name -> image as the probe reports it, the node's card
+    # services/placement/fleet.py): engine name -> image as the probe reports it, the node's card
     # vendor as the chain sees it ("" = no GPU) and its cards' compute capabilities
     engine_images: dict[str, str] = field(default_factory=dict)
     vendor: str = ""

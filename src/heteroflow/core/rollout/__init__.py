@@ -1,6 +1,6 @@
 """Rolling update and recreate (J1-J4) as a pure state machine: facts in, one step out.
 
-``services/rollout/`` reads a group's replicas and its rollout's progress (the JSON in
+``services/lifecycle/rollout/`` reads a group's replicas and its rollout's progress (the JSON in
 ``task_groups.rollout_spec``), calls ``step`` and writes what it says in one transaction
 fenced by the rollout's execution lease; the next round reads everything again
 (level-triggered), so a round that was lost or refused is simply made again. Nothing

@@ -1,7 +1,7 @@
 """typed events: ``events.node_id``, so no code reads a node out of a message again
 
 - ``events.node_id`` (nullable, indexed): the node a fault concerns. The node watch
-  (services/faults.py) finds a node's recorded lost/back state by ``node_id`` + ``kind``.
+  (services/lifecycle/faults.py) finds a node's recorded lost/back state by ``node_id`` + ``kind``.
 - Backfill, the last time a message is parsed: every ``fault.node_lost`` /
   ``fault.node_back`` row (node-level and per group) written before this revision. Their
   messages start with ``node <name> `` (names never contain a space) and the node-level

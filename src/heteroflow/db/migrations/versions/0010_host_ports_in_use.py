@@ -2,7 +2,7 @@
 
 - ``nodes.host_ports_in_use`` (JSON list of ints, default ``[]``): the TCP ports something
   listens on at the node's host, as its agent's last heartbeat reported them, plus any a
-  launch found taken since (services/nodes.py). The placement's port pool skips them on
+  launch found taken since (services/agents/nodes.py). The placement's port pool skips them on
   that node (P2, issue 12).
 
 Revision ID: 0010

@@ -3,7 +3,7 @@
 - ``gpu_time_segments`` (N4): one row per stretch of time a task held its cards in one
   metered state (``running``: booked and awake; ``sleeping``), with the commitment it held
   (hundredths of a card) and its owners; open while ``ended_at`` is NULL. Written by the
-  one door for task state changes (services/transitions.py); reports clip and bucket them.
+  one door for task state changes (services/lifecycle/transitions.py); reports clip and bucket them.
   Tasks that hold cards when this runs get an open segment from now.
 - ``tasks.created_by`` (N5): the member a task belongs to — always its group's creator,
   whoever or whatever made it (create, scale, autoscale, window restore, recovery

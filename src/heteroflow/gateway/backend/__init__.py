@@ -1,0 +1,3 @@
+"""Talking to engines: upstream connections, forwarding with failover, relaying the answer,
+retries, engine metrics.
+"""

@@ -1,0 +1,3 @@
+"""Whether a request may pass and what it costs: admission, rate limits, quotas, idempotency,
+request rules, usage.
+"""

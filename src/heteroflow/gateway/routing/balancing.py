@@ -1,0 +1,290 @@
+"""Backend selection policy over a model's route targets: pure, no I/O.
+
+Policy, applied to the targets of one ``(tenant, model)`` route:
+
+1. Priority (M3): the lowest ``priority`` value among targets that have at least one
+   usable backend wins; higher values are failover levels used only when every better
+   level is empty.
+2. Weight (M3 canary): inside that level, targets with ``weight > 0`` share requests in
+   proportion to their weights (smooth weighted round-robin, as nginx does, so a 3:1
+   split interleaves A A B A rather than A A A B, and a 90:10 canary gets exactly 10 of
+   every 100 requests of this gateway). ``weight == 0`` marks a fallback-only target, used
+   only when no positive-weight target of the level has a usable backend; several such
+   fallbacks share equally.
+3. Backend (M2), by the chosen target's ``algorithm``:
+
+   * ``round_robin`` (default, and for unknown names): in turn;
+   * ``random``: uniformly at random;
+   * ``least_connections``: the backend with the fewest requests in flight through this
+     gateway (``acquire``/``release`` around each upstream request, streams included);
+     ties go round-robin so that an idle route still spreads;
+   * ``engine_aware``: the lowest ``engine_metrics.engine_score`` from the engines' own
+     ``/metrics`` (scraped by ``gateway.probes``: running, waiting, KV cache use, plus
+     this gateway's in-flight change since the scrape); served as
+     ``least_connections`` while any candidate has no fresh scrape.
+
+Usable backends. A *draining* backend (M11) is never chosen: in-flight requests finish,
+new ones go elsewhere, and a route whose backends all drain answers 503. The other
+conditions are preferences, relaxed in this order when nothing in the whole route meets
+them, so that a route is never left empty by a guess:
+
+* a backend on a card hotter than ``max_temp_c`` (M4 temperature filter) is avoided
+  while any cooler usable backend exists (even in a failover level or a weight-0
+  fallback: cooling a card beats the canary split);
+* a backend ejected in ``PassiveHealth`` (M5: a failed request, or a failed active
+  probe) is skipped; when *every* non-draining backend is ejected, selection fails open
+  and tries one anyway: a cooldown is a guess made from one failure, and a dead backend
+  costs the same 502 it would have cost. (Not so for the failover of a request whose
+  connection failed, ``choose(..., fail_open=False)``: it has an answer already.)
+
+Stickiness (M4): with a ``session`` key, the backend chosen for it is remembered
+(a bounded LRU map of base URLs) and returned again while it is still a usable backend
+(same filter: not draining, ejected or hot) of a target that normal selection would
+choose among (same priority level and weight class, so stickiness never overrides
+failover or fallback-only rules); otherwise the session is re-pinned.
+
+The ``Balancer`` keeps only counters and maps; it is not thread-safe and is meant to be
+used from one event loop.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
+from typing import NamedTuple
+
+from heteroflow.gateway.backend.engine_metrics import EngineLoad, engine_score
+from heteroflow.gateway.routing.health import PassiveHealth
+from heteroflow.schemas.routing import Backend, RouteTarget
+
+# Counters of routes that no longer exist are dropped wholesale past this size; resetting
+# a rotation position is harmless, unbounded growth over months of route churn is not.
+_MAX_COUNTERS = 10_000
+DEFAULT_MAX_SESSIONS = 10_000
+DEFAULT_MAX_TEMP_C = 85.0
+
+ROUND_ROBIN = "round_robin"
+RANDOM = "random"
+LEAST_CONNECTIONS = "least_connections"
+ENGINE_AWARE = "engine_aware"
+_LEAST = frozenset({LEAST_CONNECTIONS, ENGINE_AWARE})
+
+
+class _Filter(NamedTuple):
+    """Which backends count as usable (draining ones never do)."""
+
+    health: PassiveHealth | None  # None: ignore ejection
+    max_temp_c: float | None  # None: ignore temperature
+
+    def ok(self, b: Backend) -> bool:
+        if b.draining:
+            return False
+        limit = self.max_temp_c
+        if limit is not None and b.temperature_c is not None and b.temperature_c > limit:
+            return False
+        health = self.health
+        return health is None or not health.is_ejected(b.base_url)
+
+
+class Balancer:
+    """Chooses one backend for a request; holds the selection state between calls."""
+
+    __slots__ = (
+        "_health",
+        "_inflight",
+        "_loads",
+        "_max_sessions",
+        "_max_temp_c",
+        "_rng",
+        "_rr",
+        "_smooth",
+        "_sticky",
+    )
+
+    def __init__(
+        self,
+        health: PassiveHealth | None = None,
+        *,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        rng: random.Random | None = None,
+        max_temp_c: float | None = DEFAULT_MAX_TEMP_C,
+        loads: Mapping[str, EngineLoad] | None = None,
+    ) -> None:
+        self._health = health if health is not None else PassiveHealth()
+        self._smooth: dict[str, int] = {}  # route_id -> current smooth-WRR weight
+        self._rr: dict[str, int] = {}  # route_id -> next backend index
+        self._inflight: dict[str, int] = {}  # base_url -> requests in flight (> 0 only)
+        self._sticky: OrderedDict[Hashable, str] = OrderedDict()  # session -> base_url
+        self._max_sessions = max_sessions
+        self._rng = rng if rng is not None else random.Random()
+        self._max_temp_c = max_temp_c
+        # base_url -> the latest engine scrape (kept current by gateway.probes)
+        self._loads: Mapping[str, EngineLoad] = loads if loads is not None else {}
+
+    @property
+    def health(self) -> PassiveHealth:
+        return self._health
+
+    # -- in-flight accounting (least_connections) ---------------------------------------
+
+    def acquire(self, backend: Backend) -> None:
+        """A request to ``backend`` is starting; pair with exactly one ``release``."""
+        inflight = self._inflight
+        url = backend.base_url
+        inflight[url] = inflight.get(url, 0) + 1
+
+    def release(self, backend: Backend) -> None:
+        inflight = self._inflight
+        url = backend.base_url
+        n = inflight.get(url, 0) - 1
+        if n > 0:
+            inflight[url] = n
+        else:
+            inflight.pop(url, None)
+
+    def in_flight(self, backend: Backend) -> int:
+        return self._inflight.get(backend.base_url, 0)
+
+    def in_flight_at(self, base_url: str) -> int:
+        return self._inflight.get(base_url, 0)
+
+    # -- selection ----------------------------------------------------------------------
+
+    def choose(
+        self,
+        targets: Sequence[RouteTarget],
+        session: Hashable | None = None,
+        *,
+        fail_open: bool = True,
+    ) -> Backend | None:
+        """The backend for the next request, or None when no target has a usable one.
+
+        ``fail_open=False`` never relaxes ejection (a failover after a failed connection
+        wants a healthy backend or none; see ``gateway.retry``).
+        """
+        health = self._health if self._health.any_ejected() else None
+        flt = _Filter(health, self._max_temp_c)
+        level = _eligible(targets, flt)
+        if level is None and flt.max_temp_c is not None:
+            flt = _Filter(health, None)  # every cool backend is out: accept a hot one
+            level = _eligible(targets, flt)
+        if level is None and health is not None and fail_open:
+            flt = _Filter(None, None)  # fail open: every backend is ejected, try one anyway
+            level = _eligible(targets, flt)
+        if level is None:
+            return None
+        if session is not None:
+            pinned = self._sticky.get(session)
+            if pinned is not None:
+                current = _find(pinned, level, flt)
+                if current is not None:
+                    self._sticky.move_to_end(session)
+                    return current
+        target = level[0] if len(level) == 1 else self._pick_weighted(level, level[0].weight > 0)
+        backend = self._next_backend(target, flt)
+        if session is not None:
+            sticky = self._sticky
+            sticky[session] = backend.base_url
+            sticky.move_to_end(session)
+            if len(sticky) > self._max_sessions:
+                sticky.popitem(last=False)
+        return backend
+
+    def _pick_weighted(self, candidates: list[RouteTarget], use_weight: bool) -> RouteTarget:
+        smooth = self._smooth
+        if len(smooth) > _MAX_COUNTERS:
+            smooth.clear()
+        total = 0
+        chosen = candidates[0]
+        chosen_cur: int | None = None
+        for t in candidates:
+            w = t.weight if use_weight else 1
+            cur = smooth.get(t.route_id, 0) + w
+            smooth[t.route_id] = cur
+            total += w
+            if chosen_cur is None or cur > chosen_cur:
+                chosen, chosen_cur = t, cur
+        smooth[chosen.route_id] -= total
+        return chosen
+
+    def _next_backend(self, target: RouteTarget, flt: _Filter) -> Backend:
+        backends = target.backends
+        if not all(map(flt.ok, backends)):
+            backends = tuple(filter(flt.ok, backends))
+        n = len(backends)
+        if n == 1:
+            return backends[0]
+        algorithm = target.algorithm
+        if algorithm == RANDOM:
+            return backends[self._rng.randrange(n)]
+        rr = self._rr
+        if len(rr) > _MAX_COUNTERS:
+            rr.clear()
+        i = rr.get(target.route_id, 0) % n
+        rr[target.route_id] = (i + 1) % n
+        if algorithm not in _LEAST:
+            return backends[i]
+        if algorithm == ENGINE_AWARE and self._loads:
+            best = self._least_loaded(backends, i)
+            if best is not None:
+                return best
+        # Fewest in flight; scanning from the round-robin position breaks ties in turn.
+        inflight = self._inflight
+        best = backends[i]
+        best_n = inflight.get(best.base_url, 0)
+        for k in range(1, n):
+            if best_n == 0:
+                break
+            b = backends[(i + k) % n]
+            c = inflight.get(b.base_url, 0)
+            if c < best_n:
+                best, best_n = b, c
+        return best
+
+    def _least_loaded(self, backends: Sequence[Backend], start: int) -> Backend | None:
+        """Lowest engine score, ties in turn from ``start``; None if a scrape is missing."""
+        loads = self._loads
+        inflight = self._inflight
+        n = len(backends)
+        best: Backend | None = None
+        best_score = 0.0
+        for k in range(n):
+            b = backends[(start + k) % n]
+            load = loads.get(b.base_url)
+            if load is None:
+                return None  # scores and counts do not mix: least_connections decides
+            score = engine_score(load, inflight.get(b.base_url, 0))
+            if best is None or score < best_score:
+                best, best_score = b, score
+        return best
+
+
+def _eligible(targets: Sequence[RouteTarget], flt: _Filter) -> list[RouteTarget] | None:
+    """The targets normal selection chooses among: best usable level, weight class."""
+    ok = flt.ok
+    best: int | None = None
+    usable: list[RouteTarget] = []
+    for t in targets:
+        if (best is None or t.priority <= best) and any(map(ok, t.backends)):
+            if best is None or t.priority < best:
+                best = t.priority
+                usable = [t]
+            else:
+                usable.append(t)
+    if best is None:
+        return None
+    if len(usable) > 1:
+        weighted = [t for t in usable if t.weight > 0]
+        if weighted:
+            return weighted
+    return usable
+
+
+def _find(base_url: str, level: list[RouteTarget], flt: _Filter) -> Backend | None:
+    """The current, usable backend at ``base_url`` among ``level``'s targets."""
+    for t in level:
+        for b in t.backends:
+            if b.base_url == base_url:
+                return b if flt.ok(b) else None
+    return None

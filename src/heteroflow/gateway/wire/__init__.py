@@ -1,0 +1,1 @@
+"""Bytes on the wire: HTTP framing and conventions, the RESP client, OpenAI-shaped errors."""

@@ -1,0 +1,3 @@
+"""The agent protocol and what flows over it: nodes and heartbeats, node tokens, task logs,
+file requests.
+"""

@@ -1,0 +1,105 @@
+"""What a rollout reads: the group's replicas as the machine sees them, its current
+replicas, the groups an instance holds, and what the gateways say is in flight."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from heteroflow.core.clock import Clock
+from heteroflow.core.events import EventKind
+from heteroflow.core.rollout import InFlight, Replica
+from heteroflow.core.states import TaskStatus
+from heteroflow.db.tables import Event, Task, TaskGroup
+from heteroflow.services.tenancy.usage import read_load
+
+# What the gateways say is in flight on some tasks: (session, group id, task ids) ->
+# task id -> (count, as of). The default knows nothing: a draining replica then waits
+# rollout_drain_timeout_s before it stops.
+InFlightReader = Callable[[Session, str, Sequence[str]], InFlight]
+
+
+def no_reports(s: Session, group_id: str, task_ids: Sequence[str]) -> InFlight:
+    return {}
+
+
+def gateway_reports(clock: Clock, stale_s: float) -> InFlightReader:
+    """The drains' signal from the gateways' load reports (services/tenancy/usage.py): per task,
+    the requests in flight summed over every gateway that reported within ``stale_s``,
+    as of the oldest of those reports; a task some gateway still routes to (its snapshot
+    does not say it drains yet) counts as busy. Nothing when no gateway reported."""
+
+    def read(s: Session, group_id: str, task_ids: Sequence[str]) -> InFlight:
+        view = read_load(s, clock.now(), stale_s)
+        if view.as_of is None:
+            return {}
+        out: dict[str, tuple[int, datetime]] = {}
+        for t in task_ids:
+            n = view.in_flight(t)
+            out[t] = (n if n or view.drained(t) else 1, view.as_of)
+        return out
+
+    return read
+
+
+def replica(t: Task) -> Replica:
+    """A task row as the machine sees it."""
+    return Replica(
+        id=t.id,
+        rank=t.rank,
+        generation=t.generation,
+        status=TaskStatus(t.status),
+        replaced_by=t.replaced_by,
+        draining=bool(t.draining),
+        running_at=t.running_at,
+        message=t.status_message or "",
+    )
+
+
+def replicas(s: Session, group_id: str) -> tuple[list[Task], list[Replica]]:
+    """Every task of the group (read afresh), and each as a replica."""
+    tasks = list(
+        s.scalars(
+            select(Task)
+            .where(Task.group_id == group_id)
+            .order_by(Task.created_at, Task.id)
+            .execution_options(populate_existing=True)
+        )
+    )
+    return tasks, [replica(t) for t in tasks]
+
+
+def current_tasks(s: Session, group_id: str) -> list[Task]:
+    """The group's current replicas (read afresh), by rank."""
+    return list(
+        s.scalars(
+            select(Task)
+            .where(Task.group_id == group_id, Task.replaced_by == "")
+            .order_by(Task.rank, Task.created_at)
+            .execution_options(populate_existing=True)
+        )
+    )
+
+
+def held_by(s: Session, holder: str) -> list[str]:
+    """The groups whose rollout ``holder`` holds."""
+    return list(
+        s.scalars(
+            select(TaskGroup.id).where(TaskGroup.rollout_holder == holder).order_by(TaskGroup.id)
+        )
+    )
+
+
+def last_drained(s: Session, task_ids: list[str]) -> dict[str, datetime]:
+    """When each task was last marked draining (its newest drain event)."""
+    if not task_ids:
+        return {}
+    rows = s.execute(
+        select(Event.task_id, func.max(Event.created_at))
+        .where(Event.task_id.in_(task_ids), Event.kind == EventKind.DRAIN.value)
+        .group_by(Event.task_id)
+    )
+    return {str(t): at for t, at in rows}

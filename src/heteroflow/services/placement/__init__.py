@@ -1,0 +1,3 @@
+"""Where work goes: planning a create (and its dry run), the fleet read model, the scheduler
+round, dedup.
+"""

@@ -1,0 +1,3 @@
+"""What the gateway serves: endpoints and keys, model routes, the routing snapshot, each
+service's capabilities.
+"""
