@@ -11,7 +11,7 @@ from typing import Any
 
 from heteroflow.cmd import tables
 from heteroflow.cmd.remote import check, print_json, session
-from heteroflow.cmd.waiting import DONE, group_line, wait_for
+from heteroflow.cmd.waiting import DONE, follow_group
 
 # --- issue 14: scale and autoscale (I1, I2) ---
 
@@ -47,14 +47,9 @@ def scale_service(
             print(f"scaling {group_id} to {replicas} replica(s) ({tables.replicas(g)} running)")
         if not wait:
             return
-        wait_for(
-            lambda: check(c.get(f"/api/v1/task-groups/{group_id}")),
-            line=group_line,
-            outcome=_replicas_outcome(replicas),
-            timeout_s=timeout_s,
-            what=f"{replicas} replica(s) of {group_id} to run; see "
-            f"`heteroflow services show {group_id}`",
-            out=progress,
+        follow_group(
+            c, group_id, what=f"{replicas} replica(s) of {group_id} to run",
+            timeout_s=timeout_s, outcome=_replicas_outcome(replicas), out=progress,
         )
         print(f"service {group_id} runs {replicas} replica(s)", file=progress)
 
@@ -135,13 +130,9 @@ def update_service(
             )
         if not wait:
             return
-        final = wait_for(
-            lambda: check(c.get(f"/api/v1/task-groups/{group_id}")),
-            line=update_line,
-            outcome=_update_outcome(generation),
-            timeout_s=timeout_s,
-            what=f"the update of {group_id} to generation {generation}; see "
-            f"`heteroflow services show {group_id}`",
+        final = follow_group(
+            c, group_id, what=f"the update of {group_id} to generation {generation}",
+            timeout_s=timeout_s, outcome=_update_outcome(generation), line=update_line,
             out=progress,
         )
         print(f"service {group_id} runs generation {generation}: {update_line(final)}",

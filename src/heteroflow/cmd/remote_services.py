@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-import httpx
 
 from heteroflow.cmd import tables
 from heteroflow.cmd.remote import check, get, get_list, print_json, session
 from heteroflow.cmd.remote_tasks import wake_text
-from heteroflow.cmd.waiting import DONE, ENDED, group_line, group_outcome, wait_for
+from heteroflow.cmd.waiting import DONE, ENDED, follow_group, wait_for
 
 
 def create_service(
@@ -37,13 +35,8 @@ def create_service(
         if not wait:
             return
         group_id = g["id"]
-        final = wait_for(
-            lambda: check(c.get(f"/api/v1/task-groups/{group_id}")),
-            line=group_line,
-            outcome=group_outcome,
-            timeout_s=timeout_s,
-            what=f"service {group_id} to run; see `heteroflow services show {group_id}`",
-            out=progress,
+        final = follow_group(
+            c, group_id, what=f"service {group_id} to run", timeout_s=timeout_s, out=progress
         )
         print(f"service {group_id} is {final.get('status')}", file=progress)
 
@@ -98,22 +91,6 @@ def _stopped_outcome(g: Mapping[str, Any]) -> str | None:
     return DONE if g.get("status") == "stopped" else None
 
 
-def _follow(
-    c: httpx.Client,
-    group_id: str,
-    outcome: Callable[[Mapping[str, Any]], str | None],
-    timeout_s: float,
-    what: str,
-) -> Mapping[str, Any]:
-    return wait_for(
-        lambda: check(c.get(f"/api/v1/task-groups/{group_id}")),
-        line=group_line,
-        outcome=outcome,
-        timeout_s=timeout_s,
-        what=f"service {group_id} {what}; see `heteroflow services show {group_id}`",
-    )
-
-
 def stop_service(group_id: str, wait: bool = False, timeout_s: float = 600) -> None:
     """Stop a service (it stays stopped: the recovery loop leaves it alone); with
     ``wait``, follow it until every task has stopped."""
@@ -121,7 +98,10 @@ def stop_service(group_id: str, wait: bool = False, timeout_s: float = 600) -> N
         g = check(c.post(f"/api/v1/task-groups/{group_id}/stop"))
         print(f"stopping {group_id} (now {g.get('status')})")
         if wait:
-            _follow(c, group_id, _stopped_outcome, timeout_s, "to stop")
+            follow_group(
+                c, group_id, what=f"service {group_id} to stop", timeout_s=timeout_s,
+                outcome=_stopped_outcome,
+            )
             print(f"service {group_id} is stopped")
 
 
@@ -132,7 +112,9 @@ def start_service(group_id: str, wait: bool = False, timeout_s: float = 600) -> 
         g = check(c.post(f"/api/v1/task-groups/{group_id}/start"))
         print(f"starting {group_id} (now {g.get('status')})")
         if wait:
-            final = _follow(c, group_id, group_outcome, timeout_s, "to run")
+            final = follow_group(
+                c, group_id, what=f"service {group_id} to run", timeout_s=timeout_s
+            )
             print(f"service {group_id} is {final.get('status')}")
 
 
@@ -144,7 +126,9 @@ def restart_service(group_id: str, wait: bool = False, timeout_s: float = 600) -
         g = check(c.post(f"/api/v1/task-groups/{group_id}/start"))
         print(f"restarting {group_id} (now {g.get('status')})")
         if wait:
-            final = _follow(c, group_id, group_outcome, timeout_s, "to run")
+            final = follow_group(
+                c, group_id, what=f"service {group_id} to run", timeout_s=timeout_s
+            )
             print(f"service {group_id} is {final.get('status')}")
 
 
@@ -185,12 +169,7 @@ def wake_service(
                 print(wake_text(one))
         if not wait:
             return
-        final = wait_for(
-            lambda: check(c.get(f"/api/v1/task-groups/{group_id}")),
-            line=group_line,
-            outcome=group_outcome,
-            timeout_s=timeout_s,
-            what=f"service {group_id} to run; see `heteroflow services show {group_id}`",
-            out=progress,
+        final = follow_group(
+            c, group_id, what=f"service {group_id} to run", timeout_s=timeout_s, out=progress
         )
         print(f"service {group_id} is {final.get('status')}", file=progress)

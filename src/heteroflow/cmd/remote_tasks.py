@@ -9,7 +9,7 @@ from typing import Any
 from heteroflow.cmd import tables
 from heteroflow.cmd.errors import EXIT_INTERRUPTED, EXIT_PROBLEM, CliError
 from heteroflow.cmd.remote import check, get, print_json, session
-from heteroflow.cmd.waiting import DONE, ENDED, wait_for
+from heteroflow.cmd.waiting import DONE, ENDED, follow_task
 
 
 def show_task(task_id: str, as_json: bool = False) -> None:
@@ -39,12 +39,9 @@ def stop_task(task_id: str, wait: bool = False, timeout_s: float = 600) -> None:
         print(f"stopping {task_id} (now {t.get('status')})")
         if not wait:
             return
-        wait_for(
-            lambda: check(c.get(f"/api/v1/tasks/{task_id}")),
-            line=_task_line,
-            outcome=_stop_outcome,
-            timeout_s=timeout_s,
-            what=f"task {task_id} to stop",
+        follow_task(
+            c, task_id, what=f"task {task_id} to stop", timeout_s=timeout_s,
+            outcome=_stop_outcome, line=_task_line,
         )
         print(f"task {task_id} has stopped")
 
@@ -95,13 +92,9 @@ def wake_task(
             return
         if r.get("branch") in ("container_gone", "failed"):
             raise CliError(f"task {task_id} will not wake: {r.get('message')}", EXIT_PROBLEM)
-        wait_for(
-            lambda: check(c.get(f"/api/v1/tasks/{task_id}")),
-            line=_task_line,
-            outcome=_wake_outcome,
-            timeout_s=timeout_s,
-            what=f"task {task_id} to run",
-            out=progress,
+        follow_task(
+            c, task_id, what=f"task {task_id} to run", timeout_s=timeout_s,
+            outcome=_wake_outcome, line=_task_line, out=progress,
         )
         print(f"task {task_id} is running", file=progress)
 

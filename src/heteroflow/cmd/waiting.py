@@ -1,5 +1,6 @@
-"""Following a change until it lands: ``wait_for`` polls and prints each new state,
-and the lines and outcomes a service's wait shares between commands.
+"""Following a change until it lands: ``wait_for`` polls and prints each new state;
+``follow_group`` / ``follow_task`` poll one service or task through the API; and the
+lines and outcomes a service's wait shares between commands.
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
+import httpx
+
 from heteroflow.cmd import tables
 from heteroflow.cmd.errors import EXIT_INTERRUPTED, EXIT_PROBLEM, CliError
+from heteroflow.cmd.remote import check
 
 POLL_S = 0.5
 
@@ -78,3 +82,49 @@ def group_outcome(g: Mapping[str, Any]) -> str | None:
         return f"service {g.get('id')} ended {status}" + (f": {reason}" if reason else "")
     return None
 
+
+
+Outcome = Callable[[Mapping[str, Any]], str | None]
+
+
+def follow_group(
+    c: httpx.Client,
+    group_id: str,
+    *,
+    what: str,
+    timeout_s: float,
+    outcome: Outcome = group_outcome,
+    line: Callable[[Mapping[str, Any]], str] = group_line,
+    out: TextIO | None = None,
+) -> Mapping[str, Any]:
+    """Follow service ``group_id`` until ``outcome`` decides; ``what`` completes "waiting
+    for …" (e.g. "service tg-1 to run") and the hint to look at it follows."""
+    return wait_for(
+        lambda: check(c.get(f"/api/v1/task-groups/{group_id}")),
+        line=line,
+        outcome=outcome,
+        timeout_s=timeout_s,
+        what=f"{what}; see `heteroflow services show {group_id}`",
+        out=out,
+    )
+
+
+def follow_task(
+    c: httpx.Client,
+    task_id: str,
+    *,
+    what: str,
+    timeout_s: float,
+    outcome: Outcome,
+    line: Callable[[Mapping[str, Any]], str],
+    out: TextIO | None = None,
+) -> Mapping[str, Any]:
+    """Follow task ``task_id`` until ``outcome`` decides."""
+    return wait_for(
+        lambda: check(c.get(f"/api/v1/tasks/{task_id}")),
+        line=line,
+        outcome=outcome,
+        timeout_s=timeout_s,
+        what=what,
+        out=out,
+    )
