@@ -18,7 +18,7 @@ import pytest
 from heteroflow.agent.inventory import NvmlDiscovery
 from heteroflow.core.placement.model import CardView, NodeView
 from heteroflow.core.placement.scoring import qos
-from heteroflow.testing.fake_nvml import MIB, FakeCard, FakeNvml
+from heteroflow.testing.fake_nvml import FakeNvml
 
 DATA = Path(__file__).parents[1] / "data" / "nvml" / "h200.json"
 
@@ -28,20 +28,7 @@ def recorded() -> dict[str, Any]:
 
 
 def replay(raw: dict[str, Any], *, mig_on: bool = False) -> FakeNvml:
-    cards = [
-        FakeCard(
-            name=c["name"],
-            uuid=c["uuid"],
-            memory_total_mb=c["memory"]["total"] // MIB,
-            memory_used_mb=c["memory"]["used"] // MIB,
-            compute_capability=(c["compute_capability"][0], c["compute_capability"][1]),
-            mig_supported=isinstance(c["mig_mode"], list),
-            mig_enabled=mig_on or c["mig_mode"][0] == 1,
-            temperature_c=c["temperature"],
-        )
-        for c in raw["cards"]
-    ]
-    return FakeNvml(cards)
+    return FakeNvml.from_recorded(raw, mig_on=mig_on)
 
 
 @pytest.mark.feature("C1")

@@ -9,6 +9,7 @@ raises (``NVMLError`` and its ``NVMLError_NotSupported`` subclass). It records w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 MIB = 1024 * 1024
 
@@ -77,6 +78,25 @@ class FakeNvml:
         self.init_error = init_error
         self.initialised = False
         self.shutdown_calls = 0
+
+    @classmethod
+    def from_recorded(cls, raw: dict[str, Any], *, mig_on: bool = False) -> FakeNvml:
+        """Replay what NVML answered on a real machine (``scripts/device-check-nvml.py``'s
+        ``raw``, e.g. ``tests/data/nvml/h200.json``)."""
+        cards = [
+            FakeCard(
+                name=c["name"],
+                uuid=c["uuid"],
+                memory_total_mb=c["memory"]["total"] // MIB,
+                memory_used_mb=c["memory"]["used"] // MIB,
+                compute_capability=(c["compute_capability"][0], c["compute_capability"][1]),
+                mig_supported=isinstance(c["mig_mode"], list),
+                mig_enabled=mig_on or c["mig_mode"][0] == 1,
+                temperature_c=c["temperature"],
+            )
+            for c in raw["cards"]
+        ]
+        return cls(cards)
 
     def _card(self, handle: object, call: str) -> FakeCard:
         if not self.initialised:
