@@ -188,6 +188,9 @@ class TaskGroup(Base):
     # stop) and the replica count it saved first, to restore back inside (0012)
     window_action: Mapped[str] = mapped_column(String(16), default="")
     window_saved_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # LoRA adapters served beside the base model, each under its own model name:
+    # [{name, path}], loaded into the running engines at runtime (0016)
+    lora_adapters: Mapped[list[Any]] = mapped_column(default=list)
     # J1/J4: a rollout's execution lease (holder = server instance id, "" = none; TTL
     # renewed while it runs, held at most a bound), when it began, and what it rolls out
     rollout_holder: Mapped[str] = mapped_column(String(64), default="")
@@ -266,6 +269,8 @@ class Task(Base):
     # volume allow-list, and whether higher-priority work may stop it (B4)
     volumes: Mapped[list[Any]] = mapped_column(default=list)
     preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
+    # how many LoRA adapters its engine holds at once (0 = LoRA off) (0016)
+    max_loras: Mapped[int] = mapped_column(Integer, default=0)
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

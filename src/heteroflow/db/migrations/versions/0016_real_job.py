@@ -10,6 +10,10 @@
   (read-only unless asked otherwise); a rolling update inherits them.
 - ``tasks.preemptible``: whether higher-priority work may stop this task (A2, B4);
   existing tasks keep today's behaviour (preemptible).
+- ``task_groups.lora_adapters``: LoRA adapters a service serves beside its base model,
+  each under its own model name (a JSON list of ``{"name", "path"}``), loaded into the
+  running engines at runtime; ``tasks.max_loras``: how many adapters its engine holds at
+  once (0 = LoRA off; the recipe enables it only where the engine can).
 """
 
 from __future__ import annotations
@@ -42,10 +46,16 @@ def upgrade() -> None:
         b.add_column(
             sa.Column("preemptible", sa.Boolean(), nullable=False, server_default=sa.true())
         )
+        b.add_column(sa.Column("max_loras", sa.Integer(), nullable=False, server_default="0"))
+    with op.batch_alter_table("task_groups", schema=None) as b:
+        b.add_column(sa.Column("lora_adapters", sa.JSON(), nullable=False, server_default="[]"))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("task_groups", schema=None) as b:
+        b.drop_column("lora_adapters")
     with op.batch_alter_table("tasks", schema=None) as b:
+        b.drop_column("max_loras")
         b.drop_column("preemptible")
         b.drop_column("volumes")
     op.drop_table("registry_credentials")
