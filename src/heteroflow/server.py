@@ -43,6 +43,7 @@ from heteroflow.services.identity.auth import (
     shared_secret,
 )
 from heteroflow.services.metrics import LeaderState, ServerMetrics, read_fleet_counts
+from heteroflow.services.tenancy.registry_credentials import Sealer
 from heteroflow.services.tenancy.usage import DbUsageSink
 from heteroflow.serving import http_server
 from heteroflow.settings import ServerSettings
@@ -64,6 +65,8 @@ class Started:
     gateway_token: str
     engine_key: Callable[[str], str]  # C14: every engine key derives from one secret
     tokens: Tokens
+    # H7: registry passwords sealed under a key derived from the same platform secret
+    sealer: Sealer
 
 
 def start(settings: ServerSettings, clock: Clock) -> Started:
@@ -98,7 +101,8 @@ def start(settings: ServerSettings, clock: Clock) -> Started:
         secret_cache_s=settings.jwt_secret_cache_s,
     )
     return Started(
-        db, boot, node_tokens, gateway_token, partial(engine_key, engine_secret), tokens
+        db, boot, node_tokens, gateway_token, partial(engine_key, engine_secret), tokens,
+        Sealer(engine_secret),
     )
 
 
@@ -116,6 +120,7 @@ class ServerApp:
         self.db, self.bootstrap, self.node_tokens = st.db, st.bootstrap, st.node_tokens
         self.node_token, self.gateway_token = st.node_tokens.current, st.gateway_token
         self.engine_key = st.engine_key
+        self.sealer = st.sealer
         self.holder = SnapshotHolder()
         self.leadership = leadership = elect(settings, self.db, clock)
         table = self.controllers = build(
@@ -148,7 +153,7 @@ class ServerApp:
         self.ctx = ServerContext(
             settings=settings, db=self.db, clock=clock, tokens=tokens, holder=self.holder,
             node_token=self.node_token, gateway_token=self.gateway_token,
-            engine_key=self.engine_key,
+            engine_key=self.engine_key, sealer=self.sealer,
         )
         # issue 18 (P3): the server's metrics, on /metrics after the gateway's
         self.metrics = ServerMetrics(

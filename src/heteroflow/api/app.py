@@ -21,6 +21,7 @@ from heteroflow.api.routes import (
     logs,
     nodes,
     platform_settings,  # issue 16 (L1)
+    registry_credentials,  # issue 28 (H7)
     root,
     servers,
     sharing_groups,
@@ -66,6 +67,7 @@ def create_api(ctx: ServerContext, metrics: ServerMetrics | None = None) -> Fast
         tenants.router,
         sharing_groups.router,
         platform_settings.router,  # issue 16 (L1)
+        registry_credentials.router,  # issue 28 (H7)
         task_groups.router,
         drain.router,
         task_life.router,  # sleep / wake (F1-F3)

@@ -104,7 +104,8 @@ class TenantQuotaRead(BaseModel):
 class UserCreate(Strict):
     username: SafeStr = Field(max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
     password: SafeStr = Field(min_length=8, max_length=1024)
-    role: Literal["operator", "member"] = "member"
+    # tenant_admin: a member who also manages their tenant's registry credentials (H7)
+    role: Literal["operator", "member", "tenant_admin"] = "member"
     tenant_id: IdStr | None = Field(default=None, description="default: the caller's tenant")
 
 

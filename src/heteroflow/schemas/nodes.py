@@ -20,6 +20,7 @@ from heteroflow.schemas.common import (
     Strict,
     no_nul,
 )
+from heteroflow.schemas.registry_credentials import RegistryAuth
 
 # What the agent reports is read as strictly as a user's request, field by field (the
 # agent builds these models in Python from dataclasses, so lists may arrive as tuples).
@@ -136,6 +137,9 @@ class TaskAssignment(BaseModel):
     # C14: the engine's own secret (core.engine_access): the agent gives it to the engine
     # and its door checks it; never in a repr, a log line or the management API
     engine_key: str = Field(default="", repr=False)
+    # H7: the login for pulling ``image`` (the tenant's own for its registry, else the
+    # platform's), only in the claim reply to this node's agent; never in a repr or a log
+    registry_auth: RegistryAuth | None = Field(default=None, repr=False)
 
 
 class HeartbeatReply(BaseModel):

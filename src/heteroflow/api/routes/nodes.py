@@ -24,6 +24,7 @@ from heteroflow.schemas.nodes import (
     TemplateRead,
 )
 from heteroflow.services.agents import nodes
+from heteroflow.services.tenancy import registry_credentials
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,8 @@ def _registered(ctx: ServerContext, beat: Beat, hb: Heartbeat) -> HeartbeatReply
 def claim(task_id: IdStr, ctx: Ctx, s: DB, node: AgentNode) -> TaskAssignment:
     t = nodes.claim(s, ctx.clock, node, task_id)
     t.engine_key = ctx.engine_key(t.id)
+    # H7: the pull's login travels as the engine key does: to the claiming agent only
+    t.registry_auth = registry_credentials.auth_for_task(s, ctx.sealer, t.id, t.image)
     return t
 
 

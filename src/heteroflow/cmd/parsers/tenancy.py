@@ -105,7 +105,8 @@ def _users(sub: Subparsers) -> None:
     uc.add_argument("username", help="the user's login name")
     uc.add_argument("--password", required=True, help="at least 8 characters")
     uc.add_argument(
-        "--role", choices=["operator", "member"], default="member", help="default: member"
+        "--role", choices=["operator", "member", "tenant_admin"], default="member",
+        help="default: member (tenant_admin: also manages the tenant's registry credentials)",
     )
     uc.add_argument("--tenant-id", default=None, help="default: your own tenant")
     json_flag(uc)

@@ -34,8 +34,11 @@ log = logging.getLogger(__name__)
 
 OPERATOR = "operator"
 MEMBER = "member"
+# a member who also manages tenant-level settings of their own tenant (today: its
+# registry credentials, H7); everywhere else a member
+TENANT_ADMIN = "tenant_admin"
 DEFAULT_TENANT = "default"
-ROLES = frozenset({OPERATOR, MEMBER})
+ROLES = frozenset({OPERATOR, MEMBER, TENANT_ADMIN})
 JWT_SECRET_KEY = "jwt_secret"  # noqa: S105 - the platform_settings row that holds it
 
 
@@ -52,6 +55,10 @@ class Principal:
     @property
     def is_operator(self) -> bool:
         return self.role == OPERATOR
+
+    @property
+    def is_tenant_admin(self) -> bool:
+        return self.role == TENANT_ADMIN
 
 
 def shared_secret(db: Database, key: str, preset: str = "") -> str:

@@ -42,7 +42,7 @@ export function adminPage(main) {
   const uName = field('User name', { required: true, autocomplete: 'off' });
   const uPass = field('Password', { type: 'password', required: true, minlength: 8, autocomplete: 'new-password' });
   const uRole = field('Role', {}, 'select');
-  setOptions(uRole.input, [['member', 'member'], ['operator', 'operator']]);
+  setOptions(uRole.input, [['member', 'member'], ['tenant_admin', 'tenant admin'], ['operator', 'operator']]);
   const uTenant = field('Tenant', {}, 'select');
   const uForm = h('form', { class: 'toolbar', 'aria-label': 'New user' }, uName.wrap, uPass.wrap,
     uRole.wrap, uTenant.wrap, h('button', { type: 'submit', class: 'primary' }, 'Create user'));
