@@ -30,13 +30,10 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +41,9 @@ import httpx
 import psutil
 
 from heteroflow.models.tiny_gguf import write_tiny_gguf
+from heteroflow.testing import up_stack
+from heteroflow.testing.up_stack import Api, Up, free_port, wait_for
 
-ADMIN_PASSWORD = "bench-lifecycle-admin-password"  # noqa: S105 - a throw-away stack
 MODEL = "bench-model"
 CHAT = {
     "model": MODEL,
@@ -56,110 +54,8 @@ CHAT = {
 TARGET_WAKE_OVERHEAD_MS = 1000.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(what: str, fn: Callable[[], Any], timeout_s: float, every_s: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except (httpx.HTTPError, OSError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(every_s)
-    raise TimeoutError(f"{what}: not within {timeout_s} s (last: {last!r})")
-
-
-class Up:
-    """``heteroflow up --demo none`` as a child process."""
-
-    def __init__(self, data_dir: Path, port: int, pool: tuple[int, int]) -> None:
-        self.data_dir = data_dir
-        self.port = port
-        self.pool = pool
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = data_dir.parent / "up.log"
-
-    def start(self) -> float:
-        """Start it; seconds until /healthz answers."""
-        started = time.monotonic()
-        env = {**os.environ, "HETEROFLOW_ADMIN_PASSWORD": ADMIN_PASSWORD}
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "heteroflow.cli", "up",
-                "--demo", "none",
-                "--port", str(self.port),
-                "--port-range", f"{self.pool[0]}-{self.pool[1]}",
-                "--data-dir", str(self.data_dir),
-                "--threads", "1",
-            ],
-            stdout=self.log.open("ab"),
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        wait_for(
-            "up /healthz",
-            lambda: httpx.get(self.url + "/healthz", timeout=1).status_code == 200,
-            60,
-        )
-        return time.monotonic() - started
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-
-class Api:
-    def __init__(self, url: str) -> None:
-        self.url = url
-        r = httpx.post(
-            url + "/api/v1/auth/login",
-            json={"username": "admin", "password": ADMIN_PASSWORD},
-            timeout=30,
-        )
-        r.raise_for_status()
-        self.headers = {"Authorization": f"Bearer {r.json()['access_token']}"}
-
-    def call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        return httpx.request(method, self.url + path, headers=self.headers, timeout=30, **kw)
-
-    def group(self, group_id: str) -> dict[str, Any]:
-        return dict(self.call("GET", f"/api/v1/task-groups/{group_id}").json())
-
-
 def first_byte_s(url: str, key: str, timeout_s: float = 120.0) -> float:
-    """Seconds from sending a streamed chat request to the first byte of a 2xx answer
-    (raises on any other answer)."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    start = time.monotonic()
-    with httpx.stream(
-        "POST",
-        url + "/v1/chat/completions",
-        json={**CHAT, "stream": True},
-        headers=headers,
-        timeout=timeout_s,
-    ) as r:
-        for chunk in r.iter_raw():
-            if chunk:
-                took = time.monotonic() - start
-                if r.status_code >= 300:
-                    raise RuntimeError(f"HTTP {r.status_code}: {chunk[:300]!r}")
-                return took
-    raise RuntimeError(f"HTTP {r.status_code} with an empty body")
+    return up_stack.first_byte_s(url, key, CHAT, timeout_s)
 
 
 def answers(url: str, key: str) -> bool:

@@ -39,9 +39,10 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lifecycle import MODEL, Api, Up, free_port, wait_for
+from lifecycle import MODEL
 
 from heteroflow.models.tiny_gguf import write_tiny_gguf
+from heteroflow.testing.up_stack import Api, Up, free_port, wait_for
 
 STEADY_S = 20.0
 

@@ -26,7 +26,7 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TINY_MODEL_NAME", "main", "write_tiny_gguf"]
+__all__ = ["TINY_MODEL_NAME", "main", "write_sized_gguf", "write_tiny_gguf"]
 
 TINY_MODEL_NAME = "heteroflow-tiny"
 
@@ -109,7 +109,7 @@ def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> _F3
     return (rng.standard_normal(shape) * std).astype(np.float32)
 
 
-def _build_tensors(n_vocab: int) -> dict[str, _F32]:
+def _build_tensors(n_vocab: int, n_ff: int = _N_FF) -> dict[str, _F32]:
     """Random weights with a constant bias channel that suppresses non-printable tokens.
 
     Token embeddings carry ``_BIAS_VALUE`` in ``_BIAS_DIM``; the layer norms ignore that
@@ -132,7 +132,7 @@ def _build_tensors(n_vocab: int) -> dict[str, _F32]:
     for i in range(_N_LAYER):
         attn_out = _normal(rng, (_N_EMBD, _N_EMBD), attn_std)
         attn_out[_BIAS_DIM, :] = 0.0
-        ffn_down = _normal(rng, (_N_EMBD, _N_FF), 1.0 / np.sqrt(_N_FF))
+        ffn_down = _normal(rng, (_N_EMBD, n_ff), 1.0 / np.sqrt(n_ff))
         ffn_down[_BIAS_DIM, :] = 0.0
         tensors |= {
             f"blk.{i}.attn_norm.weight": layer_norm.copy(),
@@ -141,8 +141,8 @@ def _build_tensors(n_vocab: int) -> dict[str, _F32]:
             f"blk.{i}.attn_v.weight": _normal(rng, (_N_HEAD_KV * head_dim, _N_EMBD), attn_std),
             f"blk.{i}.attn_output.weight": attn_out,
             f"blk.{i}.ffn_norm.weight": layer_norm.copy(),
-            f"blk.{i}.ffn_gate.weight": _normal(rng, (_N_FF, _N_EMBD), attn_std),
-            f"blk.{i}.ffn_up.weight": _normal(rng, (_N_FF, _N_EMBD), attn_std),
+            f"blk.{i}.ffn_gate.weight": _normal(rng, (n_ff, _N_EMBD), attn_std),
+            f"blk.{i}.ffn_up.weight": _normal(rng, (n_ff, _N_EMBD), attn_std),
             f"blk.{i}.ffn_down.weight": ffn_down,
         }
 
@@ -155,7 +155,7 @@ def _build_tensors(n_vocab: int) -> dict[str, _F32]:
     return tensors
 
 
-def _write(path: Path, *, tools: bool = False) -> None:
+def _write(path: Path, *, tools: bool = False, n_ff: int = _N_FF) -> None:
     tokens, token_types = _vocab()
     n_vocab = len(tokens)
     arch = "llama"
@@ -166,7 +166,7 @@ def _write(path: Path, *, tools: bool = False) -> None:
     writer.add_context_length(_N_CTX_TRAIN)
     writer.add_embedding_length(_N_EMBD)
     writer.add_block_count(_N_LAYER)
-    writer.add_feed_forward_length(_N_FF)
+    writer.add_feed_forward_length(n_ff)
     writer.add_head_count(_N_HEAD)
     writer.add_head_count_kv(_N_HEAD_KV)
     writer.add_rope_dimension_count(_N_EMBD // _N_HEAD)
@@ -188,7 +188,7 @@ def _write(path: Path, *, tools: bool = False) -> None:
         # request with "Failed to initialize samplers" (measured).
         writer.add_add_space_prefix(False)
     writer.add_chat_template(_HERMES_TOOLS_TEMPLATE if tools else _CHATML_TEMPLATE)
-    for name, tensor in _build_tensors(n_vocab).items():
+    for name, tensor in _build_tensors(n_vocab, n_ff).items():
         writer.add_tensor(name, tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -221,6 +221,28 @@ def write_tiny_gguf(path: Path, *, tools: bool = False) -> Path:
         _write(tmp, tools=tools)
         if path.is_file() and _sha256(path) == _sha256(tmp):
             return path
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_sized_gguf(path: Path, megabytes: int) -> Path:
+    """The tiny model widened until its file holds about ``megabytes`` MB: the same
+    vocabulary, template and printable-only output, its feed-forward layers as wide as it
+    takes (what a cold start of a big model reads, e.g. bench/cold_start.py). Generation
+    stays cheap (64 dims); writing 2 GB takes a few seconds. An existing file of the same
+    name and size is kept."""
+    path = Path(path)
+    per_ff_row = _N_LAYER * 3 * _N_EMBD * 4  # gate, up, down: f32, per unit of n_ff
+    n_ff = max(_N_FF, megabytes * 1_000_000 // per_ff_row)
+    if path.is_file() and abs(path.stat().st_size - n_ff * per_ff_row) < 2_000_000:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        _write(tmp, n_ff=n_ff)
+        tmp.chmod(0o644)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
