@@ -355,6 +355,9 @@ class AgentSettings(BaseSettings):
     port_retry_total_s: float = 119.0
     # Engine threads for CPU llama.cpp; 0 = let the launcher choose.
     cpu_threads: int = 0
+    # The process runtime runs vLLM only on a Python that has it (a venv with vLLM's CPU
+    # build, as scripts/_venv.sh ensure_vllm makes, or a GPU build); empty = no vLLM here.
+    vllm_python: str = ""
     # Logs (C6): how often new output is shipped and the most lines read per round.
     log_ship_interval_s: float = 2.0
     log_tail_lines: int = 2000

@@ -246,7 +246,7 @@ def test_process_runtime_runs_llamacpp_through_the_launcher() -> None:
     config = parse_args(argv[3:])
     assert (config.host, config.port, config.gpu_layers) == ("127.0.0.1", 30001, 0)
     with pytest.raises(CommandError, match="needs a container runtime"):
-        process_argv(shape("vllm"), "/venv/python")
+        process_argv(shape("sglang"), "/venv/python")  # vLLM: tests/unit/test_vllm_process
 
 
 @pytest.mark.feature("H3")
@@ -357,7 +357,7 @@ def test_embeddings_extra_args_and_model_name_rules() -> None:
         (replace(stage("vllm", 0), master_addr=""), "master_addr"),
         (replace(stage("vllm", 0), pipeline_rank=2), "pipeline_rank 2"),
         (shape("vllm", pipeline_parallel_size=2), "takes no pipeline stages"),
-        (shape("vllm", gpus=0, tensor_parallel_size=0), "needs at least one GPU"),
+        (shape("sglang", gpus=0), "needs at least one GPU"),  # vLLM: its CPU build
         (shape("vllm", gpu_memory_utilization=0), "1-100"),
         (shape("vllm", gpu_memory_utilization=101), "1-100"),
         (shape("vllm", port=0), "port 0"),

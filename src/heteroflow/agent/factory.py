@@ -24,6 +24,7 @@ def make_launcher(settings: AgentSettings, config: NodeConfig, node_name: str) -
             cpu_threads=settings.cpu_threads,
             log_dir=logs,
             address=settings.address,
+            vllm_python=settings.vllm_python,
         )
     return _docker(settings, config, node_name)
 

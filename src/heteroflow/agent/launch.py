@@ -1,13 +1,13 @@
 """Turns a task assignment into what the process runtime starts.
 
-Under the process runtime ``image`` is recorded but the engine's local launcher runs:
-llama.cpp through ``heteroflow.engines.llamacpp_server``, with the argv built by the
-same command builder as containers (``core.engines.commands``), listening on the node's
-address (``HETEROFLOW_AGENT_ADDRESS``: 127.0.0.1 on one machine; the address the gateways
-reach on several, as a container's published port would be) on the allocated host port
-that stands for the container port. Engines that exist only
-as container images (vLLM, SGLang, ...) need the Docker runtime and fail here with that
-reason rather than pretending.
+Under the process runtime ``image`` is recorded but the engine's local install runs:
+llama.cpp through ``heteroflow.engines.llamacpp_server`` on the agent's Python, vLLM
+through its api_server module on the Python the operator names
+(``HETEROFLOW_AGENT_VLLM_PYTHON``, see ``local_engines``), each with the argv built by the
+same command builder as containers (``core.engines.commands.process_command``), behind the
+node's door (C14) on the allocated host port that stands for the container port. Engines
+that exist only as container images here (SGLang, ...) need the Docker runtime and fail
+here with that reason rather than pretending.
 
 The process runtime is the trusted single-operator mode: it runs only the platform's own
 engine launcher, never a task's ``command`` (that would be a user's program on the host,
@@ -19,7 +19,6 @@ the task's variables under the C3 rules and the deny-list.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -29,14 +28,21 @@ from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.engine_door import DoorKeeper
 from heteroflow.agent.file_requests import process_roots
 from heteroflow.agent.inventory import NodeInventory
+from heteroflow.agent.local_engines import local_engines
 from heteroflow.agent.log_shipper import file_source
-from heteroflow.agent.models import ModelPathError, resolve_model_file
+from heteroflow.agent.models import ModelPathError, resolve_model_dir, resolve_model_file
 from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec, Runtime
 from heteroflow.core.containers import AGENT_OWNED_ENV, PROCESS_BASE_ENV, container_env
 from heteroflow.core.engine_access import ENGINE_ADDRESS, key_env
 from heteroflow.core.engines import LLAMACPP_AGENT_FLAGS, owned_flag_in
-from heteroflow.core.engines.commands import CommandError, LaunchShape, process_argv
+from heteroflow.core.engines.commands import (
+    CommandError,
+    EngineCommand,
+    LaunchShape,
+    process_command,
+)
+from heteroflow.core.engines.registry import CPU_BUILD
 from heteroflow.core.ports import host_ports as mapped_host_ports
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.schemas.nodes import TaskAssignment
@@ -114,9 +120,10 @@ class NoDoors:
         pass
 
 
-def task_env(t: TaskAssignment) -> dict[str, str]:
-    """The whole environment of an engine process: a clean base, the C3 rules, and the
-    CUDA visibility a process (not a container) needs."""
+def task_env(t: TaskAssignment, cmd: EngineCommand | None = None) -> dict[str, str]:
+    """The whole environment of an engine process: a clean base, the recipe's variables
+    (``cmd``) under the C3 rules, the CUDA visibility a process (not a container) needs,
+    and the engine's key where it reads one (C14)."""
     env = dict(PROCESS_BASE_ENV)
     env |= container_env(
         t.env,
@@ -124,11 +131,12 @@ def task_env(t: TaskAssignment) -> dict[str, str]:
         group_id=t.group_id,
         task_name=t.name,
         engine=t.engine,
-        engine_env={},
+        engine_env=dict(cmd.env) if cmd else {},
         gpu=None,
+        engine_defaults=dict(cmd.env_defaults) if cmd else {},
     )
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in t.gpu_ids)
-    return env | key_env("llamacpp", t.engine_key)  # the launcher reads it (C14)
+    return env | key_env(t.engine, t.engine_key)
 
 
 def host_port_for(t: TaskAssignment, container_port: int | None = None) -> int:
@@ -141,22 +149,37 @@ def host_port_for(t: TaskAssignment, container_port: int | None = None) -> int:
 
 def build_launch(
     t: TaskAssignment, config: NodeConfig, *, cpu_threads: int, log_dir: Path,
-    host: str = ENGINE_ADDRESS,
+    host: str = ENGINE_ADDRESS, engines: dict[str, str] | None = None, vllm_python: str = "",
 ) -> LaunchSpec:
-    env = task_env(t)
-    host_ports = mapped_host_ports(ports_from_dicts(t.ports), chosen_only=True)
-    port = host_port_for(t)
-    log_path = log_dir / f"{t.id}.log"
+    """What the process runtime starts for ``t``; ``engines`` is what this node reports
+    (``local_engines``: None = llama.cpp only), ``vllm_python`` the Python vLLM runs on."""
     if t.command:
         raise LaunchFailed(
             "this node runs the process runtime, which never runs a custom task.command "
             "(it would run on the host): use a node with the Docker runtime"
         )
-    if t.engine != "llamacpp":
+    reported = engines if engines is not None else {"llamacpp": ""}
+    if t.engine == "llamacpp":
+        shape, python = _llamacpp_shape(t, config, cpu_threads), sys.executable
+    elif t.engine == "vllm" and "vllm" in reported and vllm_python:
+        shape, python = _vllm_shape(t, config, reported["vllm"]), vllm_python
+    else:
         raise LaunchFailed(
             f"engine {t.engine or '(none)'} needs a container runtime; this node runs the "
-            "process runtime, which can start llama.cpp only"
+            f"process runtime, which starts {' and '.join(sorted(reported)) or 'no engine'} "
+            "here (vLLM where the agent has HETEROFLOW_AGENT_VLLM_PYTHON)"
         )
+    shape = replace(shape, port=host_port_for(t), host=host, served_model_name=t.model_name)
+    try:
+        cmd = process_command(shape, python)
+    except CommandError as exc:
+        raise LaunchFailed(str(exc)) from exc
+    host_ports = mapped_host_ports(ports_from_dicts(t.ports), chosen_only=True)
+    log_path = log_dir / f"{t.id}.log"
+    return LaunchSpec(t.id, cmd.args, task_env(t, cmd), host_ports, log_path, host)
+
+
+def _llamacpp_shape(t: TaskAssignment, config: NodeConfig, cpu_threads: int) -> LaunchShape:
     clash = owned_flag_in(t.engine_args, LLAMACPP_AGENT_FLAGS)
     if clash:
         raise LaunchFailed(f"engine_args may not set {clash}: the agent sets it")
@@ -169,28 +192,42 @@ def build_launch(
     extra = list(t.engine_args)
     if cpu_threads and not {"-t", "--threads"} & set(extra):
         extra += ["-t", str(cpu_threads)]
-    shape = LaunchShape(
-        engine="llamacpp",
-        model_path=str(model),
-        served_model_name=t.model_name,
-        port=port,
-        host=host,  # no container network: the node's private loopback, behind the door
-        gpus=t.gpu_required,
-        extra_args=tuple(extra),
+    return LaunchShape(
+        engine="llamacpp", model_path=str(model), served_model_name=t.model_name, port=1,
+        gpus=t.gpu_required, extra_args=tuple(extra),
     )
+
+
+def _vllm_shape(t: TaskAssignment, config: NodeConfig, build: str) -> LaunchShape:
+    if build == CPU_BUILD and t.gpu_required:
+        raise LaunchFailed(
+            f"this node's vLLM is its CPU build, which drives no card; the task asks for "
+            f"{t.gpu_required} GPU(s)"
+        )
     try:
-        argv = process_argv(shape, sys.executable)
-    except CommandError as exc:
+        model = resolve_model_dir(
+            t.model_path, config.allowed_volume_prefixes, config.denied_volume_prefixes,
+            engine=t.engine,
+        )
+    except ModelPathError as exc:
         raise LaunchFailed(str(exc)) from exc
-    return LaunchSpec(t.id, tuple(argv), env, host_ports, log_path, host)
+    tp = t.gpu_required if t.parallelism == "tensor_parallel" else 1
+    return LaunchShape(
+        engine="vllm", model_path=str(model), served_model_name=t.model_name, port=1,
+        parallelism=t.parallelism, gpus=t.gpu_required, tensor_parallel_size=tp,
+        gpu_memory_utilization=t.gpu_memory_utilization, extra_args=tuple(t.engine_args),
+        kv_offload_gb=t.kv_offload_gb,
+    )
 
 
 class ProcessLauncher(DoorKeeper):
-    """Engines as child processes on this host (no Docker): llama.cpp only."""
+    """Engines as child processes on this host (no Docker): llama.cpp, and vLLM where
+    the agent was given a Python with it (``vllm_python``)."""
 
     def __init__(
         self, runtime: ProcessRuntime, config: NodeConfig, *, cpu_threads: int, log_dir: Path,
         address: str = "127.0.0.1", engine_address: str = ENGINE_ADDRESS,
+        vllm_python: str = "",
     ) -> None:
         super().__init__(address, engine_address)
         self.runtime = runtime
@@ -198,12 +235,14 @@ class ProcessLauncher(DoorKeeper):
         self.config = config
         self.cpu_threads = cpu_threads
         self.log_dir = log_dir
+        self.vllm_python = vllm_python
+        self._engines: dict[str, str] | None = None  # asked once (vLLM's build: a subprocess)
         self._logs = file_source(lambda task_id: log_dir / f"{task_id}.log")
 
     def launch(self, t: TaskAssignment) -> tuple[str, ...]:
         spec = build_launch(
             t, self.config, cpu_threads=self.cpu_threads, log_dir=self.log_dir,
-            host=self.engine_address,
+            host=self.engine_address, engines=self.engines(), vllm_python=self.vllm_python,
         )
         spec = replace(spec, env={**spec.env, "HOME": str(self.runtime.work_dir)})
         self.open_for(t)
@@ -219,7 +258,9 @@ class ProcessLauncher(DoorKeeper):
         return self.launch(t)
 
     def engines(self) -> dict[str, str]:
-        return {"llamacpp": ""} if importlib.util.find_spec("xllamacpp") is not None else {}
+        if self._engines is None:
+            self._engines = local_engines(self.vllm_python)
+        return dict(self._engines)
 
     def observe(self, inv: NodeInventory) -> None:
         pass  # a child process gets CUDA_VISIBLE_DEVICES; nothing else depends on the cards

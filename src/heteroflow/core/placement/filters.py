@@ -13,6 +13,7 @@ Card rules (B6):
 
 from __future__ import annotations
 
+from heteroflow.core.containers import process_runs
 from heteroflow.core.paths import on_host, volume_allows
 from heteroflow.core.placement.model import (
     CPU_TASK_MEMORY_SHARE,
@@ -79,8 +80,10 @@ def node_gate(node: NodeView, t: TaskDemand, thr: float, cap: int) -> str:
         return OFFLINE
     if node.tenants and t.tenant_id and t.tenant_id not in node.tenants:
         return RESERVED  # dedicated to other tenants (same rule as NodeView.visible_to)
-    if t.needs_container and node.runtime == "process":
-        return PROCESS_RUNTIME  # the trusted mode runs the platform's own launcher only
+    if node.runtime == "process" and (
+        t.needs_container or not process_runs(t.engine, node.engines)
+    ):
+        return PROCESS_RUNTIME  # the trusted mode runs the platform's own launchers only
     if on_host(t.model_path, t.engine) and not volume_allows(
         t.model_path, node.allowed_volume_prefixes, node.denied_volume_prefixes
     ):
@@ -101,7 +104,7 @@ def typed_cards(node: NodeView, t: TaskDemand) -> tuple[list[CardView], str]:
         return [], TYPE_MISMATCH
     if t.engine_vendors:
         cards = [c for c in cards if c.vendor in t.engine_vendors]
-        if not cards:
+        if not cards or node.cpu_build(t.engine):  # a CPU build drives no card
             return [], ENGINE_VENDOR
     return cards, ""
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from heteroflow.core.engines.registry import is_cpu_build
+
 DEFAULT_CPU_TASK_MEMORY_MB = 1024
 CPU_TASK_MEMORY_SHARE = 0.9  # CPU tasks may book up to 90% of a node's memory
 
@@ -123,6 +125,11 @@ class NodeView:
 
     def visible_to(self, tenant_id: str) -> bool:
         return may_use(self.tenants, tenant_id)
+
+    def cpu_build(self, engine: str) -> bool:
+        """Whether this node runs ``engine`` as a CPU-only build (vLLM's CPU build on a
+        process-runtime node): it serves CPU tasks and drives no card."""
+        return is_cpu_build(self.runtime, self.engine_images.get(engine))
 
     @property
     def rdma(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from heteroflow.core.engines.registry import runs_on_cpu
 from heteroflow.core.placement import filters as f
 from heteroflow.core.placement.fleet import Tally
 from heteroflow.core.placement.model import (
@@ -54,8 +55,8 @@ def evaluate(
         return None, [], why
     if t.gpu_required == 0:
         need, free = f.cpu_room(node, t)
-        if t.engine_vendors and "cpu" not in t.engine_vendors:
-            return None, [], f.ENGINE_VENDOR
+        if not runs_on_cpu(t.engine, node.cpu_build(t.engine)):
+            return None, [], f.ENGINE_VENDOR  # a GPU engine, and not its CPU build here
         if why:
             return None, [], why
         if node.cpu_count < 1 or free < need:

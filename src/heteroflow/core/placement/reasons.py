@@ -14,7 +14,8 @@ def explain(t: TaskDemand, seen: int, counts: dict[str, int], thr: float, cap: i
         f.OFFLINE: "offline",
         f.RESERVED: "dedicated to other tenants",
         f.PROCESS_RUNTIME: "process runtime (it runs only the platform's llama.cpp "
-        "launcher, never a custom command or an engine image: this needs a Docker node)",
+        "launcher and, where its agent has one, vLLM — never a custom command or another "
+        f"engine's image: {t.engine or 'this'} needs a Docker node)",
         f.VOLUME: f"model_path {t.model_path!r} outside the node's allowed volume prefixes",
         f.NO_GPUS: "no GPU cards",
         f.TYPE_MISMATCH: f"no card of type {t.gpu_type!r}",

@@ -29,6 +29,7 @@ from heteroflow.core.containers import (
     MODEL_IN_IMAGE,
     env_problem,
     needs_container,
+    process_runs,
 )
 from heteroflow.core.engines import (
     CPU_CAPABLE,
@@ -165,14 +166,14 @@ def _check_kv_offload(spec: TaskSpec, parallelism: str, engine: str, task_type: 
 
 
 def _check_fields(spec: TaskSpec, parallelism: str, engine: str, task_type: str, gpus: int,
-                  env_allow: Sequence[str]) -> None:
+                  env_allow: Sequence[str], *, cpu_build: bool = False) -> None:
     if task_type == "inference" and not spec.model_path and not spec.command:
         raise ValidationFailed(
             "an inference service needs task.model_path (or a custom task.command); "
             "without it every engine fails to start",
             field="task.model_path",
         )
-    if gpus == 0 and task_type == "inference" and engine not in CPU_CAPABLE:
+    if gpus == 0 and task_type == "inference" and engine not in CPU_CAPABLE and not cpu_build:
         raise ValidationFailed(
             f"gpu_required 0 runs on the CPU, which only {', '.join(sorted(CPU_CAPABLE))} "
             f"can do; engine is {engine or 'unresolved'}",
@@ -210,10 +211,12 @@ def _check_runs_somewhere(spec: TaskSpec, engine: str, nodes: list[NodeView]) ->
     caller may use runs the process runtime — as the memory precheck refuses what no
     registered node could hold (issue 26). With no node registered nothing is refused;
     a Docker node counts while offline (it may come back)."""
-    if not nodes or not needs_container(spec.command, engine):
+    if not nodes or any(n.runtime != "process" for n in nodes):
         return
-    if any(n.runtime != "process" for n in nodes):
-        return
+    if not needs_container(spec.command, engine) and any(
+        process_runs(engine, n.engines) for n in nodes
+    ):
+        return  # e.g. vLLM where an agent reports it (HETEROFLOW_AGENT_VLLM_PYTHON)
     if spec.command:
         what, field_ = "a custom task.command", "task.command"
     elif engine:
@@ -222,8 +225,8 @@ def _check_runs_somewhere(spec: TaskSpec, engine: str, nodes: list[NodeView]) ->
         what, field_ = f"image {spec.image!r}", "task.image"
     raise ValidationFailed(
         f"{what} needs a node with the Docker runtime, and every node you may use runs "
-        "the process runtime, which starts only the platform's llama.cpp launcher (never "
-        "a custom command or an engine image)",
+        "the process runtime, which starts only the platform's llama.cpp launcher and, "
+        "where its agent has one, vLLM (never a custom command or another engine's image)",
         field=field_,
     )
 
@@ -252,7 +255,11 @@ def check_task(
     if problem:
         raise ValidationFailed(problem, field="task.model_path")
     _check_runs_somewhere(spec, engine, nodes)
-    _check_fields(spec, parallelism, engine, task_type, gpus, env_allow)
+    # vLLM without cards: only where a node runs its CPU build (none registered: it waits)
+    cpu_build = engine in ENGINES and ENGINES[engine].cpu_build and (
+        not nodes or any(n.cpu_build(engine) for n in nodes)
+    )
+    _check_fields(spec, parallelism, engine, task_type, gpus, env_allow, cpu_build=cpu_build)
 
 
 def _check_operator_only(req: TaskGroupCreate, who: Principal) -> None:
