@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from heteroflow.core.engines.registry import ENGINES
 from heteroflow.engines.llamacpp_server import READY_PREFIX
 from heteroflow.models.tiny_gguf import write_tiny_gguf
 from tests.gateway_stack import ALIAS, LAUNCHER, Engine, start_engine
@@ -105,6 +106,9 @@ def test_metrics_endpoint(client: httpx.Client) -> None:
     response = client.get("/metrics")
     assert response.status_code == 200
     assert "llamacpp:prompt_tokens_total" in response.text
+    # the load metrics the autoscaler reads (the registry's names; H8 labels them verified)
+    for name in ENGINES["llamacpp"].metrics.values():
+        assert f"{name} " in response.text, name
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -16,6 +16,7 @@ from heteroflow.api.routes import (
     auth,
     console,  # issue 17: the web console's assets
     drain,
+    engines,  # issue 28 (H8)
     files,
     gateway,
     logs,
@@ -77,6 +78,7 @@ def create_api(ctx: ServerContext, metrics: ServerMetrics | None = None) -> Fast
         files.router,
         audit.router,
         servers.router,
+        engines.router,
         root.router,  # GET /: what this is, for a browser (HTML) or a client (JSON)
         console.router,  # /console/{path}: the web console's files (issue 17)
     ):
