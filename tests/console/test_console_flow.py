@@ -97,6 +97,10 @@ def test_operator_flow_and_another_tenant_sees_nothing(
     expect(plan.locator('[data-plan="engine-reason"]')).to_contain_text("llamacpp")
     expect(plan.locator('[data-plan="placement"]')).to_contain_text("e2e-node")
     expect(plan.locator('[data-plan="argv"]')).to_contain_text(str(st.model_file))
+    # H8: the chosen engine's capabilities with their maturity labels (GET /api/v1/engines)
+    chat_label = dialog.locator('.maturity[data-engine="llamacpp"] [data-capability="chat"]')
+    expect(chat_label).to_have_attribute("data-label", "verified-ci-cpu")
+    expect(chat_label).to_contain_text("verified in CI (CPU)")
     assert len(st.api("GET", "/api/v1/task-groups").json()) == 1  # the dry run wrote nothing
     console.shot("create-dialog", height=1250)
     expect(create).to_be_enabled()

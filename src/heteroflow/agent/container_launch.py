@@ -11,7 +11,10 @@ the node's door (C14: an open engine port would bypass the gateway's keys).
 The model path is checked here, on the node (C4): an absolute path must sit inside
 the allow-list before anything about it is probed; a relative name means
 ``/data/models/{name}`` (a HuggingFace folder with config.json, a GGUF file or a
-folder of GGUF files). A missing model fails the task with that reason.
+folder of GGUF files). A missing model fails the task with that reason. So are the
+task's volumes (A2): first the rule create and dry run applied (``core.volumes``, with
+this node's allow-list), then each host path on its real path (a symlink cannot lead
+out of the allow-list) and that it exists; mounted read-only unless asked otherwise.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from heteroflow.core.engine_access import key_env
 from heteroflow.core.paths import VolumeRule, model_path_refusal, task_roots
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.core.recipe import NodeShape, TaskShape, container_plan
+from heteroflow.core.volumes import volumes_of, volumes_refusal
 from heteroflow.private_files import private_dir, private_file
 from heteroflow.schemas.nodes import TaskAssignment
 
@@ -67,6 +71,28 @@ def _check_model(t: TaskAssignment, config: NodeConfig) -> None:
         raise LaunchFailed(f"model path {t.model_path!r} does not exist on this node")
 
 
+def _check_volumes(t: TaskAssignment, config: NodeConfig) -> None:
+    """A2 on the node: the rule create applied, with this node's own allow-list, then the
+    real host paths (symlinks resolved) inside it, and present."""
+    if not t.volumes:
+        return
+    rule = VolumeRule(config.allowed_volume_prefixes, config.denied_volume_prefixes)
+    volumes = volumes_of(t.volumes)
+    refused = volumes_refusal(
+        volumes, model_path=t.model_path, engine=t.engine, rules=[rule], scope=THIS_NODE
+    )
+    if refused:
+        raise LaunchFailed(refused[0])
+    for i, v in enumerate(volumes):
+        what = f"task.volumes[{i}].host_path"
+        try:
+            real = check_allowed(Path(v.host_path), rule.allowed, rule.denied, what)
+        except ModelPathError as exc:
+            raise LaunchFailed(str(exc)) from exc
+        if not real.exists():
+            raise LaunchFailed(f"{what} {v.host_path!r} does not exist on this node")
+
+
 def task_shape(t: TaskAssignment, engine_version: str = "") -> TaskShape:
     """The recipe's view of an assignment (the wire's port dicts become ``PortMapping``)."""
     return TaskShape.of(t, ports=ports_from_dicts(t.ports), engine_version=engine_version)
@@ -81,8 +107,10 @@ def build_container(
     work_dir: Path,
     engine_version: str = "",
 ) -> ContainerPlan:
-    """C4 on the node, then the one recipe (``core.recipe``); writes its config files."""
+    """C4 and A2 on the node, then the one recipe (``core.recipe``); writes its config
+    files."""
     _check_model(t, config)
+    _check_volumes(t, config)
     node = NodeShape(address=address, card_vendors={c.index: c.vendor for c in cards})
     try:
         result = container_plan(

@@ -158,6 +158,11 @@ def build_launch(
             "this node runs the process runtime, which never runs a custom task.command "
             "(it would run on the host): use a node with the Docker runtime"
         )
+    if t.volumes:  # A2: the server never places one here (its node gate: no_mounts)
+        raise LaunchFailed(
+            "this node runs the process runtime, which mounts nothing: task.volumes need "
+            "a node with the Docker runtime"
+        )
     reported = engines if engines is not None else {"llamacpp": ""}
     if t.engine == "llamacpp":
         shape, python = _llamacpp_shape(t, config, cpu_threads), sys.executable

@@ -25,16 +25,19 @@ class ModelPathError(Exception):
     pass
 
 
-def check_allowed(path: Path, allowed: tuple[str, ...], denied: tuple[str, ...]) -> Path:
+def check_allowed(
+    path: Path, allowed: tuple[str, ...], denied: tuple[str, ...], what: str = "model path"
+) -> Path:
     """The server's rule (``core.paths.volume_allows``) on real paths: symlinks and
-    ``..`` are resolved on both sides before the segment-boundary comparison."""
+    ``..`` are resolved on both sides before the segment-boundary comparison. ``what``
+    names the path in the refusal (a volume's host path follows the same rule, A2)."""
     real = Path(os.path.realpath(path))
     if not inside(str(real), [os.path.realpath(p) for p in allowed]):
         raise ModelPathError(
-            f"model path {str(path)!r} is outside this node's allowed volume prefixes"
+            f"{what} {str(path)!r} is outside this node's allowed volume prefixes"
         )
     if inside(str(real), [os.path.realpath(p) for p in denied]):
-        raise ModelPathError(f"model path {str(path)!r} is under a denied volume prefix")
+        raise ModelPathError(f"{what} {str(path)!r} is under a denied volume prefix")
     return real
 
 

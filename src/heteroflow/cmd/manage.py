@@ -38,6 +38,10 @@ def _create_body(a: argparse.Namespace) -> dict[str, object]:
         task["engine"] = a.engine
     if a.engine_arg:
         task["engine_args"] = a.engine_arg
+    if a.volume:
+        task["volumes"] = a.volume  # A2
+    if a.not_preemptible:
+        task["preemptible"] = False
     body: dict[str, object] = {"name": a.name, "task": task}
     if a.model_name:
         body["model_name"] = a.model_name

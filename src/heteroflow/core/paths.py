@@ -78,7 +78,7 @@ def inside(path: str, roots: Iterable[str]) -> bool:
     return False
 
 
-def model_path_problem(path: str) -> str | None:
+def model_path_problem(path: str, name: str = "model_path") -> str | None:
     """Why a ``model_path`` is refused by its form alone, or None (C4; issues 10, 26).
 
     Absolute or relative (a name the node looks up in its model directories): no NUL or
@@ -87,30 +87,32 @@ def model_path_problem(path: str) -> str | None:
     filesystem would answer an OS error), no whitespace at either end, no URL (the node
     reads files; it downloads nothing), no ``~`` (nothing expands it), and a relative
     name must name something inside the model directory, not the directory itself.
+    ``name``: the field the messages name (a volume's host path follows the same rule,
+    ``core.volumes``).
     """
     if "\x00" in path:
-        return "model_path may not contain a NUL character"
+        return f"{name} may not contain a NUL character"
     control = _CONTROL.search(path)
     if control:
-        return f"model_path may not contain a control character (U+{ord(control[0]):04X})"
+        return f"{name} may not contain a control character (U+{ord(control[0]):04X})"
     if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
-        return f"model_path is longer than {MAX_PATH_BYTES} bytes"
+        return f"{name} is longer than {MAX_PATH_BYTES} bytes"
     segments = path.split("/")
     if ".." in segments:
-        return "model_path may not contain a '..' segment"
+        return f"{name} may not contain a '..' segment"
     if any(len(p.encode("utf-8", "surrogatepass")) > MAX_SEGMENT_BYTES for p in segments):
-        return f"model_path has a name longer than {MAX_SEGMENT_BYTES} bytes"
+        return f"{name} has a name longer than {MAX_SEGMENT_BYTES} bytes"
     if path != path.strip():
-        return "model_path may not start or end with whitespace"
+        return f"{name} may not start or end with whitespace"
     if _URL.match(path):
         return (
-            "model_path is a URL; the node reads model files, it downloads nothing: put "
+            f"{name} is a URL; the node reads model files, it downloads nothing: put "
             "the model in a model directory and name its path"
         )
     if path.startswith("~"):
-        return "model_path may not start with '~' (nothing expands it): give an absolute path"
+        return f"{name} may not start with '~' (nothing expands it): give an absolute path"
     if path and not path.startswith("/") and posixpath.normpath(path) == ".":
-        return "model_path names the model directory itself: name a model file or folder in it"
+        return f"{name} names the model directory itself: name a model file or folder in it"
     return None
 
 
@@ -129,26 +131,33 @@ def on_host(path: str, engine: str) -> bool:
     return path.startswith("/") and engine not in MODEL_IN_IMAGE
 
 
-def _volume_refusal(path: str, rules: Sequence[VolumeRule], scope: str) -> str | None:
+def volume_refusal(
+    path: str, rules: Sequence[VolumeRule], scope: str, name: str = "model_path"
+) -> str | None:
+    """Why the volume rules of ``rules`` refuse the absolute host ``path`` (None: one of
+    them allows it), in words naming the field ``name`` and the prefixes on offer. One
+    rule for a model path and a volume's host path (``core.volumes``)."""
     if any(volume_allows(path, r.allowed, r.denied) for r in rules):
         return None
     if not rules:
+        model = name == "model_path"
         return (
-            f"model_path {path!r}: no node you may use has registered yet, so no node "
-            "allows an absolute model path; start an agent with allowed_volume_prefixes, "
-            "or give a model name under /data/models"
+            f"{name} {path!r}: no node you may use has registered yet, so no node allows "
+            f"an absolute {'model' if model else 'host'} path; start an agent with "
+            "allowed_volume_prefixes" + (", or give a model name under /data/models" if model
+                                         else "")
         )
     offered = sorted({normalize(p) for r in rules for p in r.allowed if p.startswith("/")})
     denied = sorted({normalize(p) for r in rules for p in r.denied if p.startswith("/")})
     if any(inside(path, r.allowed) for r in rules):
         shown = ", ".join(denied[:MAX_PREFIXES_SHOWN])
-        return f"model_path {path!r} is under a denied volume prefix {scope}: {shown}"
+        return f"{name} {path!r} is under a denied volume prefix {scope}: {shown}"
     shown = ", ".join(offered[:MAX_PREFIXES_SHOWN]) or "none"
     if len(offered) > MAX_PREFIXES_SHOWN:
         shown += f" and {len(offered) - MAX_PREFIXES_SHOWN} more"
     except_ = f" (except under {', '.join(denied[:MAX_PREFIXES_SHOWN])})" if denied else ""
     return (
-        f"model_path {path!r} is outside the allowed volume prefixes {scope}; "
+        f"{name} {path!r} is outside the allowed volume prefixes {scope}; "
         f"allowed: {shown}{except_}"
     )
 
@@ -195,7 +204,7 @@ def model_path_refusal(
             "one: name a .gguf file (the first shard of a split model) or its folder"
         )
     if on_host(path, engine):
-        return _volume_refusal(path, rules, scope)
+        return volume_refusal(path, rules, scope)
     return None
 
 

@@ -6,8 +6,8 @@ published on, the vendor of each card) in, the plan and the engine's config file
 The agent launches the plan and writes the files (``agent.container_launch``); the dry
 run shows the same plan with placeholder ids and the placement's node
 (``services.dry_run``), so the two cannot disagree. What needs the node's files — the
-model allow-list check (C4), the engine version probe — stays with the agent; their
-results come in as inputs (``TaskShape.engine_version``).
+model and volume allow-list checks (C4, A2), the engine version probe — stays with the
+agent; their results come in as inputs (``TaskShape.engine_version``).
 
 Errors are ``ValueError`` (``CommandError`` for a shape the command builder refuses, a
 plain ``ValueError`` for a card vendor with no known GPU arguments).
@@ -34,6 +34,7 @@ from heteroflow.core.engines.commands import CommandError, LaunchShape, build_co
 from heteroflow.core.engines.kv_offload import parse_version
 from heteroflow.core.engines.registry import DEFAULT_CONTAINER_PORT
 from heteroflow.core.ports import PortMapping
+from heteroflow.core.volumes import Volume, volumes_of
 
 __all__ = [
     "ConfigFile",
@@ -69,6 +70,11 @@ class TaskShape:
     engine_version: str = ""  # the image's engine version, where the task needs it (C12)
     generation: int = 1
     task_type: str = "inference"
+    # A2: the task's own bind mounts (rows and wire models hold dicts: made Volumes here)
+    volumes: tuple[Volume, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "volumes", volumes_of(self.volumes))
 
     @classmethod
     def of(cls, task: object, **given: Any) -> TaskShape:
@@ -145,7 +151,9 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
     vendor = next((node.card_vendors[i] for i in task.gpu_ids if i in node.card_vendors), "")
     gpu = gpu_request(vendor, task.gpu_ids) if vendor else None
     mount, engine_path = model_mount(task.model_path, task.engine)
+    # the model, then the task's volumes (read-only unless asked: core.volumes checked them)
     mounts: list[Mount] = [mount] if mount else []
+    mounts.extend(v.mount() for v in task.volumes)
     files: list[ConfigFile] = []
     entrypoint: tuple[str, ...] | None
     env_defaults: dict[str, str] = {}

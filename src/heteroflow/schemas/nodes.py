@@ -134,6 +134,8 @@ class TaskAssignment(BaseModel):
     gpu_memory_utilization: int = 90
     parallelism: str = "single"
     health_check: dict[str, Any]
+    # A2: bind mounts {host_path, container_path, read_only}; the agent checks them again
+    volumes: list[dict[str, Any]] = Field(default_factory=list)
     # C14: the engine's own secret (core.engine_access): the agent gives it to the engine
     # and its door checks it; never in a repr, a log line or the management API
     engine_key: str = Field(default="", repr=False)

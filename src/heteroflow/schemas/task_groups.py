@@ -63,6 +63,22 @@ class HealthCheckIn(Strict):
     start_period_seconds: float = Field(default=60, ge=0, le=86400, description="0 means 30 s")
 
 
+class VolumeIn(Strict):
+    """A bind mount of a host directory (A2): the host side under a node's volume
+    allow-list, as a model path; read-only unless ``read_only`` is false."""
+
+    host_path: SafeStr = Field(
+        max_length=4096,
+        description="absolute, inside the allowed volume prefixes of a node you may use",
+    )
+    container_path: SafeStr = Field(
+        max_length=4096,
+        description="absolute; not over the model, the platform's /heteroflow or a system "
+        "path (/proc, /sys, /dev, /etc, /bin, /sbin, /lib*, /usr, /boot, /run, /var/run)",
+    )
+    read_only: bool = True
+
+
 class TaskSpec(Strict):
     """Container-level fields: only here, never at the top level of a group."""
 
@@ -94,6 +110,16 @@ class TaskSpec(Strict):
         ge=0,
         le=4096,
         description="vLLM CPU KV-cache offload, GiB per instance (1-4096; 0 = off)",
+    )
+    # issue 28 (A2): the task's own mounts, and whether higher-priority work may stop it
+    volumes: list[VolumeIn] = Field(
+        default_factory=list, max_length=32,
+        description="bind mounts (Docker runtime only); a rolling update keeps them",
+    )
+    preemptible: bool = Field(
+        default=True,
+        description="false: the scheduler never stops this task to make room for "
+        "higher-priority work (B4)",
     )
 
     @field_validator("engine")
@@ -353,6 +379,8 @@ class TaskRead(BaseModel):
     memory_mb: int
     kv_offload_gb: int
     launch_argv: list[str]
+    volumes: list[dict[str, Any]] = Field(default_factory=list)  # A2
+    preemptible: bool = True  # B4: false = never a preemption's victim
     # H5: derived at placement (gold: MIG, silver: MPS, else bronze); "" until placed
     qos: str = ""
     # B4: the task this one is being stopped for (it returns to the queue afterwards)

@@ -36,6 +36,20 @@ def add_parsers(sub: Subparsers) -> None:
     _tasks(sub)
 
 
+def volume_arg(text: str) -> dict[str, object]:
+    """``HOST:CONTAINER[:ro|rw]`` (as ``docker run -v``) -> a ``task.volumes`` item; the
+    server checks the paths."""
+    parts = text.split(":")
+    mode = "ro"
+    if len(parts) == 3 and parts[2] in ("ro", "rw"):
+        mode = parts.pop()
+    if len(parts) != 2 or not all(parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give HOST:CONTAINER, optionally :ro (the default) or :rw"
+        )
+    return {"host_path": parts[0], "container_path": parts[1], "read_only": mode == "ro"}
+
+
 def _create(svs: Subparsers) -> None:
     c = svs.add_parser("create", help="create a service and (by default) wait until it runs")
     c.add_argument("--name", required=True, help="the service's name (letters, digits, -)")
@@ -63,6 +77,20 @@ def _create(svs: Subparsers) -> None:
         type=int,
         default=None,
         help="0-1000, higher first (members: up to their tenant's priority ceiling)",
+    )
+    c.add_argument(
+        "--volume",
+        action="append",
+        default=[],
+        type=volume_arg,
+        metavar="HOST:CONTAINER[:ro|rw]",
+        help="bind-mount a host folder inside a node's allowed prefixes (repeat it); "
+        "read-only unless :rw (Docker nodes only)",
+    )
+    c.add_argument(
+        "--not-preemptible",
+        action="store_true",
+        help="higher-priority work never stops this service's tasks to take their cards",
     )
     wait_flags(c, "it runs", default=True)
     json_progress_flag(c)

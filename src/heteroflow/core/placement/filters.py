@@ -41,6 +41,8 @@ OVERLOADED = "overloaded"
 CONTAINER_CAP = "container_cap"
 COMMITMENT_FULL = "commitment_full"
 MEMORY_SHORT = "memory_short"
+HOST_VOLUME = "host_volume"  # A2: a volume's host path outside the node's rule
+NO_MOUNTS = "no_mounts"  # A2: the process runtime mounts nothing
 
 
 def card_admits(card: CardView, t: TaskDemand, res: Reservation) -> tuple[str, bool]:
@@ -88,6 +90,14 @@ def node_gate(node: NodeView, t: TaskDemand, thr: float, cap: int) -> str:
         t.model_path, node.allowed_volume_prefixes, node.denied_volume_prefixes
     ):
         return VOLUME
+    if t.host_paths:  # A2: the task's own volumes (core.volumes), on a node that mounts
+        if node.runtime == "process":
+            return NO_MOUNTS
+        if any(
+            not volume_allows(p, node.allowed_volume_prefixes, node.denied_volume_prefixes)
+            for p in t.host_paths
+        ):
+            return HOST_VOLUME
     if t.gpu_required and (node.cpu_percent > thr or node.memory_percent > thr):
         return OVERLOADED
     if t.inference and node.inference_tasks >= cap:

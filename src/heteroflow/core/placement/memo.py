@@ -29,7 +29,8 @@ class FailureMemo:
     def _kind(t: TaskDemand, extra: Hashable) -> Hashable:
         volume = t.model_path if on_host(t.model_path, t.engine) else ""  # nodes' C4 rules
         return (t.gpu_type, t.task_type, t.share_key, t.tenant_id, t.whole, t.host_ports,
-                t.engine_vendors, t.needs_container, t.priority_class, volume, extra)
+                t.engine_vendors, t.needs_container, t.priority_class, volume, t.host_paths,
+                extra)
 
     @staticmethod
     def _size(t: TaskDemand) -> tuple[int, int, int, int]:

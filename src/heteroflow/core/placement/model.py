@@ -81,6 +81,7 @@ class Occupant:
     whole: bool
     sleeping: bool = False
     preempting: bool = False  # already asked to make room for another task
+    preemptible: bool = True  # False: never a preemption's victim (A2, B4)
 
 
 @dataclass(slots=True)
@@ -177,6 +178,9 @@ class TaskDemand:
     # a custom command or an engine that exists only as an image: never on a node of
     # the process runtime (the trusted mode runs the platform's own launcher only)
     needs_container: bool = False
+    # A2: the host side of its volumes, each under the node's volume rule (as model_path)
+    host_paths: tuple[str, ...] = ()
+    preemptible: bool = True  # False: never a preemption's victim (B4)
     # derived once (the pipeline reads them for every card it looks at)
     inference: bool = field(init=False, repr=False, compare=False)
     # Takes whole cards outside the percentage protocol (B6): TP replicas and all
@@ -238,7 +242,7 @@ def book(
         node.occupants.append(
             Occupant(
                 t.task_id, t.group_id, t.priority, p.gpu_ids, p.per_card_mb, p.per_card_pct,
-                p.memory_mb, t.share_key, t.inference, t.whole,
+                p.memory_mb, t.share_key, t.inference, t.whole, preemptible=t.preemptible,
             )
         )
     else:

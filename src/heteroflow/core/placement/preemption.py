@@ -3,10 +3,10 @@
 Pure: it works on copies of the views and says (node, victims); the caller moves the
 victims back to the queue through the state door and the waiting task takes the cards
 once they are released. Only tasks of strictly lower priority are victims, never a
-task already being preempted, and only inside the preemptor's reach (``may_preempt``:
-its tenant or sharing group, unless an operator gave it the platform class); the choice
-minimises first the number of victims, then
-the highest priority among them, then prefers the lowest-priority work.
+task already being preempted nor one created ``preemptible: false`` (A2), and only
+inside the preemptor's reach (``may_preempt``: its tenant or sharing group, unless an
+operator gave it the platform class); the choice minimises first the number of victims,
+then the highest priority among them, then prefers the lowest-priority work.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from heteroflow.core.placement.pipeline import Policy, evaluate
 
 
 def may_preempt(t: TaskDemand, o: Occupant) -> bool:
-    """Strictly lower priority, not already moving, and within the task's reach: a
-    tenant-class priority (every member's) ranks only inside its share key (its tenant,
-    or its sharing group), so no tenant can push another off its cards by raising a
-    number; a platform-class priority is an operator's decision and reaches everyone."""
-    if o.priority >= t.priority or o.preempting:
+    """Strictly lower priority, preemptible, not already moving, and within the task's
+    reach: a tenant-class priority (every member's) ranks only inside its share key (its
+    tenant, or its sharing group), so no tenant can push another off its cards by raising
+    a number; a platform-class priority is an operator's decision and reaches everyone.
+    A task created ``preemptible: false`` is never a victim, whoever asks."""
+    if o.priority >= t.priority or o.preempting or not o.preemptible:
         return False
     return t.priority_class == "platform" or (bool(t.share_key) and o.share_key == t.share_key)
 

@@ -35,6 +35,8 @@ def explain(t: TaskDemand, seen: int, counts: dict[str, int], thr: float, cap: i
         "commitment left",
         f.MEMORY_SHORT: f"not {t.memory_mb or DEFAULT_CPU_TASK_MEMORY_MB} MB of free memory "
         "for a CPU task",
+        f.HOST_VOLUME: "a task.volumes host path outside the node's allowed volume prefixes",
+        f.NO_MOUNTS: "process runtime (it mounts nothing: task.volumes need a Docker node)",
     }
     parts = [f"{n} node(s): {labels[k]}" for k, n in sorted(counts.items())]
     return f"InsufficientResources: 0/{seen} nodes fit — " + "; ".join(parts)

@@ -89,7 +89,7 @@ _FIND_NODES = (
                 "id", "group_id", "name", "status", "task_type", "model_name", "model_path",
                 "image", "engine", "command", "engine_args", "env", "ports", "gpu_ids",
                 "gpu_required", "memory_mb", "kv_offload_gb", "generation",
-                "gpu_memory_utilization", "health_check",
+                "gpu_memory_utilization", "health_check", "volumes",
             )
         ),
         _GROUPS.c.parallelism,

@@ -2,7 +2,8 @@
 and whatever else copies a replica).
 
 ``new_replica`` copies every intent field of ``src`` — image, engine, command, engine
-arguments, environment, ports, memory figures, kv offload, priority, the card share —
+arguments, environment, ports, memory figures, kv offload, volumes, priority and whether
+it may be preempted, the card share —
 and strips what belonged to ``src``'s placement: no node, no cards, pool host ports
 given back (a fixed host port stays what was asked), no QoS, no launch argv. The copy
 is ``pending`` (the scheduler places it), belongs to ``src``'s tenant and owner (N5: the
@@ -78,6 +79,8 @@ def new_replica(
         estimate_detail=src.estimate_detail,
         memory_mb=src.memory_mb,
         kv_offload_gb=ch.get("kv_offload_gb", src.kv_offload_gb),
+        volumes=[dict(v) for v in src.volumes],  # A2: a rebuild and an update keep them
+        preemptible=src.preemptible,
         gpu_memory_utilization=src.gpu_memory_utilization,
         priority=src.priority,
         priority_class=src.priority_class,

@@ -30,6 +30,7 @@ from heteroflow.core.ids import key_display_prefix, new_api_key, new_id
 from heteroflow.core.placement import Reservation
 from heteroflow.core.ports import ports_from_dicts, ports_to_dicts
 from heteroflow.core.states import TERMINAL, GroupStatus, TaskStatus
+from heteroflow.core.volumes import Volume
 from heteroflow.db.tables import Event, InferenceEndpoint, ModelRoute, Task, TaskGroup
 from heteroflow.schemas.routing import hash_key
 from heteroflow.schemas.task_groups import (
@@ -152,6 +153,8 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
             estimate_detail=plan.estimate.detail if plan.estimate else "",
             memory_mb=plan.memory_mb,
             kv_offload_gb=spec.kv_offload_gb,
+            volumes=[Volume.of(v).to_json() for v in spec.volumes],  # A2, checked by the plan
+            preemptible=spec.preemptible,
             gpu_memory_utilization=req.gpu_memory_utilization,
             priority=req.priority,
             priority_class=req.priority_class,

@@ -111,6 +111,7 @@ def _book_holders(s: Session, views: dict[str, NodeView], keys: dict[str, str]) 
         Task.id, Task.group_id, Task.tenant_id, Task.node_id, Task.gpu_ids, Task.gpu_required,
         Task.gpu_memory_utilization, Task.estimated_gpu_memory_mb, Task.memory_mb,
         Task.task_type, Task.ports, Task.priority, Task.preempted_by, Task.status,
+        Task.preemptible,
     ).where(Task.status.in_([st.value for st in HOLDS_RESOURCES]), Task.node_id.is_not(None))
     for t in s.execute(held):
         view = views.get(t.node_id or "")
@@ -121,7 +122,7 @@ def _book_holders(s: Session, views: dict[str, NodeView], keys: dict[str, str]) 
             gpu_memory_utilization=t.gpu_memory_utilization,
             estimated_gpu_memory_mb=t.estimated_gpu_memory_mb, memory_mb=t.memory_mb,
             host_ports=(), task_type=t.task_type, share_key=keys.get(t.tenant_id, t.tenant_id),
-            priority=t.priority, group_id=t.group_id,
+            priority=t.priority, group_id=t.group_id, preemptible=t.preemptible,
         )
         p = Placement(
             view.id, tuple(int(i) for i in t.gpu_ids), t.estimated_gpu_memory_mb,

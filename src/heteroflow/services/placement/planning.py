@@ -47,6 +47,7 @@ from heteroflow.core.paths import VolumeRule, model_path_refusal
 from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
 from heteroflow.core.ports import PortMapping, host_ports
 from heteroflow.core.quotas import new_service, task_usage
+from heteroflow.core.volumes import volumes_of, volumes_refusal
 from heteroflow.db.tables import InferenceEndpoint, Tenant
 from heteroflow.models.estimate import estimate_model_path
 from heteroflow.schemas.task_groups import HealthCheckIn, TaskGroupCreate, TaskSpec
@@ -112,6 +113,8 @@ class GroupPlan:
             engine_vendors=vendors_of(self.engine),
             priority_class=self.req.priority_class,
             needs_container=needs_container(self.req.task.command, self.engine),
+            host_paths=tuple(v.host_path for v in self.req.task.volumes),
+            preemptible=self.req.task.preemptible,
         )
 
 
@@ -242,18 +245,29 @@ def check_task(
     env_allow: Sequence[str],
 ) -> None:
     """Every rule of one task's intent that needs no file and no write: the model path
-    (C4, ``core.paths.model_path_refusal``, the agent's own first check), where it can
-    run, the engine's shapes and flags, env, kv offload. A create and its dry run ask it
-    of the request, an update of its new generation (issue 26); 400 naming ``task.*``.
+    (C4, ``core.paths.model_path_refusal``, the agent's own first check), its volumes
+    (A2, ``core.volumes.volumes_refusal``, the same rule), where it can run, the engine's
+    shapes and flags, env, kv offload. A create and its dry run ask it of the request, an
+    update of its new generation (issue 26); 400 naming ``task.*``.
     ``nodes``: those the caller may use (offline ones too)."""
+    rules = [VolumeRule(n.allowed_volume_prefixes, n.denied_volume_prefixes) for n in nodes]
     problem = model_path_refusal(
-        spec.model_path,
-        engine=engine,
-        custom_command=bool(spec.command),
-        rules=[VolumeRule(n.allowed_volume_prefixes, n.denied_volume_prefixes) for n in nodes],
+        spec.model_path, engine=engine, custom_command=bool(spec.command), rules=rules,
     )
     if problem:
         raise ValidationFailed(problem, field="task.model_path")
+    if spec.volumes and nodes and all(n.runtime == "process" for n in nodes):
+        # as _check_runs_somewhere; the scheduler's node gate says NO_MOUNTS
+        raise ValidationFailed(
+            "task.volumes need a node with the Docker runtime, and every node you may use "
+            "runs the process runtime, which mounts nothing",
+            field="task.volumes",
+        )
+    refused = volumes_refusal(
+        volumes_of(spec.volumes), model_path=spec.model_path, engine=engine, rules=rules
+    )
+    if refused:
+        raise ValidationFailed(refused[0], field=refused[1])
     _check_runs_somewhere(spec, engine, nodes)
     # vLLM without cards: only where a node runs its CPU build (none registered: it waits)
     cpu_build = engine in ENGINES and ENGINES[engine].cpu_build and (

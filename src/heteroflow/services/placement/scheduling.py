@@ -101,6 +101,8 @@ def _demand(t: Row[Any], keys: dict[str, str]) -> TaskDemand:
         engine_vendors=vendors_of(t.engine),
         priority_class=t.priority_class,
         needs_container=needs_container(t.command, t.engine),
+        host_paths=tuple(str(v["host_path"]) for v in t.volumes or ()),  # A2
+        preemptible=t.preemptible,
     )
 
 
@@ -176,7 +178,7 @@ def _queue(s: Session, limit: int) -> list[Row[Any]]:
             Task.gpu_memory_utilization, Task.estimated_gpu_memory_mb, Task.memory_mb,
             Task.ports, Task.task_type, Task.model_path, Task.engine, Task.command,
             Task.image, Task.priority, Task.status_message, Task.generation, Task.engine_reason,
-            Task.priority_class, TaskGroup.parallelism,
+            Task.priority_class, Task.volumes, Task.preemptible, TaskGroup.parallelism,
         )
         .join(TaskGroup, TaskGroup.id == Task.group_id)
         .where(Task.status == TaskStatus.PENDING.value)

@@ -8,6 +8,12 @@ import { API, api, getOr, rememberKey } from './api.js';
 import * as fmt from './fmt.js';
 
 const KNOWN_ENGINES = ['llamacpp', 'vllm', 'sglang', 'trtllm', 'mindie', 'vllm-mtt'];
+// H8: how far each capability is proven (GET /api/v1/engines), in words and a tone
+const MATURITY = {
+  'verified-ci-cpu': ['verified in CI (CPU)', 'ok'],
+  'verified-gpu': ['verified on a GPU', 'ok'],
+  'built-unverified': ['built, not verified', 'warn'],
+};
 const LEVEL_WORD = { success: 'Success', info: 'Info', warning: 'Warning', error: 'Error' };
 
 export function banner(level, message, title) {
@@ -18,6 +24,33 @@ export function banner(level, message, title) {
 function slug(s, re, max) {
   const out = String(s || '').replace(re, '-').replace(/^[^A-Za-z0-9]+/, '').slice(0, max);
   return out.replace(/[-.]+$/, '');
+}
+
+/** The capabilities of one engine with their maturity labels (H8). */
+export function renderMaturity(engine) {
+  if (!engine) return null;
+  return h('div', { class: 'maturity', dataset: { engine: engine.name } },
+    h('span', { class: 'label' }, `What ${engine.name} can do, and how far it is proven`),
+    h('ul', { class: 'maturity-list' }, engine.capabilities.map((c) => {
+      const [words, tone] = MATURITY[c.label] || [c.label, 'neutral'];
+      return h('li', { dataset: { capability: c.name, label: c.label }, title: c.description },
+        h('span', { class: 'mono' }, c.name), ' ',
+        h('span', { class: `badge tone-${tone}` }, words));
+    })));
+}
+
+/** 'HOST:CONTAINER[:ro|rw]' per line -> task.volumes; a line it cannot read -> Error. */
+export function parseVolumes(text) {
+  return String(text || '').split('\n').map((l) => l.trim()).filter(Boolean).map((line, i) => {
+    const parts = line.split(':');
+    let mode = 'ro';
+    if (parts.length === 3 && (parts[2] === 'ro' || parts[2] === 'rw')) mode = parts.pop();
+    if (parts.length !== 2 || !parts[0] || !parts[1]) {
+      throw Object.assign(new Error(`Volume line ${i + 1}: write HOST:CONTAINER, optionally :ro or :rw.`),
+        { field: 'task.volumes' });
+    }
+    return { host_path: parts[0], container_path: parts[1], read_only: mode === 'ro' };
+  });
 }
 
 /** The dry run's plan, in words. */
@@ -43,11 +76,14 @@ export function renderPlan(plan) {
         h('strong', {}, 'Would wait: '), t.pending_reason || 'no node fits now');
     const c = t.container || {};
     const argv = [...(c.entrypoint || []), ...(c.command || [])];
+    const mounts = (c.mounts || []).map((m) => `${m.source} → ${m.target} (${m.read_only ? 'read-only' : 'read-write'})`);
     return h('li', {}, h('h4', {}, `Replica ${t.rank}`, t.gpu_required
       ? ` · ${t.gpu_required} GPU${t.gpu_required > 1 ? 's' : ''}` : ' · CPU'), where,
     t.command_error ? banner('error', t.command_error) : null,
     argv.length ? h('div', {}, h('span', { class: 'label' }, 'Command'),
-      h('pre', { class: 'argv', dataset: { plan: 'argv' } }, fmt.shellJoin(argv))) : null);
+      h('pre', { class: 'argv', dataset: { plan: 'argv' } }, fmt.shellJoin(argv))) : null,
+    mounts.length ? h('div', {}, h('span', { class: 'label' }, 'Mounts'),
+      h('pre', { class: 'argv', dataset: { plan: 'mounts' } }, mounts.join('\n'))) : null);
   }));
   return h('section', { class: 'plan', 'aria-label': 'Dry run' },
     h('h3', {}, 'Dry run: what would happen (nothing was created)'),
@@ -59,7 +95,9 @@ export function renderPlan(plan) {
 
 /** Open the dialog; model: a scanned model ({node_id, path, ...}) to start from. */
 export async function openCreateDialog({ model = null, onCreated = null } = {}) {
-  const nodes = await getOr(`${API}/nodes`, []);
+  const [nodes, catalog] = await Promise.all([getOr(`${API}/nodes`, []),
+    getOr(`${API}/engines`, [])]);
+  const byEngine = new Map(catalog.map((e) => [e.name, e]));
   const models = [];
   for (const n of nodes) {
     for (const m of n.models || []) models.push({ ...m, node_id: n.id, node_name: n.name });
@@ -87,6 +125,15 @@ export async function openCreateDialog({ model = null, onCreated = null } = {}) 
     value: anyGpu ? '1' : '0', required: true }, 'input', anyGpu ? '' : 'No node reports a GPU: 0 runs on CPU.');
   const args = field('Extra engine arguments', { autocomplete: 'off', class: 'mono' }, 'input',
     'Optional, separated by spaces, e.g. -c 4096.');
+  const volumes = field('Volumes', { rows: 2, autocomplete: 'off', class: 'mono',
+    placeholder: '/data/loras:/mnt/loras' }, 'textarea',
+  'Optional, one per line: HOST:CONTAINER, read-only unless :rw. Docker nodes only.');
+  const preemptible = h('input', { type: 'checkbox', checked: true, id: 'create-preemptible' });
+  const preemptWrap = h('div', { class: 'field' }, h('label', { htmlFor: 'create-preemptible' },
+    preemptible, ' Higher-priority work may stop it (preemptible)'));
+  const maturity = h('div', { class: 'maturity-area', 'aria-live': 'polite' });
+  function showMaturity(name) { fill(maturity, renderMaturity(byEngine.get(name))); }
+  engine.input.addEventListener('change', () => showMaturity(engine.input.value));
 
   const formError = h('div', { class: 'form-error', role: 'alert' });
   const previewArea = h('div', { class: 'preview', 'aria-live': 'polite' });
@@ -96,7 +143,8 @@ export async function openCreateDialog({ model = null, onCreated = null } = {}) 
   const staleNote = h('p', { class: 'note' }, 'Preview first: Create is enabled once the dry run for these values has been shown.');
   const form = h('form', { class: 'create-form', novalidate: true },
     h('div', { class: 'form-grid' }, pick.wrap, name.wrap, modelName.wrap, path.wrap,
-      engine.wrap, gpus.wrap, args.wrap),
+      engine.wrap, gpus.wrap, args.wrap, volumes.wrap, preemptWrap),
+    maturity,
     formError, previewArea, staleNote,
     h('div', { class: 'actions' }, cancel, previewBtn, createBtn));
   const dlg = modal('New service', form);
@@ -117,7 +165,8 @@ export async function openCreateDialog({ model = null, onCreated = null } = {}) 
   pick.input.addEventListener('change', () => choose(models[Number(pick.input.value)]));
 
   const inputs = { name: name.input, model_name: modelName.input, 'task.model_path': path.input,
-    'task.engine': engine.input, 'task.gpu_required': gpus.input, 'task.engine_args': args.input };
+    'task.engine': engine.input, 'task.gpu_required': gpus.input, 'task.engine_args': args.input,
+    'task.volumes': volumes.input, 'task.preemptible': preemptible };
   function body() {
     const b = { name: name.input.value.trim(), task: {
       model_path: path.input.value.trim(), gpu_required: Number(gpus.input.value || 0) } };
@@ -125,11 +174,16 @@ export async function openCreateDialog({ model = null, onCreated = null } = {}) 
     if (engine.input.value) b.task.engine = engine.input.value;
     const extra = args.input.value.split(/\s+/).filter(Boolean);
     if (extra.length) b.task.engine_args = extra;
+    const mounts = parseVolumes(volumes.input.value);
+    if (mounts.length) b.task.volumes = mounts;
+    if (!preemptible.checked) b.task.preemptible = false;
     return b;
   }
   let previewed = null;
   function invalidate() {
-    const same = previewed !== null && previewed === JSON.stringify(body());
+    let now = null;
+    try { now = JSON.stringify(body()); } catch { now = null; }
+    const same = previewed !== null && previewed === now;
     createBtn.disabled = !same;
     staleNote.hidden = same;
   }
@@ -143,7 +197,8 @@ export async function openCreateDialog({ model = null, onCreated = null } = {}) 
   function showError(e) {
     for (const el of Object.values(inputs)) el.removeAttribute('aria-invalid');
     fill(formError, e.message);
-    const el = inputs[e.field];
+    const el = inputs[e.field] || (String(e.field || '').startsWith('task.volumes')
+      ? volumes.input : null);
     if (el) { el.setAttribute('aria-invalid', 'true'); el.focus(); }
   }
   function checkLocal() {
@@ -158,10 +213,11 @@ export async function openCreateDialog({ model = null, onCreated = null } = {}) 
     if (!checkLocal()) return;
     previewBtn.disabled = true;
     fill(formError);
-    const b = body();
     try {
+      const b = body();
       const plan = await api('POST', `${API}/task-groups?dry_run=true`, b);
       fill(previewArea, renderPlan(plan));
+      showMaturity(plan.engine);
       previewArea.scrollIntoView({ block: 'nearest', behavior: 'smooth' });
       previewed = JSON.stringify(b);
       invalidate();

@@ -13,7 +13,7 @@ from heteroflow.core.engines import resolve_engine
 from heteroflow.core.errors import ValidationFailed
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.db.tables import Task, TaskGroup
-from heteroflow.schemas.task_groups import TaskGroupUpdate, TaskSpec
+from heteroflow.schemas.task_groups import TaskGroupUpdate, TaskSpec, VolumeIn
 from heteroflow.services.placement.fleet import read_fleet
 from heteroflow.services.placement.planning import check_task
 
@@ -91,6 +91,7 @@ def check_update(
         engine_args=list(changes.get("engine_args", head.engine_args)),
         env=list(changes.get("env", head.env)),
         kv_offload_gb=changes.get("kv_offload_gb", head.kv_offload_gb),
+        volumes=[VolumeIn.model_validate(v) for v in head.volumes],  # A2: inherited
     )
     nodes = [
         n for n in read_fleet(s, clock, offline_after_s).nodes if n.visible_to(g.tenant_id)
