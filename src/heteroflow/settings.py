@@ -222,8 +222,8 @@ class ServerSettings(BaseSettings):
     # wake retrier looks at those every wake_retry_interval_s: it wakes the task once it
     # can, and fails it (the recovery loop then rebuilds it elsewhere) once its node has
     # had no heartbeat for wake_node_lost_after_s — likewise a task waking on such a node.
-    # How long a woken engine may take to pass its health check is the agent's
-    # wake_ready_timeout_s (HETEROFLOW_AGENT_WAKE_READY_TIMEOUT_S, 120 s, F2).
+    # How long a woken engine may take to pass its health check follows its load on the
+    # node (D5: the agent's HETEROFLOW_AGENT_LOAD_STALL_S and LOAD_CEILING_S).
     wake_retry_interval_s: float = Field(default=2.0, gt=0.0)
     wake_node_lost_after_s: float = Field(default=120.0, gt=0.0)
     # --- issue 14: schedule windows (K1, services/lifecycle/windows.py; leader-only). Every
@@ -367,14 +367,27 @@ class AgentSettings(BaseSettings):
     # asks the server every task_life_poll_interval_s which of its tasks sleep or wake,
     # and converges at once rather than at the next heartbeat (0 = heartbeats only). A
     # vLLM-family engine gets POST /sleep?level=2 (at most vllm_sleep_timeout_s) before it
-    # is stopped; a woken engine that has not passed its health check within
-    # wake_ready_timeout_s of its restart fails its task (F2: 120 s). Inside its start
-    # period a woken engine is probed every wake_probe_interval_s (failures there are not
-    # counted), so it serves as soon as it answers rather than at its next check.
+    # is stopped. A woken engine is judged like a launched one, by its load (D5, below);
+    # inside its start period or its load window it is probed every wake_probe_interval_s
+    # (failures there are not counted), so it serves as soon as it answers.
     task_life_poll_interval_s: float = Field(default=0.5, ge=0.0)
     vllm_sleep_timeout_s: float = Field(default=5.0, gt=0.0)
-    wake_ready_timeout_s: float = Field(default=120.0, gt=0.0)
     wake_probe_interval_s: float = Field(default=0.2, gt=0.0)
+    # Start and wake windows that follow loading (D5, agent/loading.py). Between its launch
+    # (or wake) and its first passing health check an inference engine's failed checks are
+    # not counted: it is judged by its load, sampled every load_sample_interval_s (the
+    # bytes it read, its log, its own word). Stopped (fault.load_stalled, a failed start
+    # for recovery and E3) once nothing moved for load_stall_s (never inside its start
+    # period), or once it has loaded longer than max(load_ceiling_s, 3 x its expected
+    # time) although it moves (0 = no ceiling). Its status message says how far it is
+    # every load_report_interval_s; the expected time is the model's size over this
+    # node's read rate, measured from the loads it has seen (load_default_read_mb_s, in
+    # MB/s, before the first). After the first pass D2's rules apply unchanged.
+    load_stall_s: float = Field(default=120.0, gt=0.0)
+    load_sample_interval_s: float = Field(default=2.0, gt=0.0)
+    load_report_interval_s: float = Field(default=10.0, gt=0.0)
+    load_ceiling_s: float = Field(default=3600.0, ge=0.0)
+    load_default_read_mb_s: float = Field(default=200.0, gt=0.0)
     # issue 18 (P3): GET /metrics (cards, engines, launches, heartbeats) on this port; unset
     # = off (0 = any free port). Loopback by default: a node's Prometheus, or a tunnel.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

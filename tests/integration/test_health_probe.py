@@ -36,7 +36,12 @@ async def server_port() -> AsyncIterator[int]:
     async def moved(_: web.Request) -> web.Response:
         raise web.HTTPFound("/health")
 
+    async def loading(_: web.Request) -> web.Response:  # llama.cpp's answer while it loads
+        body = '{"error":{"message":"Loading model","type":"unavailable_error","code":503}}'
+        return web.Response(status=503, text=body, content_type="application/json")
+
     app = web.Application()
+    app.router.add_get("/loading", loading)
     app.router.add_get("/health", health)
     app.router.add_get("/slow", slow)
     app.router.add_get("/moved", moved)
@@ -73,6 +78,13 @@ async def test_http_with_shared_session(server_port: int) -> None:
         assert await probe(cfg, HOST, server_port, session) == (True, "HTTP 200")
         assert await probe(cfg, HOST, server_port, session) == (False, "HTTP 500")
         assert not session.closed
+
+
+@pytest.mark.feature("D5")
+async def test_a_failing_answer_carries_its_error_message(server_port: int) -> None:
+    """D5: how llama.cpp says it is still loading reaches the agent's load window."""
+    cfg = HealthCheckConfig(path="/loading", timeout_s=2)
+    assert await probe(cfg, HOST, server_port) == (False, "HTTP 503: Loading model")
 
 
 async def test_http_redirect_is_not_a_pass(server_port: int) -> None:

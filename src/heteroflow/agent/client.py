@@ -131,10 +131,12 @@ class ServerClient:
         argv: list[str] | None = None,
         fault: str | None = None,
         busy_ports: tuple[int, ...] = (),
+        note: str | None = None,
     ) -> str:
         """Report a task's outcome; ``fault`` names why a ``failed`` one failed (E2);
         ``pending`` with ``busy_ports`` gives it back to be placed with other ports (P2);
-        ``starting`` notes a launch retry on the task."""
+        ``starting`` notes a launch retry on the task; ``starting`` / ``waking`` with
+        ``note`` "loading" or "progress" says how its load goes (D5)."""
         body: dict[str, Any] = {"status": status, "message": message[:8000]}
         if argv is not None:
             body["argv"] = argv
@@ -142,6 +144,8 @@ class ServerClient:
             body["fault"] = fault
         if busy_ports:
             body["busy_ports"] = list(busy_ports)
+        if note is not None:
+            body["note"] = note
         data = await self._post(f"/api/v1/agent/tasks/{task_id}/report", body)
         return str(data["status"])
 

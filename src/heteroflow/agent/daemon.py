@@ -128,7 +128,9 @@ class Agent(SleepWake, Watching, Starting):
                     await asyncio.to_thread(self.runtime.remove, t.id)
                 await self._claim_and_start(t)
             elif managed.get(t.id) == "running":
-                self._adopt(t)  # C2: an engine that outlived the agent is watched again
+                loc = self._adopt(t)  # C2: an engine that outlived the agent, watched again
+                if not loc.reported_running:  # D5: it may still be loading: judged from now
+                    await self._open_load(loc, wake=False)
             elif t.id not in managed:  # starting/running on the server, no engine here
                 await self._report(t.id, "scheduled", self._gone_with_agent())
             else:  # a container that exited while the agent was away: its own exit

@@ -10,10 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import aiohttp
 
 from heteroflow.core.health import HealthCheckConfig
+
+#: How much of a failing answer is read for its message (llama.cpp's 503 "Loading model").
+_BODY_READ = 1024
+_SAID_MAX = 120
+
+
+def _said(body: bytes) -> str:
+    """The message of an OpenAI-style error body (``{"error": {"message": ...}}``), short
+    and on one line; "" when the body is not one. D5: "Loading model" is how llama.cpp
+    says it is still loading."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    error = data.get("error") if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(message, str):
+        return ""
+    return " ".join(message.split())[:_SAID_MAX]
 
 
 def _host_for_url(host: str) -> str:
@@ -49,7 +69,13 @@ async def _probe_http(
             url, timeout=timeout, allow_redirects=False, headers=headers
         ) as response:
             ok = 200 <= response.status < 300
-            return ok, f"HTTP {response.status}"
+            if ok:
+                return True, f"HTTP {response.status}"
+            try:
+                said = _said(await response.content.read(_BODY_READ))
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                said = ""
+            return False, f"HTTP {response.status}" + (f": {said}" if said else "")
     except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
         return False, _describe(exc, config.timeout_s)
 
@@ -77,7 +103,8 @@ async def probe(
     """Run ``config``'s check once against ``host:port``; never raises for network errors.
 
     http: ``GET http://host:port{path}`` within ``timeout_s`` (redirects not followed);
-    ok iff the status is 2xx, detail ``"HTTP <status>"``. tcp: ok iff a connection opens
+    ok iff the status is 2xx, detail ``"HTTP <status>"`` (a failing answer's error message
+    after a colon: ``"HTTP 503: Loading model"``). tcp: ok iff a connection opens
     within ``timeout_s``. Pass a shared ``session`` to reuse connections; without one a
     session is opened for this probe and closed after it. ``key``: the engine's own key
     (C14), sent as a bearer token — an engine whose key guards the checked path answers.

@@ -8,8 +8,9 @@ task is already sleeping, and a sleeping task with no engine is normal (never "l
 its kept container is no zombie. A task listed ``waking`` resumes (C2's resume branch):
 the same container starts again (gone: the task fails with ``container_lost``, F3), or
 the same argv is launched again; it is watched like any engine, with a fresh start
-period, and reported ``running`` at its first passing health check, or ``failed`` when
-that has not come within ``wake_ready_timeout_s``. Between heartbeats a light poll
+period and a load window that follows its load (D5: no fixed limit; stopped once its
+load stalls), and reported ``running`` at its first passing health check. Between
+heartbeats a light poll
 (``task_life_poll_interval_s``) asks the server which tasks sleep or wake, so both reach
 the engine within a fraction of a second rather than at the next heartbeat.
 """
@@ -22,8 +23,8 @@ import logging
 import aiohttp
 
 from heteroflow.agent.launch import host_port_for
+from heteroflow.agent.loading import Loading
 from heteroflow.agent.runtime.protocol import ContainerGone, LaunchFailed, PortInUse
-from heteroflow.agent.state import AgentState
 from heteroflow.core.clock import interruptible_sleep
 from heteroflow.core.containers import VLLM_FAMILY
 from heteroflow.core.health import HealthCheckConfig
@@ -33,7 +34,7 @@ from heteroflow.schemas.sleep import NodeTaskLife
 log = logging.getLogger(__name__)
 
 
-class SleepWake(AgentState):
+class SleepWake(Loading):
     """The agent's part that puts engines to sleep and wakes them."""
 
     async def _to_sleep(self, t: TaskAssignment, managed: dict[str, str]) -> None:
@@ -47,6 +48,7 @@ class SleepWake(AgentState):
         loc.tracker.pause()  # D2: no probes while asleep; the failure counter reset
         loc.waking = False
         loc.reported_running = False
+        loc.load = None  # D5: no load window while asleep
         self.asleep[t.id] = loc
         if not engine_up:
             return
@@ -95,12 +97,12 @@ class SleepWake(AgentState):
         loc = self.local.get(t.id)
         if loc is not None:
             # its engine is up: a wake under way, or a sleep and a wake between two looks
+            loc.task = t
             if not loc.waking:
                 loc.tracker.resume(now)  # probed at once, reported running when it passes
                 loc.waking, loc.woken_at = True, now
-                loc.wake_deadline = now + self.settings.wake_ready_timeout_s
                 loc.reported_running = False
-            loc.task = t
+                await self._open_load(loc, wake=True)
             return
         loc = self.asleep.pop(t.id, None) or self._local_for(t)
         try:
@@ -125,9 +127,9 @@ class SleepWake(AgentState):
         loc.argv = argv or loc.argv
         loc.tracker.resume(now)  # D2: a fresh start period from the real restart
         loc.waking, loc.woken_at, loc.reported_running = True, now, False
-        loc.wake_deadline = now + self.settings.wake_ready_timeout_s
         self.local[t.id] = loc
         log.info("task %s waking: engine %s", t.id, "already up" if up else "started again")
+        await self._open_load(loc, wake=True)  # D5: no fixed limit, its load decides
 
     async def _stop_asleep(self, task_id: str) -> None:
         """A task stopped or deleted while asleep: remove what was kept for its wake."""

@@ -10,8 +10,9 @@ import logging
 
 from heteroflow.agent.client import ServerError
 from heteroflow.agent.launch import host_port_for
+from heteroflow.agent.loading import Loading
 from heteroflow.agent.runtime.protocol import LaunchFailed, PortInUse
-from heteroflow.agent.state import AgentState, Local, Retry
+from heteroflow.agent.state import Local, Retry
 from heteroflow.core.health import HealthCheckConfig, HealthTracker
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.schemas.nodes import TaskAssignment
@@ -19,20 +20,22 @@ from heteroflow.schemas.nodes import TaskAssignment
 log = logging.getLogger(__name__)
 
 
-class Starting(AgentState):
+class Starting(Loading):
     """The agent's part that starts engines."""
 
-    def _adopt(self, t: TaskAssignment) -> None:
+    def _adopt(self, t: TaskAssignment) -> Local:
         health = HealthCheckConfig.from_api(t.health_check)
         tracker = HealthTracker(health, started_at=self.clock.monotonic())
-        self.local[t.id] = Local(
+        loc = Local(
             task=t,
             tracker=tracker,
             health=health,
             port=host_port_for(t, health.port),
             reported_running=t.status == "running",
         )
+        self.local[t.id] = loc
         log.info("adopted running %s %s", self.runtime.name, t.id)
+        return loc
 
     async def _claim_and_start(self, t: TaskAssignment) -> None:
         try:
@@ -62,7 +65,9 @@ class Starting(AgentState):
             return
         self.metrics.launched("started")
         tracker = HealthTracker(health, started_at=self.clock.monotonic())
-        self.local[t.id] = Local(task=t, tracker=tracker, health=health, port=port, argv=argv)
+        loc = Local(task=t, tracker=tracker, health=health, port=port, argv=argv)
+        self.local[t.id] = loc
+        await self._open_load(loc, wake=False)  # D5: its window follows its load
 
     async def _port_taken(
         self, t: TaskAssignment, exc: PortInUse, attempt: int, first_try: float

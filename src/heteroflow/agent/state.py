@@ -22,11 +22,13 @@ from heteroflow.agent.client import ServerClient, ServerError
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.inventory import NvmlDiscovery, node_labels
 from heteroflow.agent.launch import Launcher, host_port_for
+from heteroflow.agent.load_progress import EngineProgress, ProgressSource
 from heteroflow.agent.log_shipper import LogShipper
 from heteroflow.agent.metrics import AgentMetrics, nvml_utilisation
 from heteroflow.agent.model_scan import ModelScanner, default_cache_dir, scan_dirs
 from heteroflow.core.clock import Clock
 from heteroflow.core.health import HealthCheckConfig, HealthTracker
+from heteroflow.core.loading import LoadPolicy, LoadWatch, ReadRate
 from heteroflow.core.ports import host_ports, ports_from_dicts
 from heteroflow.core.retry import Backoff
 from heteroflow.logs import register_secrets
@@ -34,6 +36,8 @@ from heteroflow.schemas.nodes import TaskAssignment
 from heteroflow.settings import AgentSettings
 
 log = logging.getLogger(__name__)
+#: Reports that are notes on a task that keeps its state (a launch retry, a load's news).
+NOTE_STATUSES = frozenset({"starting", "waking"})
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Outgoing:
     argv: list[str] | None = None
     fault: str | None = None
     busy_ports: tuple[int, ...] = ()
+    note: str | None = None  # a note on a starting / waking task: what kind (D5)
 
 
 @dataclass
@@ -63,11 +68,16 @@ class Local:
     port: int
     argv: tuple[str, ...] = ()
     reported_running: bool = False
-    # F2: resumed after a sleep, not yet reported running; when it must be ready by
+    # F2: resumed after a sleep, not yet reported running
     waking: bool = False
     woken_at: float = 0.0
-    wake_deadline: float = 0.0
     probed_at: float | None = None  # the last health probe (the wake's quick probes)
+    # D5: its load window (launched or woken, no pass yet): the watch, the disk of its
+    # model, when it was last sampled and when its status message last said how far
+    load: LoadWatch | None = None
+    load_disk: str | None = None
+    load_sampled_at: float | None = None
+    load_noted_at: float = 0.0
 
 
 class AgentState:
@@ -117,6 +127,10 @@ class AgentState:
         self.released: dict[int, float] = {}
         self._http: aiohttp.ClientSession | None = None
         self.host_ports: list[int] = []  # listening on this host at the last look
+        # D5: how loads are sampled and judged, and this node's read rate for them
+        self.progress: ProgressSource = EngineProgress(self.runtime)
+        self.load_policy = LoadPolicy(settings.load_stall_s, settings.load_ceiling_s)
+        self.read_rate = ReadRate(settings.load_default_read_mb_s * 1e6)
 
     def _local_for(self, t: TaskAssignment) -> Local:
         """A fresh record of a task's engine here, its health check from the task."""
@@ -165,10 +179,17 @@ class AgentState:
         argv: list[str] | None = None,
         fault: str | None = None,
         busy_ports: tuple[int, ...] = (),
+        note: str | None = None,
     ) -> None:
-        if status == "starting" and task_id in self.outbox:
-            return  # a note never hides an outcome still waiting to be delivered
-        self.outbox[task_id] = Outgoing(status, message, argv, fault, busy_ports)
+        """Report an outcome, or a note on a task still starting or waking (a launch
+        retried; D5: ``note`` "loading" at a load's start, "progress" while it loads) —
+        a note never hides an outcome still waiting to be delivered, a newer note
+        replaces an older one."""
+        if status in NOTE_STATUSES:
+            waiting = self.outbox.get(task_id)
+            if waiting is not None and (waiting.status not in NOTE_STATUSES or note is None):
+                return
+        self.outbox[task_id] = Outgoing(status, message, argv, fault, busy_ports, note)
         await self._flush_outbox()
 
     async def _flush_outbox(self) -> None:
@@ -176,7 +197,7 @@ class AgentState:
             status = out.status
             try:
                 await self.client.report(
-                    task_id, status, out.message, out.argv, out.fault, out.busy_ports
+                    task_id, status, out.message, out.argv, out.fault, out.busy_ports, note=out.note
                 )
             except ServerError as exc:
                 if exc.status in (404, 409):  # the server moved on; nothing to deliver

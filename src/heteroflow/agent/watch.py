@@ -1,5 +1,6 @@
 """Watching engines: one that exits is reported (with its last output), and the
-container-level health checks run (D1-D4); a waking engine is probed quickly and
+container-level health checks run (D1-D4); a loading engine is judged by its load until
+its first passing check (D5, ``agent.loading``); a waking engine is probed quickly and
 reported running at its first passing check (F2).
 """
 
@@ -9,14 +10,15 @@ import asyncio
 import logging
 
 from heteroflow.agent.health_probe import probe
-from heteroflow.agent.state import AgentState, Local
+from heteroflow.agent.loading import Loading
+from heteroflow.agent.state import Local
 from heteroflow.core.clock import interruptible_sleep
 from heteroflow.core.health import HealthVerdict
 
 log = logging.getLogger(__name__)
 
 
-class Watching(AgentState):
+class Watching(Loading):
     """The agent's part that watches the engines it runs."""
 
     async def watch_once(self) -> None:
@@ -28,16 +30,8 @@ class Watching(AgentState):
                 await self._exited(task_id, loc, code)
                 continue
             now = self.clock.monotonic()
-            if loc.waking and now >= loc.wake_deadline:
-                limit = self.settings.wake_ready_timeout_s
-                await self._stop(
-                    task_id,
-                    "failed",
-                    f"not ready {limit:g} s after its wake (F2); last health check: "
-                    f"{loc.tracker.last_detail or 'none passed'}",
-                    fault="unhealthy",
-                )
-                continue
+            if await self._load_round(task_id, loc, now):
+                continue  # D5: stalled (or overdue), stopped
             if not (loc.tracker.due(now) or self._wake_probe_due(loc, now)):
                 continue
             loc.probed_at = now
@@ -45,21 +39,28 @@ class Watching(AgentState):
             ok, detail = await probe(
                 loc.health, host, loc.port, self._session(), key=loc.task.engine_key
             )
-            verdict = loc.tracker.record(ok, self.clock.monotonic(), detail)
+            verdict = loc.tracker.record(
+                ok, self.clock.monotonic(), detail, loading=loc.load is not None
+            )
+            loaded = self._close_load(loc) if ok else ""
             if loc.waking and verdict in (HealthVerdict.HEALTHY_FIRST, HealthVerdict.HEALTHY):
                 loc.waking, loc.reported_running = False, True
                 took = self.clock.monotonic() - loc.woken_at
                 await self._report(
                     task_id,
                     "running",
-                    f"awake: health check passed {took:.1f} s after its wake",
+                    f"awake: health check passed {took:.1f} s after its wake"
+                    + (f"; {loaded}" if loaded else ""),
                     list(loc.argv) or None,
                 )
             elif verdict == HealthVerdict.HEALTHY_FIRST and not loc.reported_running:
                 loc.reported_running = True
-                await self._report(task_id, "running", "health check passed", list(loc.argv))
-            elif verdict == HealthVerdict.IGNORED_IN_START_PERIOD:
-                log.debug("task %s: health check failed in start period: %s", task_id, detail)
+                message = "health check passed" + (f"; {loaded}" if loaded else "")
+                await self._report(task_id, "running", message, list(loc.argv))
+            elif verdict in (
+                HealthVerdict.IGNORED_IN_START_PERIOD, HealthVerdict.IGNORED_WHILE_LOADING
+            ):
+                log.debug("task %s: health check failed while it loads: %s", task_id, detail)
             elif verdict == HealthVerdict.FAILING:
                 log.warning("task %s: health check failed: %s", task_id, detail)
             elif verdict == HealthVerdict.UNHEALTHY:
@@ -104,12 +105,13 @@ class Watching(AgentState):
 
     def _wake_probe_due(self, loc: Local, now: float) -> bool:
         """A waking engine is probed every ``wake_probe_interval_s`` inside its start
-        period (failures there are never counted), so it serves as soon as it answers."""
+        period or its load window (failures there are never counted), so it serves as
+        soon as it answers."""
         last = loc.probed_at
         return (
             loc.waking
             and not loc.tracker.paused
-            and loc.tracker.in_start_period(now)
+            and (loc.tracker.in_start_period(now) or loc.load is not None)
             and (last is None or now - last >= self.settings.wake_probe_interval_s)
         )
 

@@ -23,12 +23,18 @@ class EventKind(WireEnum):
     # a launch that met a taken host port (P2): retried on the same port, or placed again
     LAUNCH_RETRY = "task.launch_retry"
     PORT_CONFLICT = "task.port_conflict"
+    # D5: an engine's load window opened (a launch or a wake): the model's size and the
+    # expected load time on its node
+    LOADING = "task.loading"
     # F3: a wake that cannot happen yet (node offline, card borrowed), and why
     WAKE_DEFERRED = "task.wake_deferred"
     # faults (E2), services/lifecycle/faults.py
     CONTAINER_LOST = "fault.container_lost"
     ENGINE_EXITED = "fault.engine_exited"
     UNHEALTHY = "fault.unhealthy"
+    # D5: an engine whose load made no progress for the agent's load_stall_s (or passed
+    # its ceiling), stopped before its first passing health check: a failed start
+    LOAD_STALLED = "fault.load_stalled"
     GPU_LOST = "fault.gpu_lost"
     NODE_LOST = "fault.node_lost"
     NODE_BACK = "fault.node_back"
@@ -85,15 +91,19 @@ class FaultKind(WireEnum):
     CONTAINER_LOST = "container_lost"
     ENGINE_EXITED = "engine_exited"
     UNHEALTHY = "unhealthy"
+    LOAD_STALLED = "load_stalled"
 
 
 # The wire type of ``TaskReport.fault`` (a Literal of the members: strict models take the
 # plain string and hand back the member).
-ReportedFault = Literal[FaultKind.CONTAINER_LOST, FaultKind.ENGINE_EXITED, FaultKind.UNHEALTHY]
+ReportedFault = Literal[
+    FaultKind.CONTAINER_LOST, FaultKind.ENGINE_EXITED, FaultKind.UNHEALTHY, FaultKind.LOAD_STALLED
+]
 
 # An agent-reported fault -> the event kind written for it.
 FAULT_EVENT: dict[FaultKind, EventKind] = {
     FaultKind.CONTAINER_LOST: EventKind.CONTAINER_LOST,
     FaultKind.ENGINE_EXITED: EventKind.ENGINE_EXITED,
     FaultKind.UNHEALTHY: EventKind.UNHEALTHY,
+    FaultKind.LOAD_STALLED: EventKind.LOAD_STALLED,
 }

@@ -15,6 +15,9 @@ Decisions:
   sleep/wake cycle are plain ``HEALTHY``.
 * A result recorded while paused (a probe that was already in flight when the task went
   to sleep) is discarded and reported as ``IGNORED_WHILE_PAUSED``.
+* D5: a failure recorded with ``loading=True`` (the engine is inside its load window:
+  launched or woken, no pass yet, and its load still judged by ``core.loading``) is
+  reported as ``IGNORED_WHILE_LOADING`` and never counted: the load's progress decides.
 """
 
 from __future__ import annotations
@@ -129,6 +132,7 @@ class HealthVerdict(StrEnum):
     FAILING = "failing"  # counted failure, below the threshold
     UNHEALTHY = "unhealthy"  # threshold consecutive counted failures: fail the task
     IGNORED_WHILE_PAUSED = "ignored_while_paused"  # result arrived while sleeping
+    IGNORED_WHILE_LOADING = "ignored_while_loading"  # failure inside a load window (D5)
 
 
 class HealthTracker:
@@ -173,8 +177,11 @@ class HealthTracker:
             return False
         return self._last_probe_at is None or now - self._last_probe_at >= self.config.interval_s
 
-    def record(self, ok: bool, now: float, detail: str = "") -> HealthVerdict:
-        """Record one probe result taken at ``now`` and say what it means."""
+    def record(
+        self, ok: bool, now: float, detail: str = "", *, loading: bool = False
+    ) -> HealthVerdict:
+        """Record one probe result taken at ``now`` and say what it means; ``loading``:
+        the engine is inside its load window (D5), a failure is not counted."""
         if self._paused:
             return HealthVerdict.IGNORED_WHILE_PAUSED
         self._last_probe_at = now
@@ -187,6 +194,8 @@ class HealthTracker:
             return HealthVerdict.HEALTHY
         if self.in_start_period(now):
             return HealthVerdict.IGNORED_IN_START_PERIOD
+        if loading:
+            return HealthVerdict.IGNORED_WHILE_LOADING
         self._consecutive_failures += 1
         if self._consecutive_failures >= self.config.unhealthy_threshold:
             return HealthVerdict.UNHEALTHY

@@ -167,14 +167,20 @@ class LoadReading:
 
     def stop_reason(self, stall_s: float, ceiling_s: float | None) -> str:
         """Why a stalled or overdue load is stopped (the task's fault message)."""
-        done = self.progress_text()
         if self.verdict == LoadVerdict.OVERDUE:
             limit = f"{ceiling_s:.0f} s" if ceiling_s is not None else "its ceiling"
             return (
                 f"load overdue: not ready {self.elapsed_s:.0f} s after its start although "
-                f"still making progress (ceiling {limit}); {done}"
+                f"still making progress (ceiling {limit}); {self.progress_text()}"
             )
-        return f"stalled: no progress for {self.idle_s:.0f} s after reading {done}"
+        text = f"stalled: no progress for {self.idle_s:.0f} s"
+        if self.read_bytes is not None:
+            read = self.read_bytes
+            done = pair_text(read, self.expected_bytes) if self.expected_bytes else size_text(read)
+            text += f" after reading {done}"
+        if self.fraction is not None:
+            text += f" (weights {self.fraction:.0%} loaded, by its log)"
+        return text
 
 
 class LoadWatch:

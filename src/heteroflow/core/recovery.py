@@ -42,7 +42,9 @@ LOST_HARDWARE = frozenset(
     {EventKind.CONTAINER_LOST, EventKind.EVACUATED, EventKind.GPU_LOST, EventKind.NODE_LOST}
 )
 # Failures that are the task's own result when it is not a service.
-OWN_FAILURE = frozenset({EventKind.ENGINE_EXITED, EventKind.UNHEALTHY, EventKind.RUN_TIMEOUT})
+OWN_FAILURE = frozenset(
+    {EventKind.ENGINE_EXITED, EventKind.UNHEALTHY, EventKind.LOAD_STALLED, EventKind.RUN_TIMEOUT}
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,12 +109,15 @@ ENGINE_UP = frozenset({T.STARTING, T.RUNNING, T.WAKING})
 TERMINAL = frozenset({T.STOPPED, T.FAILED, T.COMPLETED})
 
 # What an agent may report a task as (``TaskReport.status``): the report's target state.
-# ``starting`` is a note on a task still starting (a launch retried, and why); ``pending``
+# ``starting`` is a note on a task still starting (a launch retried, and why; D5: how its
+# load goes), ``waking`` a note on a task still waking (D5: how its load goes); ``pending``
 # gives a task back to the scheduler because host ports the pool chose are taken (P2);
 # ``scheduled`` gives it back to its own node because the engine stopped with the agent.
 ReportTarget = Literal[
-    T.RUNNING, T.FAILED, T.STOPPED, T.COMPLETED, T.STARTING, T.PENDING, T.SCHEDULED
+    T.RUNNING, T.FAILED, T.STOPPED, T.COMPLETED, T.STARTING, T.WAKING, T.PENDING, T.SCHEDULED
 ]
+# The report targets that are notes: the task keeps its state, its status message changes.
+NOTE_TARGETS = frozenset({T.STARTING, T.WAKING})
 
 
 class FileRequestStatus(WireEnum):

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Field, StringConstraints, model_validator
 
 from heteroflow.core.events import ReportedFault
-from heteroflow.core.states import ReportTarget, TaskStatus
+from heteroflow.core.states import NOTE_TARGETS, ReportTarget, TaskStatus
 from heteroflow.schemas.common import (
     LABEL_KEY_PATTERN,
     MAX_INT32,
@@ -149,6 +149,10 @@ class HeartbeatReply(BaseModel):
     tasks: list[TaskAssignment]
 
 
+#: What a note on a starting / waking task is about (D5); none: a launch retried.
+LoadNote = Literal["loading", "progress"]
+
+
 class TaskReport(Strict):
     # the state the report moves the task to (running | failed | stopped | completed; a
     # note: starting; given back: pending (ports taken), scheduled (its engine stopped
@@ -165,6 +169,11 @@ class TaskReport(Strict):
     # with status 'pending': the host ports found taken at launch (the pool's choices);
     # the task is placed again with other ports and the node's view of them is updated
     busy_ports: list[HostPort] = Field(default_factory=list, max_length=16)
+    # D5: a note on a starting or waking task about its load: 'loading' (its window
+    # opened: an event and the status message), 'progress' (the status message alone)
+    note: LoadNote | None = Field(
+        default=None, description="with status starting / waking: what the note is about"
+    )
 
     @model_validator(mode="after")
     def _fault_only_on_failure(self) -> TaskReport:
@@ -172,6 +181,10 @@ class TaskReport(Strict):
             raise ValueError("fault is only allowed with status 'failed'")
         if (self.status == TaskStatus.PENDING) != bool(self.busy_ports):
             raise ValueError("busy_ports goes with status 'pending', and only with it")
+        if self.note is not None and self.status not in NOTE_TARGETS:
+            raise ValueError("note goes with status 'starting' or 'waking' only")
+        if self.status == TaskStatus.WAKING and self.note is None:
+            raise ValueError("status 'waking' is a note: it needs a note")
         return self
 
 

@@ -34,7 +34,7 @@ from heteroflow.core.events import EventKind
 from heteroflow.core.ids import new_id
 from heteroflow.core.placement.model import may_use
 from heteroflow.core.ports import ports_from_dicts
-from heteroflow.core.states import RESTARTED_WITH_AGENT, TaskStatus
+from heteroflow.core.states import NOTE_TARGETS, RESTARTED_WITH_AGENT, TaskStatus
 from heteroflow.db.tables import Event, Node, Task, TaskGroup
 from heteroflow.schemas.nodes import (
     GpuCardWire,
@@ -297,6 +297,14 @@ _REPORT_FROM: dict[TaskStatus, tuple[TaskStatus, ...]] = {
 }
 
 
+# A note's kind -> the event it writes (None: the status message alone).
+_NOTE_EVENT: dict[str | None, EventKind | None] = {
+    None: EventKind.LAUNCH_RETRY,  # the launch is being retried, and why (P2)
+    "loading": EventKind.LOADING,  # D5: a load window opened (size, expected time)
+    "progress": None,  # D5: how far the load is, every few seconds: no event
+}
+
+
 def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport) -> str:
     """Apply an agent's report; returns the task's status afterwards.
 
@@ -306,10 +314,11 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
     t = task_on_node(s, node_id, task_id)
     to = TaskStatus(rep.status)
     current = TaskStatus(t.status)
-    if to == TaskStatus.STARTING:  # a note: the launch is being retried, and why
-        if current != TaskStatus.STARTING:
-            raise Conflict(f"task {task_id} is {current}; cannot note a launch retry")
-        note(s, clock, t.id, current, EventKind.LAUNCH_RETRY, rep.message, node_id)
+    if to in NOTE_TARGETS:  # a note: a launch retried, or how a load goes (D5)
+        if current != to:
+            raise Conflict(f"task {task_id} is {current}; cannot note it as {to}")
+        kind = _NOTE_EVENT[rep.note]
+        note(s, clock, t.id, current, kind, rep.message, node_id)
         return current.value
     if to == TaskStatus.PENDING:
         return _ports_taken(s, clock, node_id, t, rep.busy_ports, rep.message)

@@ -10,9 +10,10 @@ oldest first.
 
 Who writes which kind:
 
-- ``fault.container_lost`` / ``fault.engine_exited`` / ``fault.unhealthy``: a ``failed``
-  report from the agent that names the fault (``services.nodes.report``), in the same
-  transaction as the task's transition and just before it (cause, then effect).
+- ``fault.container_lost`` / ``fault.engine_exited`` / ``fault.unhealthy`` /
+  ``fault.load_stalled`` (D5: a load that made no progress): a ``failed`` report from
+  the agent that names the fault (``services.nodes.report``), in the same transaction as
+  the task's transition and just before it (cause, then effect).
 - ``fault.gpu_lost``: a heartbeat whose inventory no longer lists a card that a task
   holding resources is placed on (``services.nodes.heartbeat``).
 - ``fault.node_lost`` / ``fault.node_back``: ``watch_nodes`` (the ``NodeWatch`` loop).

@@ -72,6 +72,7 @@ STOPPED = "stopped"
 CAUSES = frozenset(
     {
         EventKind.CONTAINER_LOST, EventKind.ENGINE_EXITED, EventKind.UNHEALTHY,
+        EventKind.LOAD_STALLED,
         EventKind.GPU_LOST, EventKind.NODE_LOST, EventKind.EVACUATED, EventKind.RUN_TIMEOUT,
     }
 )

@@ -12,8 +12,8 @@ released. Health checks pause and their counter resets (D2).
 training task borrowed its cards while it slept (F5). The agent then starts the same
 container again (Docker) or relaunches the engine (process runtime), tracks its health
 with a fresh start period and reports ``running`` when it passes (F2), or ``failed``
-when it is not ready within its ``wake_ready_timeout_s`` or its container is gone (the
-recovery loop rebuilds a failed task). When the wake cannot happen now (F3) the task
+when its load stalls (D5: no fixed limit, the agent's ``load_stall_s``) or its container
+is gone (the recovery loop rebuilds a failed task). When the wake cannot happen now (F3) the task
 stays ``sleeping`` with ``wake_requested`` set, the answer's ``branch`` says why
 (``node_offline``, ``card_borrowed``) and a ``task.wake_deferred`` event records it;
 ``retry_wakes`` (the leader's ``WakeRetrier`` loop) wakes it once the node is back or

@@ -175,12 +175,13 @@ def note(
     clock: Clock,
     task_id: str,
     expected: TaskStatus,
-    kind: EventKind,
+    kind: EventKind | None,
     message: str,
     node_id: str | None = None,
 ) -> bool:
     """A fact about a task that does not change its state (a launch retried, and why):
-    its status message and an event of ``kind``, only while it is still ``expected``."""
+    its status message and an event of ``kind`` (None: the status message alone — D5's
+    load progress, said every few seconds), only while it is still ``expected``."""
     now = clock.now()
     result = s.execute(
         sql_update(Task)
@@ -190,6 +191,8 @@ def note(
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]
         return False
+    if kind is None:
+        return True
     group_id = s.scalar(select(Task.group_id).where(Task.id == task_id))
     s.add(
         Event(

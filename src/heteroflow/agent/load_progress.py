@@ -1,0 +1,229 @@
+"""How far a loading engine has got, read on the node (FEATURES D5): the samples
+``core.loading`` judges.
+
+One Protocol, ``ProgressSource``, gives a ``LoadSample`` for an engine: the bytes it has
+read from storage (``LoadMeter``: the process runtime sums ``read_bytes`` of
+``/proc/<pid>/io`` over the engine's process tree; the Docker runtime reads the
+container's block-I/O counters from the Engine's stats — cgroup v1 ``blkio`` or v2
+``io.stat``, the disk of the model's host path when the counters name it), whether its
+log moved (the runtime's log tail, compared with the last look: a repeated identical line
+is no news), and what the engine says in its own words (``core.engines.load_words``).
+
+``model_size`` is the model's size on this node (a GGUF file and its split siblings, a
+model folder's safetensors / pt weights), the numerator of the expected load time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+
+from heteroflow.agent.config import NodeConfig
+from heteroflow.agent.models import DATA_MODELS, ModelPathError, resolve_model_file
+from heteroflow.agent.runtime.process import ProcessRuntime
+from heteroflow.agent.runtime.protocol import Runtime
+from heteroflow.core.engines.load_words import words_for
+from heteroflow.core.loading import LoadSample
+from heteroflow.schemas.nodes import TaskAssignment
+
+log = logging.getLogger(__name__)
+
+#: Log lines compared between two looks.
+TAIL_LINES = 40
+_SPLIT = re.compile(r"^(?P<stem>.+)-\d{5}-of-(?P<total>\d{5})\.gguf$")
+_WEIGHTS = (("*.safetensors",), ("*.bin", "*.pt", "*.pth"))
+
+
+class LoadMeter(Protocol):
+    """The bytes an engine has read from storage, as its runtime counts them."""
+
+    def read_bytes(self, task_id: str, disk: str | None) -> int | None:
+        """None when the runtime cannot tell (no such engine, no counters)."""
+        ...
+
+
+class NoMeter:
+    """A runtime that counts nothing (test stand-ins): bytes are never known."""
+
+    def read_bytes(self, task_id: str, disk: str | None) -> int | None:
+        return None
+
+
+class ProcessMeter:
+    """``read_bytes`` of ``/proc/<pid>/io``, summed over the engine's process tree: the
+    bytes fetched from storage (page-cache hits are not counted)."""
+
+    def __init__(self, runtime: ProcessRuntime) -> None:
+        self.runtime = runtime
+
+    def read_bytes(self, task_id: str, disk: str | None) -> int | None:
+        pid = self.runtime.pid(task_id)
+        if pid is None:
+            return None
+        try:
+            root = psutil.Process(pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return None
+        total = 0
+        for proc in tree:
+            try:
+                total += int(proc.io_counters().read_bytes)
+            except (psutil.Error, AttributeError):  # gone meanwhile, or no counters here
+                continue
+        return total
+
+
+class DockerMeter:
+    """The container's block-I/O read counters from the Engine (``GET
+    /containers/{id}/stats?stream=false&one-shot=true``): the model's disk when the
+    counters name it, else every disk."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def read_bytes(self, task_id: str, disk: str | None) -> int | None:
+        try:
+            stats = self.client.api.stats(task_id, stream=False, one_shot=True)
+        except Exception as exc:  # gone, or an Engine error: not known this time
+            log.debug("stats of %s not read: %s", task_id, exc)
+            return None
+        entries = (stats.get("blkio_stats") or {}).get("io_service_bytes_recursive")
+        if entries is None:
+            return None
+        reads = [e for e in entries if str(e.get("op", "")).lower() == "read"]
+        on_disk = [e for e in reads if f"{e.get('major')}:{e.get('minor')}" == disk]
+        return sum(int(e.get("value", 0)) for e in (on_disk or reads))
+
+
+def meter_for(runtime: Runtime) -> LoadMeter:
+    """The meter of a runtime: its own counters, or none (a test's stand-in)."""
+    if isinstance(runtime, ProcessRuntime):
+        return ProcessMeter(runtime)
+    client = getattr(runtime, "client", None)
+    if runtime.name == "docker" and client is not None and hasattr(client, "api"):
+        return DockerMeter(client)
+    return NoMeter()
+
+
+class ProgressSource(Protocol):
+    """What the agent samples of a loading engine (one Protocol for every engine)."""
+
+    def sample(
+        self, t: TaskAssignment, at: float, health_detail: str, disk: str | None
+    ) -> LoadSample: ...
+
+    def forget(self, task_id: str) -> None: ...
+
+
+class EngineProgress:
+    """The bytes from the runtime's meter, the log's movement from its tail, and the
+    engine family's own words on both."""
+
+    def __init__(self, runtime: Runtime, meter: LoadMeter | None = None) -> None:
+        self.runtime = runtime
+        self.meter = meter if meter is not None else meter_for(runtime)
+        self._tails: dict[str, tuple[str, int]] = {}
+
+    def sample(
+        self, t: TaskAssignment, at: float, health_detail: str, disk: str | None
+    ) -> LoadSample:
+        words = words_for(t.engine)
+        try:
+            tail = self.runtime.log_tail(t.id, TAIL_LINES)
+        except Exception as exc:
+            log.debug("log of %s not read: %s", t.id, exc)
+            tail = None
+        mark = None
+        if tail is not None:
+            last, mark = self._tails.get(t.id, ("", 0))
+            mark += tail != last
+            self._tails[t.id] = (tail, mark)
+        return LoadSample(
+            at=at,
+            read_bytes=self.meter.read_bytes(t.id, disk),
+            log_mark=mark,
+            fraction=words.fraction(tail) if tail else None,
+            says_loading=words.says_loading(health_detail),
+        )
+
+    def forget(self, task_id: str) -> None:
+        self._tails.pop(task_id, None)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSize:
+    """The model's weights on this node (None: not known here, e.g. a hub id) and the
+    disk they are on (``major:minor`` of the whole disk, None when not a block device)."""
+
+    bytes: int | None
+    disk: str | None = None
+
+
+def _disk_of(path: Path) -> str | None:
+    """``major:minor`` of the whole disk holding ``path`` (a partition's parent disk)."""
+    try:
+        dev = path.stat().st_dev
+    except OSError:
+        return None
+    major, minor = os.major(dev), os.minor(dev)
+    node = Path(f"/sys/dev/block/{major}:{minor}")
+    try:
+        if (node / "partition").exists():
+            return (node.resolve().parent / "dev").read_text().strip()
+    except OSError:
+        return None
+    return f"{major}:{minor}" if node.exists() else None
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The files an engine reads its weights from: a GGUF and its split siblings, or a
+    folder's safetensors (else its pt / bin files, else its single GGUF)."""
+    if path.is_file():
+        m = _SPLIT.match(path.name)
+        if m is None:
+            return [path]
+        return sorted(path.parent.glob(f"{m['stem']}-*-of-{m['total']}.gguf"))
+    if not path.is_dir():
+        return []
+    for patterns in _WEIGHTS:
+        found = sorted({f for p in patterns for f in path.glob(p) if f.is_file()})
+        if found:
+            return found
+    ggufs = sorted(path.glob("*.gguf"))
+    return weight_files(ggufs[0]) if len(ggufs) == 1 else []
+
+
+def _model_path(t: TaskAssignment, runtime: str, config: NodeConfig) -> Path | None:
+    if not t.model_path:
+        return None
+    if runtime == "process":
+        try:
+            return resolve_model_file(
+                t.model_path, config.allowed_volume_prefixes, config.denied_volume_prefixes
+            )
+        except ModelPathError:
+            return None
+    path = Path(t.model_path)
+    return path if path.is_absolute() else DATA_MODELS / t.model_path.strip("/")
+
+
+def model_size(t: TaskAssignment, runtime: str, config: NodeConfig) -> ModelSize:
+    """The size of the task's model on this node, and its disk (see ``ModelSize``)."""
+    path = _model_path(t, runtime, config)
+    files = weight_files(path) if path is not None else []
+    total = 0
+    for f in files:
+        try:
+            total += f.stat().st_size
+        except OSError:
+            return ModelSize(None)
+    if not files or total <= 0:
+        return ModelSize(None)
+    return ModelSize(total, _disk_of(files[0]))
