@@ -24,8 +24,8 @@ Sources (stored copies read through the search tool):
   node's engine values name a local build, never an image), and only such a node takes a
   vLLM task with ``gpu_required`` 0 — nor a vLLM task with cards (``cpu_build``,
   ``core.placement``). Verified in CI on the CPU build (tests/e2e/test_vllm_real.py).
-* Maturity (spec 已知边界 2-3): TensorRT-LLM, MindIE and vLLM-MTT have no end-to-end run on
-  real hardware, hence ``verified_on_hardware=False``.
+* Maturity (H8; spec 已知边界 2-3): one label per capability, in ``maturity.py`` (what
+  this project has run for real, and where); this module says what an engine is.
 """
 
 from __future__ import annotations
@@ -81,7 +81,6 @@ class EngineSpec:
     # runs without a GPU only in a CPU build a node reports as CPU_BUILD (vLLM)
     cpu_build: bool = False
     shapes: frozenset[str] = ALL_SHAPES
-    verified_on_hardware: bool = True
     # How its command line sets the context it runs with (the memory estimate's KV
     # tokens), and the context it runs with whatever the arguments (MindIE's config).
     context_flag: ContextFlag | None = None
@@ -140,7 +139,6 @@ _SPECS = (
         health_path="/health",
         explicit_only=True,
         shapes=NO_PIPELINE,
-        verified_on_hardware=False,
         context_flag=ContextFlag(("--max_seq_len",)),
     ),
     EngineSpec(
@@ -154,7 +152,6 @@ _SPECS = (
         health_path="/v2/health/ready",
         # G2: MindIE has no pipeline / cross-node rendezvous shape.
         shapes=NO_PIPELINE,
-        verified_on_hardware=False,
         fixed_context=MINDIE_MAX_SEQ_LEN,
     ),
     EngineSpec(
@@ -165,7 +162,6 @@ _SPECS = (
         health_path="/health",
         metrics=_VLLM_METRICS,
         supports_sleep=True,
-        verified_on_hardware=False,
         context_flag=_VLLM_CONTEXT,
     ),
 )
