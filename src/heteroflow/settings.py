@@ -373,6 +373,12 @@ class AgentSettings(BaseSettings):
     task_life_poll_interval_s: float = Field(default=0.5, ge=0.0)
     vllm_sleep_timeout_s: float = Field(default=5.0, gt=0.0)
     wake_probe_interval_s: float = Field(default=0.2, gt=0.0)
+    # LoRA adapters (agent/adapters.py): each load or unload call to the engine waits at
+    # most lora_load_timeout_s; a failed load is tried again after lora_retry_base_s,
+    # doubling up to lora_retry_max_s (reported once per change, never a restart)
+    lora_load_timeout_s: float = Field(default=60.0, gt=0.0)
+    lora_retry_base_s: float = Field(default=5.0, gt=0.0)
+    lora_retry_max_s: float = Field(default=300.0, gt=0.0)
     # Start and wake windows that follow loading (D5, agent/loading.py). Between its launch
     # (or wake) and its first passing health check an inference engine's failed checks are
     # not counted: it is judged by its load, sampled every load_sample_interval_s (the

@@ -22,6 +22,7 @@ import logging
 import random
 from collections.abc import Callable
 
+from heteroflow.agent.adapters import Adapters
 from heteroflow.agent.file_requests import serve_file_requests
 from heteroflow.agent.host_ports import listening_ports
 from heteroflow.agent.inventory import NodeInventory, collect_inventory
@@ -63,7 +64,7 @@ def beat_pause(interval_s: float, draw: Callable[[], float] = random.random) -> 
     return interval_s * (1.0 - BEAT_JITTER + 2.0 * BEAT_JITTER * draw())
 
 
-class Agent(SleepWake, Watching, Starting):
+class Agent(SleepWake, Watching, Starting, Adapters):
     """The node agent: its state (``AgentState``) with every part, and the heartbeat."""
 
     # -- heartbeat and convergence -------------------------------------------------
@@ -150,6 +151,7 @@ class Agent(SleepWake, Watching, Starting):
                 managed.pop(task_id, None)
         await self._reap(managed, desired)
         await self._keep_doors()  # C14: and open those of engines adopted just now
+        self._sync_adapters()  # LoRA adapters into running engines, beside the beat
 
     async def _reap(self, managed: dict[str, str], desired: dict[str, TaskAssignment]) -> None:
         """C8: remove what this agent started that the server no longer lists.

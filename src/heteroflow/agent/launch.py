@@ -221,7 +221,7 @@ def _vllm_shape(t: TaskAssignment, config: NodeConfig, build: str) -> LaunchShap
         engine="vllm", model_path=str(model), served_model_name=t.model_name, port=1,
         parallelism=t.parallelism, gpus=t.gpu_required, tensor_parallel_size=tp,
         gpu_memory_utilization=t.gpu_memory_utilization, extra_args=tuple(t.engine_args),
-        kv_offload_gb=t.kv_offload_gb,
+        kv_offload_gb=t.kv_offload_gb, max_loras=t.max_loras,
     )
 
 

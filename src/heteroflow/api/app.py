@@ -12,6 +12,7 @@ from heteroflow.api.audit_middleware import AuditMiddleware
 from heteroflow.api.context import ServerContext
 from heteroflow.api.observe import ObserveMiddleware  # issue 18 (P3)
 from heteroflow.api.routes import (
+    adapters,  # issue 28: LoRA adapters
     audit,
     auth,
     console,  # issue 17: the web console's assets
@@ -70,6 +71,7 @@ def create_api(ctx: ServerContext, metrics: ServerMetrics | None = None) -> Fast
         platform_settings.router,  # issue 16 (L1)
         registry_credentials.router,  # issue 28 (H7)
         task_groups.router,
+        adapters.router,  # issue 28: LoRA adapters
         drain.router,
         task_life.router,  # sleep / wake (F1-F3)
         gateway.router,

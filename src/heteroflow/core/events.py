@@ -26,6 +26,8 @@ class EventKind(WireEnum):
     # D5: an engine's load window opened (a launch or a wake): the model's size and the
     # expected load time on its node
     LOADING = "task.loading"
+    # LoRA (core.lora): what a running engine serves, or why an adapter did not load
+    LORA_ADAPTER = "task.lora_adapter"
     # F3: a wake that cannot happen yet (node offline, card borrowed), and why
     WAKE_DEFERRED = "task.wake_deferred"
     # faults (E2), services/lifecycle/faults.py

@@ -70,6 +70,7 @@ class TaskShape:
     engine_version: str = ""  # the image's engine version, where the task needs it (C12)
     generation: int = 1
     task_type: str = "inference"
+    max_loras: int = 0  # LoRA adapter slots (core.lora): the engine's flags
     # A2: the task's own bind mounts (rows and wire models hold dicts: made Volumes here)
     volumes: tuple[Volume, ...] = ()
 
@@ -180,6 +181,7 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
                 extra_args=task.engine_args,
                 kv_offload_gb=task.kv_offload_gb,
                 engine_version=task.engine_version,
+                max_loras=task.max_loras,
             )
         )
         entrypoint, args, engine_env = cmd.entrypoint, cmd.args, dict(cmd.env)

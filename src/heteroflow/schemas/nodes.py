@@ -136,6 +136,10 @@ class TaskAssignment(BaseModel):
     health_check: dict[str, Any]
     # A2: bind mounts {host_path, container_path, read_only}; the agent checks them again
     volumes: list[dict[str, Any]] = Field(default_factory=list)
+    # LoRA (core.lora): the engine's adapter slots, and its group's adapters, which the
+    # agent loads into the running engine (heartbeat replies; a claim carries none)
+    max_loras: int = 0
+    lora_adapters: list[dict[str, str]] = Field(default_factory=list)
     # C14: the engine's own secret (core.engine_access): the agent gives it to the engine
     # and its door checks it; never in a repr, a log line or the management API
     engine_key: str = Field(default="", repr=False)
@@ -150,7 +154,7 @@ class HeartbeatReply(BaseModel):
 
 
 #: What a note on a starting / waking task is about (D5); none: a launch retried.
-LoadNote = Literal["loading", "progress"]
+LoadNote = Literal["loading", "progress", "adapter"]
 
 
 class TaskReport(Strict):
@@ -181,7 +185,9 @@ class TaskReport(Strict):
             raise ValueError("fault is only allowed with status 'failed'")
         if (self.status == TaskStatus.PENDING) != bool(self.busy_ports):
             raise ValueError("busy_ports goes with status 'pending', and only with it")
-        if self.note is not None and self.status not in NOTE_TARGETS:
+        if self.note == "adapter" and self.status != TaskStatus.RUNNING:
+            raise ValueError("note 'adapter' (LoRA) goes with status 'running' only")
+        if self.note not in (None, "adapter") and self.status not in NOTE_TARGETS:
             raise ValueError("note goes with status 'starting' or 'waking' only")
         if self.status == TaskStatus.WAKING and self.note is None:
             raise ValueError("status 'waking' is a note: it needs a note")

@@ -76,6 +76,9 @@ class RouteTarget:
     # Issue 15: what the group's model can answer (tools, images, embeddings, JSON schema,
     # context); unknown by default (a routes file, an older server's snapshot).
     capabilities: Capabilities = UNKNOWN
+    # A LoRA adapter of the group (core.lora): its engines serve the name itself, so the
+    # gateway forwards it unchanged (never renamed to the engine's first model id)
+    adapter: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,7 @@ class RoutingSnapshot:
                             "tags": list(t.tags),
                             "asleep": t.asleep,
                             "capabilities": t.capabilities.to_wire(),
+                            **({"adapter": True} if t.adapter else {}),
                             "backends": [
                                 {
                                     "task_id": b.task_id,
@@ -207,6 +211,7 @@ class RoutingSnapshot:
                     tags=tuple(t.get("tags", ())),
                     asleep=str(t.get("asleep", "")),
                     capabilities=Capabilities.from_wire(t.get("capabilities")),
+                    adapter=t.get("adapter") is True,
                 )
                 for t in r["targets"]
             )

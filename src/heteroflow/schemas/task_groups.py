@@ -23,6 +23,7 @@ from heteroflow.core.autoscale import (  # issue 14 (scaling)
 )
 from heteroflow.core.engines import ENGINES, resolve_engine
 from heteroflow.core.errors import ValidationFailed  # issue 14 (scaling)
+from heteroflow.core.lora import MAX_LORAS
 from heteroflow.schemas.capabilities import CapabilitiesRead  # issue 15
 from heteroflow.schemas.common import (
     NAME_PATTERN,
@@ -120,6 +121,14 @@ class TaskSpec(Strict):
         default=True,
         description="false: the scheduler never stops this task to make room for "
         "higher-priority work (B4)",
+    )
+    max_loras: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_LORAS,
+        description="LoRA adapters its engine holds at once, loaded at runtime and served "
+        f"under their own model names (POST .../adapters); 0 = off, at most {MAX_LORAS}; "
+        "vLLM only",
     )
 
     @field_validator("engine")
@@ -381,6 +390,7 @@ class TaskRead(BaseModel):
     launch_argv: list[str]
     volumes: list[dict[str, Any]] = Field(default_factory=list)  # A2
     preemptible: bool = True  # B4: false = never a preemption's victim
+    max_loras: int = 0  # LoRA adapters its engine holds at once (0 = off)
     # H5: derived at placement (gold: MIG, silver: MPS, else bronze); "" until placed
     qos: str = ""
     # B4: the task this one is being stopped for (it returns to the queue afterwards)
@@ -440,6 +450,8 @@ class TaskGroupRead(BaseModel):
     tasks: list[TaskRead] = Field(default_factory=list)
     # issue 15: what its model can answer (null fields: unknown)
     capabilities: CapabilitiesRead = Field(default_factory=CapabilitiesRead)
+    # LoRA adapters served beside its model under their own names ({name, path})
+    lora_adapters: list[dict[str, str]] = Field(default_factory=list)
 
 
 class TaskGroupCreated(TaskGroupRead):

@@ -62,6 +62,7 @@ from heteroflow.core.engines import mindie, tool_parsers
 from heteroflow.core.engines.errors import CommandError
 from heteroflow.core.engines.kv_offload import kv_offload_args, parse_version
 from heteroflow.core.engines.registry import ENGINES, EngineSpec
+from heteroflow.core.lora import lora_args
 
 __all__ = [
     "LLAMACPP_AGENT_FLAGS",
@@ -127,6 +128,8 @@ class LaunchShape:
     # where it runs: "docker" (an image's entrypoint) or "process" (the node's own
     # install, started by the agent's process runtime)
     runtime: str = "docker"
+    # LoRA adapters its engine holds at once (0 = off; core.lora): vLLM only
+    max_loras: int = 0
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,9 @@ def _vllm(s: LaunchShape) -> EngineCommand:
     if s.kv_offload_gb:
         tp = s.tensor_parallel_size
         args += kv_offload_args(s.engine_version, s.kv_offload_gb, tensor_parallel_size=tp)
+    lora_flags, lora_env = lora_args(s.max_loras)  # adapters the agent loads at runtime
+    args += lora_flags
+    env.update(lora_env)
     return EngineCommand((*args, *s.extra_args), entrypoint, env, env_defaults=defaults)
 
 

@@ -85,6 +85,8 @@ class EngineSpec:
     # tokens), and the context it runs with whatever the arguments (MindIE's config).
     context_flag: ContextFlag | None = None
     fixed_context: int | None = None
+    # loads LoRA adapters at runtime, each served under its own model name (core.lora)
+    runtime_lora: bool = False
 
 
 _SPECS = (
@@ -98,6 +100,7 @@ _SPECS = (
         supports_sleep=True,
         cpu_build=True,
         context_flag=_VLLM_CONTEXT,
+        runtime_lora=True,
     ),
     EngineSpec(
         name="sglang",

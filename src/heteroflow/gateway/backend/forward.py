@@ -113,7 +113,9 @@ class Forwarder:
             started = time.monotonic()  # the request's deadline counts from its first send
             failovers: Failovers | None = None  # made at the first failure (gateway.retry)
             while True:
-                attempt = self._send(backend, scope, upstream, body, model, call.raw, dirty)
+                attempt = self._send(
+                    backend, scope, upstream, body, model, call.raw, dirty, targets
+                )
                 resp = await (attempt if failovers is None else _by(failovers.deadline, attempt))
                 if resp is None:  # a failover's answer did not come by the request's deadline
                     watch.finished = True  # (not that backend's fault: it is not ejected)
@@ -200,6 +202,7 @@ class Forwarder:
         model: str,
         raw: bytes,
         dirty: bool,
+        targets: tuple[RouteTarget, ...] = (),
     ) -> Response | UpstreamFailure:
         """One attempt: the request as ``backend`` must see it, sent; its response headers.
 
@@ -209,11 +212,14 @@ class Forwarder:
         # M6: engines serve their model under their own id (often a path or a file name);
         # callers use the route's name. Rename only when the backend would not know the
         # requested name, and re-serialize only then. Recomputed per backend, since a
-        # failover may reach an engine that names the model differently.
-        known = await self._upstream.model_ids(backend.base_url, backend.auth)
+        # failover may reach an engine that names the model differently. A LoRA adapter
+        # is the engine's own name (loaded at runtime, maybe after the ids were cached):
+        # never renamed — the base model would answer in its place.
         upstream_model = model
-        if known is not None and known.first is not None and model not in known.ids:
-            upstream_model = known.first
+        if not _adapter_of(targets, backend):
+            known = await self._upstream.model_ids(backend.base_url, backend.auth)
+            if known is not None and known.first is not None and model not in known.ids:
+                upstream_model = known.first
         if (
             path in assemble.PATHS
             and body.get("stream") is not True
@@ -245,6 +251,11 @@ class Forwarder:
                 base_url,
                 self._health.cooldown_s,
             )
+
+
+def _adapter_of(targets: tuple[RouteTarget, ...], backend: Backend) -> bool:
+    """Whether ``backend`` serves the requested name as a LoRA adapter of its group."""
+    return any(t.adapter and t.group_id == backend.group_id for t in targets)
 
 
 def _ask_for_usage(body: dict[str, Any]) -> bool:

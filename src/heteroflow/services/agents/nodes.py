@@ -90,9 +90,11 @@ _FIND_NODES = (
                 "image", "engine", "command", "engine_args", "env", "ports", "gpu_ids",
                 "gpu_required", "memory_mb", "kv_offload_gb", "generation",
                 "gpu_memory_utilization", "health_check", "volumes",
+                "max_loras",
             )
         ),
         _GROUPS.c.parallelism,
+        _GROUPS.c.lora_adapters,  # loaded into the running engine (core.lora)
     )
     .select_from(
         _NODES.outerjoin(
@@ -314,6 +316,11 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
     t = task_on_node(s, node_id, task_id)
     to = TaskStatus(rep.status)
     current = TaskStatus(t.status)
+    if rep.note == "adapter":  # LoRA: what a running engine serves (agent/adapters.py)
+        if current != to:
+            raise Conflict(f"task {task_id} is {current}; an adapter note is for running")
+        note(s, clock, t.id, current, EventKind.LORA_ADAPTER, rep.message, node_id)
+        return current.value
     if to in NOTE_TARGETS:  # a note: a launch retried, or how a load goes (D5)
         if current != to:
             raise Conflict(f"task {task_id} is {current}; cannot note it as {to}")

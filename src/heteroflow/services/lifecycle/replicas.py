@@ -81,6 +81,7 @@ def new_replica(
         kv_offload_gb=ch.get("kv_offload_gb", src.kv_offload_gb),
         volumes=[dict(v) for v in src.volumes],  # A2: a rebuild and an update keep them
         preemptible=src.preemptible,
+        max_loras=src.max_loras,  # LoRA slots: a rebuild and an update keep them
         gpu_memory_utilization=src.gpu_memory_utilization,
         priority=src.priority,
         priority_class=src.priority_class,

@@ -155,6 +155,7 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
             kv_offload_gb=spec.kv_offload_gb,
             volumes=[Volume.of(v).to_json() for v in spec.volumes],  # A2, checked by the plan
             preemptible=spec.preemptible,
+            max_loras=spec.max_loras,  # LoRA slots (core.lora), checked by the plan
             gpu_memory_utilization=req.gpu_memory_utilization,
             priority=req.priority,
             priority_class=req.priority_class,

@@ -43,6 +43,7 @@ from heteroflow.core.engines.selection import NodeEngines
 from heteroflow.core.engines.templates import Template, inference_templates
 from heteroflow.core.errors import Conflict, ValidationFailed
 from heteroflow.core.estimate import MemoryEstimate
+from heteroflow.core.lora import lora_refusal
 from heteroflow.core.paths import VolumeRule, model_path_refusal
 from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
 from heteroflow.core.ports import PortMapping, host_ports
@@ -168,6 +169,18 @@ def _check_kv_offload(spec: TaskSpec, parallelism: str, engine: str, task_type: 
         raise ValidationFailed(f"kv_offload_gb: {why}", field="task.kv_offload_gb")
 
 
+def _check_lora(spec: TaskSpec, engine: str, task_type: str) -> None:
+    """LoRA slots (core.lora): an engine that loads adapters at runtime (the registry's
+    ``runtime_lora``), an inference service, no custom command."""
+    runtime_lora = engine in ENGINES and ENGINES[engine].runtime_lora
+    why = lora_refusal(
+        spec.max_loras, engine=engine, runtime_lora=runtime_lora, task_type=task_type,
+        command=bool(spec.command),
+    )
+    if why:
+        raise ValidationFailed(why, field="task.max_loras")
+
+
 def _check_fields(spec: TaskSpec, parallelism: str, engine: str, task_type: str, gpus: int,
                   env_allow: Sequence[str], *, cpu_build: bool = False) -> None:
     if task_type == "inference" and not spec.model_path and not spec.command:
@@ -206,6 +219,7 @@ def _check_fields(spec: TaskSpec, parallelism: str, engine: str, task_type: str,
         if problem:
             raise ValidationFailed(f"env[{i}]: {problem}", field=f"task.env[{i}]")
     _check_kv_offload(spec, parallelism, engine, task_type)
+    _check_lora(spec, engine, task_type)
 
 
 def _check_runs_somewhere(spec: TaskSpec, engine: str, nodes: list[NodeView]) -> None:

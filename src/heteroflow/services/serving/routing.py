@@ -9,6 +9,10 @@ A sleeping service stays listed (F6): its route target carries ``asleep`` ("slee
 or "waking" once a wake is under way) and only its running tasks as backends, so the
 gateway can tell "asleep: wake it and hold the request" from "down: 503".
 
+A LoRA adapter of a group (``core.lora``) is a route of its own name to the group, callable
+by the group's keys like its model; the target says ``adapter`` so that the gateway
+forwards the name unchanged.
+
 Each target carries its group's capabilities (``services.capabilities``; issue 15), which
 the gateway checks a request against before choosing a backend.
 
@@ -28,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from heteroflow.core.ports import host_ports, ports_from_dicts
 from heteroflow.core.states import TaskStatus
-from heteroflow.db.tables import InferenceEndpoint, ModelRoute, Node, Task, Tenant
+from heteroflow.db.tables import InferenceEndpoint, ModelRoute, Node, Task, TaskGroup, Tenant
 from heteroflow.schemas.routing import Backend, KeyEntry, RouteTarget, RoutingSnapshot
 from heteroflow.services.serving.capabilities import group_capabilities
 
@@ -74,6 +78,7 @@ def build_snapshot(
         )
 
     asleep = _asleep_groups(s)
+    adapters = _adapter_routes(s)
     capabilities = group_capabilities(s, {r.group_id for r in routes})
 
     by_model: dict[tuple[str, str], list[RouteTarget]] = defaultdict(list)
@@ -91,6 +96,7 @@ def build_snapshot(
                 tags=tuple(str(tag) for tag in r.tags or ()),
                 asleep=asleep.get(r.group_id, ""),
                 capabilities=capabilities[r.group_id],
+                adapter=r.id in adapters,
             )
         )
         if r.added:
@@ -132,6 +138,22 @@ def build_snapshot(
             for k, v in by_model.items()
         },
     )
+
+
+def _adapter_routes(s: Session) -> set[str]:
+    """The ids of routes that serve a LoRA adapter of their group (core.lora): made with
+    the group (not ``added``) under another name than the group's model — the adapter API
+    (``services.serving.adapters``) is the only writer of such routes."""
+    q = (
+        select(ModelRoute.id)
+        .join(TaskGroup, TaskGroup.id == ModelRoute.group_id)
+        .where(
+            ModelRoute.active.is_(True),
+            ModelRoute.added.is_(False),
+            ModelRoute.model_name != TaskGroup.model_name,
+        )
+    )
+    return set(s.scalars(q))
 
 
 def _asleep_groups(s: Session) -> dict[str, str]:
