@@ -353,6 +353,11 @@ class AgentSettings(BaseSettings):
     stop_timeout_s: float = 10.0
     # A port-bind conflict at launch is retried with back-off for this long (C11).
     port_retry_total_s: float = 119.0
+    # H7: an image pull (Docker runtime) ends within image_pull_timeout_s (30 min: a
+    # 20 GB image at 15 MB/s); its progress is noted on the task at most every
+    # image_pull_report_interval_s (the status message; events at its start and end)
+    image_pull_timeout_s: float = Field(default=1800.0, gt=0.0)
+    image_pull_report_interval_s: float = Field(default=2.0, gt=0.0)
     # Engine threads for CPU llama.cpp; 0 = let the launcher choose.
     cpu_threads: int = 0
     # The process runtime runs vLLM only on a Python that has it (a venv with vLLM's CPU

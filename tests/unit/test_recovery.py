@@ -161,3 +161,22 @@ def test_work_moves_off_a_node_lost_alone_but_not_off_most_lost_at_once() -> Non
     assert evacuation_paused(3, 0, 1.0)  # the threshold at 1: only a full disruption
     assert not evacuation_paused(9, 1, 1.0)
 
+
+
+@pytest.mark.feature("H7")
+def test_an_image_that_cannot_be_pulled_is_not_pulled_again() -> None:
+    from heteroflow.core.recovery import Attempt, GiveUp, Rebuild, RecoveryPolicy, decide
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    failed = Attempt("task-1", 0, "vllm", "reg:5000/vllm:nope", "node-a", None, at,
+                     fault=EventKind.IMAGE_UNAVAILABLE)
+    alone = decide([failed], [], RecoveryPolicy())
+    assert isinstance(alone, GiveUp) and "cannot be pulled" in alone.reason
+    chain = [{"engine": "vllm", "image": "reg:5000/vllm:nope"},
+             {"engine": "llamacpp", "image": "ghcr.io/ggml-org/llama.cpp:server", "reason": "r"}]
+    nxt = decide([failed], chain, RecoveryPolicy())  # the chain's next engine, at once
+    assert isinstance(nxt, Rebuild) and nxt.engine == "llamacpp" and nxt.count == 1
+    assert "cannot be pulled" in nxt.fallback
+    # a pull that may heal (no fault: registry unreachable, a timeout) is rebuilt as usual
+    plain = decide([Attempt("task-1", 0, "vllm", "i", "node-a", None, at)], [], RecoveryPolicy())
+    assert isinstance(plain, Rebuild) and plain.engine == "vllm"

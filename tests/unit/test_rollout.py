@@ -444,3 +444,31 @@ def test_a_switched_batch_is_progress_and_a_later_stuck_one_restores_it() -> Non
     assert st.state == RolloutState.ROLLING_BACK and "no progress for 150 s" in st.message
     st = w.tick()  # the rollback's rules: rank 0 gets generation 1 back
     assert [(c.rank, c.restore) for c in st.create] == [(0, True)]
+
+
+@pytest.mark.feature("H7")
+def test_a_candidate_whose_image_cannot_be_pulled_fails_the_update_at_once() -> None:
+    w = World()
+    w.tick()
+    (c1,) = w.live_candidates()
+    why = "image pull failed (not found): reg:5000/engine:nope; manifest unknown"
+    w.reps[c1] = replace(w.reps[c1], status=T.FAILED, message=why, unpullable=True)
+    st = w.tick()
+    # no retry: rolling back at the first attempt, and nothing was ever drained
+    assert st.state == RolloutState.ROLLING_BACK and w.p.attempt == 1
+    assert "not found" in st.message and "not retried" in st.message
+    assert not any(r.draining for r in w.reps.values())
+    st = w.tick()
+    assert st.state == RolloutState.FAILED and st.finished
+    assert w.gens() == [(0, 1), (1, 1)]
+    assert all(r.status == T.RUNNING for r in w.current())
+
+
+@pytest.mark.feature("H7")
+def test_a_pull_that_may_heal_is_tried_again_as_any_failed_start() -> None:
+    w = World()
+    w.tick()
+    (c1,) = w.live_candidates()
+    w.fail(c1, "image pull failed (unreachable): reg:5000/engine:v2; connection refused")
+    st = w.tick()
+    assert st.state == RolloutState.ROLLING and w.p.attempt == 2

@@ -33,6 +33,7 @@ from heteroflow.agent.models import DATA_MODELS, THIS_NODE, ModelPathError, chec
 from heteroflow.agent.runtime.protocol import LaunchFailed
 from heteroflow.core.containers import MODEL_IN_IMAGE, ContainerPlan
 from heteroflow.core.engine_access import key_env
+from heteroflow.core.images import PullProgress
 from heteroflow.core.paths import VolumeRule, model_path_refusal, task_roots
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.core.recipe import NodeShape, TaskShape, container_plan
@@ -144,6 +145,7 @@ class DockerLauncher:
         prober: Callable[[Sequence[GpuCard]], dict[str, str]] | None = None,
         probe_every: int = 20,
         version_of: Callable[[str], str | None] | None = None,
+        pull_timeout_s: float = 1800.0,
     ) -> None:
         self.runtime = runtime
         self.config = config
@@ -157,6 +159,7 @@ class DockerLauncher:
         self._beats = 0
         self.log_tail = 2000
         self._version_of = version_of
+        self.pull_timeout_s = pull_timeout_s  # H7: a pull ends within this
         self._memory = (0, 0)  # MemTotal, MemAvailable in MiB, from the last heartbeat
         self._offload: dict[str, int] = {}  # task id -> declared kv offload GiB
 
@@ -166,6 +169,13 @@ class DockerLauncher:
         if self._prober is not None and self._beats % self._probe_every == 0:
             self._engines = self._prober(self._cards)  # at start and every N heartbeats (C9)
         self._beats += 1
+
+    def prepare(self, t: TaskAssignment, progress: Callable[[PullProgress], None]) -> bool:
+        """H7: the task's image present on this node — pulled when absent, one pull per
+        image (``runtime.images``), with the login the server sent with the claim."""
+        auth = t.registry_auth.model_dump() if t.registry_auth is not None else None
+        pulled: bool = self.runtime.images.ensure(t.image, auth, self.pull_timeout_s, progress)
+        return pulled
 
     def launch(self, t: TaskAssignment) -> tuple[str, ...]:
         version = self._kv_offload_gate(t) if t.kv_offload_gb else ""

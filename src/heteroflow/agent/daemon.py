@@ -113,7 +113,7 @@ class Agent(SleepWake, Watching, Starting, Adapters):
                 if self.clock.monotonic() >= r.due:
                     await self._launch(r.task, attempt=r.attempt, first_try=r.first_try)
                 continue
-            if t.id in self.outbox or t.id in self.stopping:
+            if t.id in self.outbox or t.id in self.stopping or t.id in self.launching:
                 continue
             if t.status == "sleeping":
                 await self._to_sleep(t, managed)

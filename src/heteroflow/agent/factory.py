@@ -70,4 +70,5 @@ def _docker(settings: AgentSettings, config: NodeConfig, node_name: str) -> Laun
         work_dir=settings.work_dir,
         prober=prober,
         version_of=lambda image: engine_version(store, image),
+        pull_timeout_s=settings.image_pull_timeout_s,
     )

@@ -11,9 +11,11 @@ import logging
 from heteroflow.agent.client import ServerError
 from heteroflow.agent.launch import host_port_for
 from heteroflow.agent.loading import Loading
-from heteroflow.agent.runtime.protocol import LaunchFailed, PortInUse
+from heteroflow.agent.pulling import PullsImages, pull_image
+from heteroflow.agent.runtime.protocol import LaunchFailed, PortInUse, PullFailed
 from heteroflow.agent.state import Local, Retry
 from heteroflow.core.health import HealthCheckConfig, HealthTracker
+from heteroflow.core.images import PERMANENT
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.schemas.nodes import TaskAssignment
 
@@ -43,7 +45,21 @@ class Starting(Loading):
         except ServerError as exc:
             log.info("claim of %s refused: %s", t.id, exc)
             return
-        await self._launch(t, attempt=1, first_try=self.clock.monotonic())
+        first = self.clock.monotonic()
+        if isinstance(self.launcher, PullsImages):  # H7: its pull may take minutes
+            self.launching[t.id] = asyncio.create_task(self._launch_beside(t, first))
+            return
+        await self._launch(t, attempt=1, first_try=first)
+
+    async def _launch_beside(self, t: TaskAssignment, first_try: float) -> None:
+        """A launch run beside the heartbeat (H7): two launches of one image started in
+        one convergence wait on one pull, and the node keeps beating meanwhile."""
+        try:
+            await self._launch(t, attempt=1, first_try=first_try)
+        except Exception:
+            log.exception("launch of %s failed", t.id)
+        finally:
+            self.launching.pop(t.id, None)
 
     async def _launch(self, t: TaskAssignment, *, attempt: int, first_try: float) -> None:
         self.retry.pop(t.id, None)
@@ -54,10 +70,16 @@ class Starting(Loading):
                 # in the loop's own thread: a child's death signal follows its parent thread
                 argv = self.launcher.launch(t)
             else:
+                await pull_image(self, t)  # H7: the image first, when absent
                 argv = await asyncio.to_thread(self.launcher.launch, t)
         except PortInUse as exc:
             self.metrics.launched("port_busy")
             await self._port_taken(t, exc, attempt, first_try)
+            return
+        except PullFailed as exc:
+            self.metrics.launched("failed")
+            fault = "image_unavailable" if exc.kind in PERMANENT else None
+            await self._report(t.id, "failed", str(exc), fault=fault)
             return
         except (LaunchFailed, ValueError) as exc:
             self.metrics.launched("failed")

@@ -110,6 +110,9 @@ class AgentState:
         self.metrics_port: int | None = None  # the port it was bound to, once served
         self.local: dict[str, Local] = {}
         self.stopping: set[str] = set()  # being stopped right now: neither adopt nor reap
+        # H7: launches that may pull an image first run beside the heartbeat (a pull can
+        # take minutes): task id -> its launch; the convergence leaves them alone
+        self.launching: dict[str, asyncio.Task[None]] = {}
         # F1: tasks asleep here (engine stopped; Docker: container kept), health paused
         self.asleep: dict[str, Local] = {}
         self._nudge = asyncio.Event()  # the light poll wants a heartbeat now

@@ -23,6 +23,8 @@ class EventKind(WireEnum):
     # a launch that met a taken host port (P2): retried on the same port, or placed again
     LAUNCH_RETRY = "task.launch_retry"
     PORT_CONFLICT = "task.port_conflict"
+    # H7: the task's image is being pulled on its node (its start, its end: size, time)
+    IMAGE_PULL = "task.image_pull"
     # D5: an engine's load window opened (a launch or a wake): the model's size and the
     # expected load time on its node
     LOADING = "task.loading"
@@ -34,6 +36,9 @@ class EventKind(WireEnum):
     CONTAINER_LOST = "fault.container_lost"
     ENGINE_EXITED = "fault.engine_exited"
     UNHEALTHY = "fault.unhealthy"
+    # H7: the image cannot be pulled until a person acts (not found, unauthorised):
+    # recovery does not rebuild for it and a rolling update fails at once
+    IMAGE_UNAVAILABLE = "fault.image_unavailable"
     # D5: an engine whose load made no progress for the agent's load_stall_s (or passed
     # its ceiling), stopped before its first passing health check: a failed start
     LOAD_STALLED = "fault.load_stalled"
@@ -93,13 +98,15 @@ class FaultKind(WireEnum):
     CONTAINER_LOST = "container_lost"
     ENGINE_EXITED = "engine_exited"
     UNHEALTHY = "unhealthy"
+    IMAGE_UNAVAILABLE = "image_unavailable"
     LOAD_STALLED = "load_stalled"
 
 
 # The wire type of ``TaskReport.fault`` (a Literal of the members: strict models take the
 # plain string and hand back the member).
 ReportedFault = Literal[
-    FaultKind.CONTAINER_LOST, FaultKind.ENGINE_EXITED, FaultKind.UNHEALTHY, FaultKind.LOAD_STALLED
+    FaultKind.CONTAINER_LOST, FaultKind.ENGINE_EXITED, FaultKind.UNHEALTHY, FaultKind.LOAD_STALLED,
+    FaultKind.IMAGE_UNAVAILABLE,
 ]
 
 # An agent-reported fault -> the event kind written for it.
@@ -107,5 +114,6 @@ FAULT_EVENT: dict[FaultKind, EventKind] = {
     FaultKind.CONTAINER_LOST: EventKind.CONTAINER_LOST,
     FaultKind.ENGINE_EXITED: EventKind.ENGINE_EXITED,
     FaultKind.UNHEALTHY: EventKind.UNHEALTHY,
+    FaultKind.IMAGE_UNAVAILABLE: EventKind.IMAGE_UNAVAILABLE,
     FaultKind.LOAD_STALLED: EventKind.LOAD_STALLED,
 }

@@ -174,6 +174,8 @@ def decide(
             f"rebuilt {failed.rebuild_count} times in a row without running stably for "
             f"{policy.stable_s:g} s; the recovery loop stops here"
         )
+    if failed.fault == EventKind.IMAGE_UNAVAILABLE:
+        return _image_unavailable(failed, templates, count)
     if task_type == "inference" and start_failures_in_a_row(history) >= policy.fallback_after:
         nxt = next_template(templates, failed.engine)
         if nxt is not None:
@@ -188,6 +190,31 @@ def decide(
                 f"in a row on its node; falling back to {engine} ({image})",
             )
     return Rebuild(count, failed.engine, failed.image)
+
+
+def _image_unavailable(
+    failed: Attempt, templates: Sequence[Mapping[str, object]], count: int
+) -> Decision:
+    """H7: the image cannot be pulled until a person acts (not found, unauthorised):
+    pulling it again helps nobody. The next engine of a one-click chain is tried at once
+    (its image is another); otherwise the loop gives up, saying what to fix."""
+    nxt = next_template(templates, failed.engine)
+    if nxt is None:
+        return GiveUp(
+            f"its image {failed.image} cannot be pulled (not found or unauthorised): "
+            "pulling again changes nothing; push the image or fix the registry credential, "
+            "then start the service again"
+        )
+    engine, image = str(nxt.get("engine", "")), str(nxt.get("image", ""))
+    return Rebuild(
+        count,
+        engine,
+        image,
+        engine_reason=f"fallback: the image of {failed.engine} ({failed.image}) cannot be "
+        f"pulled: {nxt.get('reason', '')}".rstrip(": "),
+        fallback=f"the image of {failed.engine} ({failed.image}) cannot be pulled; "
+        f"falling back to {engine} ({image})",
+    )
 
 
 def run_timed_out(

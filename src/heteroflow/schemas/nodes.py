@@ -154,7 +154,7 @@ class HeartbeatReply(BaseModel):
 
 
 #: What a note on a starting / waking task is about (D5); none: a launch retried.
-LoadNote = Literal["loading", "progress", "adapter"]
+LoadNote = Literal["loading", "progress", "pull", "pulling", "adapter"]
 
 
 class TaskReport(Strict):

@@ -7,9 +7,11 @@ bookkeeping by labels. Every container it creates is named ``plan.name`` (the ta
 Listing, stopping and removing act only on containers carrying this agent's labels, never
 on a name alone, so a user's own containers on the same Engine are left alone.
 
-Images are never pulled: a missing image fails the launch with how to provide it. A port
-already bound on the host raises :class:`PortInUse` (the caller backs off and retries);
-other Engine errors raise :class:`LaunchFailed`. Containers run with ``init=True`` so a stop
+Images are pulled when absent, one pull per image (``pulls.ImagePuller``, ``images``);
+the launcher asks for the image before ``start``, so a missing image here means it went
+away in between (a prune) and fails the launch with that reason. A port already bound
+on the host raises :class:`PortInUse` (the caller backs off and retries); other Engine
+errors raise :class:`LaunchFailed`. Containers run with ``init=True`` so a stop
 is immediate even when the engine ignores SIGTERM as PID 1, and with a rotated json-file
 log so :meth:`DockerRuntime.logs_since` can ship logs incrementally.
 """
@@ -28,6 +30,7 @@ import docker.errors
 import docker.types
 
 from heteroflow.agent.runtime.protocol import ContainerGone, LaunchFailed, PortInUse
+from heteroflow.agent.runtime.pulls import ImagePuller
 from heteroflow.core.containers import ContainerPlan
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,7 @@ class DockerRuntime:
         self.node_id = node_id
         self.agent_id = agent_id
         self._filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_AGENT}={agent_id}"]}
+        self.images = ImagePuller(client)  # H7: pulled when absent, one pull per image
 
     # -- ownership ---------------------------------------------------------------------
 
@@ -164,9 +168,8 @@ class DockerRuntime:
             )
         except docker.errors.ImageNotFound as exc:
             raise LaunchFailed(
-                f"image {plan.image!r} is not present on this node, and images are not pulled "
-                f"from registries here: build or load it on this node, or give a local image "
-                f"that name with `docker tag <local image> {plan.image}`"
+                f"image {plan.image!r} is not present on this node (removed after its pull?); "
+                f"the next launch pulls it again"
             ) from exc
         except docker.errors.APIError as exc:
             raise self._launch_error(plan, exc) from exc

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from heteroflow.core.images import PullFailure, failure_text
+
 
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
@@ -36,6 +38,16 @@ class LaunchFailed(Exception):
 
 class ContainerGone(LaunchFailed):
     """A wake found the task's kept container gone (F3): the task cannot resume here."""
+
+
+class PullFailed(LaunchFailed):
+    """H7: a pull that did not bring the image; ``kind`` says why (``PullFailure``), the
+    message is the task's status line (``core.images.failure_text``)."""
+
+    def __init__(self, image: str, kind: PullFailure, detail: str) -> None:
+        super().__init__(failure_text(image, kind, detail))
+        self.image = image
+        self.kind = kind
 
 
 class Runtime(Protocol):

@@ -3,7 +3,9 @@
 **Rolling (J1)**, batch by batch over the ranks not yet on the target generation (at
 most ``batch_size`` each): create the batch's candidates (the intent of the rank's
 current replica with the update's changes; the placement stripped, pool ports given
-back) → wait until every one runs (``ready_timeout_s``) → let them run ``settle_s`` (the
+back) → wait until every one runs (``ready_timeout_s``; its image is pulled on its node first, so
+the new image is on every node that will run the new generation before anything drains)
+→ let them run ``settle_s`` (the
 gateways learn the new backends) → mark the old replicas draining (M11: no new
 requests) → wait until the gateways report nothing in flight on them, no sooner than
 ``drain_min_s`` and no later than ``drain_timeout_s`` → switch. A batch whose candidate
@@ -12,7 +14,8 @@ rolls back. An update that makes no progress — no batch switched since it star
 since the last switch — for ``progress_deadline_s`` rolls back at once, whatever retries
 are left, with the reason it is stuck (a new replica the scheduler cannot place says
 why in its status), so it never holds the group's update lock until ``max_hold_s``
-(issue 26).
+(issue 26). A candidate whose image cannot be pulled (not found, unauthorised: H7) fails
+the update at once — no retry can change it — with nothing drained.
 
 **Recreate (J2):** drain every old replica, stop them all, create every candidate,
 switch them all once they all run (retries and rollback as above).
@@ -112,7 +115,12 @@ def forward(
     stalled = bool(waiting) and _stalled(p, now, policy)
     if failed or late or stalled:
         why = _why_failed(p, cands, failed, waiting, policy, stalled=stalled)
-        return _batch_failed(p, v, now, policy, label, why, retry=not stalled)
+        # H7: an image that cannot be pulled fails the update at once, before any old
+        # replica of the batch drained (they drain only once every candidate runs)
+        unpullable = any(c is not None and c.unpullable for c in failed.values())
+        if unpullable:
+            why = f"{why} (not retried: the new image cannot be pulled)"
+        return _batch_failed(p, v, now, policy, label, why, retry=not (stalled or unpullable))
     if waiting:
         running = len(p.batch) - len(waiting)
         extra = f" ({running} of {len(p.batch)} running)" if len(p.batch) > 1 else ""

@@ -70,6 +70,9 @@ class Replica:
     draining: bool = False
     running_at: datetime | None = None
     message: str = ""  # its status message (why it failed)
+    # H7: it failed because its image cannot be pulled until a person acts (not found,
+    # unauthorised: ``fault.image_unavailable``): trying the batch again changes nothing
+    unpullable: bool = False
 
     @property
     def current(self) -> bool:

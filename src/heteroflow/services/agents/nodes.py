@@ -304,6 +304,8 @@ _NOTE_EVENT: dict[str | None, EventKind | None] = {
     None: EventKind.LAUNCH_RETRY,  # the launch is being retried, and why (P2)
     "loading": EventKind.LOADING,  # D5: a load window opened (size, expected time)
     "progress": None,  # D5: how far the load is, every few seconds: no event
+    "pull": EventKind.IMAGE_PULL,  # H7: an image pull began or ended on the node
+    "pulling": None,  # H7: how far the pull is (summed over layers): no event
 }
 
 

@@ -73,6 +73,7 @@ CAUSES = frozenset(
     {
         EventKind.CONTAINER_LOST, EventKind.ENGINE_EXITED, EventKind.UNHEALTHY,
         EventKind.LOAD_STALLED,
+        EventKind.IMAGE_UNAVAILABLE,  # H7: not found / unauthorised: not pulled again
         EventKind.GPU_LOST, EventKind.NODE_LOST, EventKind.EVACUATED, EventKind.RUN_TIMEOUT,
     }
 )

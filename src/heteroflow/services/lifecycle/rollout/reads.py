@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.events import EventKind
-from heteroflow.core.rollout import InFlight, Replica
+from heteroflow.core.rollout import CANDIDATE, InFlight, Replica
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import Event, Task, TaskGroup
 from heteroflow.services.tenancy.usage import read_load
@@ -45,7 +45,7 @@ def gateway_reports(clock: Clock, stale_s: float) -> InFlightReader:
     return read
 
 
-def replica(t: Task) -> Replica:
+def replica(t: Task, unpullable: bool = False) -> Replica:
     """A task row as the machine sees it."""
     return Replica(
         id=t.id,
@@ -56,6 +56,7 @@ def replica(t: Task) -> Replica:
         draining=bool(t.draining),
         running_at=t.running_at,
         message=t.status_message or "",
+        unpullable=unpullable,
     )
 
 
@@ -69,7 +70,19 @@ def replicas(s: Session, group_id: str) -> tuple[list[Task], list[Replica]]:
             .execution_options(populate_existing=True)
         )
     )
-    return tasks, [replica(t) for t in tasks]
+    failed = [t.id for t in tasks if t.replaced_by == CANDIDATE and t.status == TaskStatus.FAILED]
+    unpullable = _unpullable(s, failed) if failed else set()
+    return tasks, [replica(t, t.id in unpullable) for t in tasks]
+
+
+def _unpullable(s: Session, task_ids: list[str]) -> set[str]:
+    """The failed candidates whose image cannot be pulled (H7: their fault event)."""
+    rows = s.scalars(
+        select(Event.task_id).where(
+            Event.task_id.in_(task_ids), Event.kind == EventKind.IMAGE_UNAVAILABLE.value
+        )
+    )
+    return {str(t) for t in rows}
 
 
 def current_tasks(s: Session, group_id: str) -> list[Task]:
