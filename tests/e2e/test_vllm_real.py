@@ -236,7 +236,7 @@ def test_a_tool_call_is_parsed_by_the_registrys_parser(served: Served) -> None:
     assert choice.finish_reason == "tool_calls"
     calls = choice.message.tool_calls or []
     assert len(calls) == 1 and calls[0].type == "function"
-    fn = calls[0].function  # type: ignore[union-attr]
+    fn = calls[0].function
     assert fn.name == EXPECTED["tool_name"]
     assert json.loads(fn.arguments) == EXPECTED["tool_arguments"]
     assert got.usage is not None
@@ -257,8 +257,8 @@ def test_an_engine_error_comes_back_openai_shaped_not_as_a_500(served: Served) -
 @pytest.mark.feature("H10", "M7")
 def test_usage_is_recorded_from_the_engines_own_token_counts(served: Served) -> None:
     client = served.client()
-    for prompt in ("Once upon", "hello there", "x y z"):
-        got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8)
+    for text in ("Once upon", "hello there", "x y z"):
+        got = client.completions.create(model=MODEL, prompt=text, max_tokens=8)
         assert got.usage is not None
         served.counted(got.usage)
     prompt = sum(p for p, _ in served.usage)
@@ -296,7 +296,7 @@ def engine_key(served: Served) -> str:
     """The engine's per-task key, read where only the node can: its environment."""
     proc = engine_process(served.host_port)
     env = proc.environ()
-    key = env["VLLM_API_KEY"]
+    key = str(env["VLLM_API_KEY"])
     assert key.startswith("hfe-") and key not in " ".join(proc.cmdline())  # C14: not argv
     return key
 

@@ -20,7 +20,9 @@ from heteroflow.core.engines.tool_parsers import command_args, family_of
 from heteroflow.models.tiny_hf import EXPECTED, TINY_HF_DIR_NAME, write_tiny_hf
 
 F32 = npt.NDArray[np.float32]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+TOOLS: list[dict[str, object]] = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,8 @@ def tensors(path: Path) -> dict[str, F32]:
 
 
 def rms(x: F32, w: F32, eps: float) -> F32:
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+    out: F32 = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+    return out
 
 
 def rope(x: F32, theta: float) -> F32:  # (seq, heads, dim), HF's rotate_half layout
@@ -56,7 +59,8 @@ def rope(x: F32, theta: float) -> F32:  # (seq, heads, dim), HF's rotate_half la
     sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
     half = dim // 2
     rot = np.concatenate([-x[..., half:], x[..., :half]], -1)
-    return (x * cos + rot * sin).astype(np.float32)
+    out: F32 = (x * cos + rot * sin).astype(np.float32)
+    return out
 
 
 def next_token(w: dict[str, F32], cfg: dict[str, object], ids: list[int]) -> int:
