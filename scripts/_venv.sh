@@ -79,6 +79,23 @@ ensure_chromium() {  # tests/console drive Debian's chromium with Playwright (no
   fi
 }
 
+ensure_registry() {  # tests/docker/test_registry_pull.py pulls from Debian's docker-registry (H7)
+  if command -v docker-registry >/dev/null; then return 0; fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing docker-registry (apt-get) for the image pull tests (tests/docker) …"
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-registry \
+      >/dev/null || say "could not install docker-registry: the pull tests will be skipped"
+    # the package enables a system service: an open registry on :5000 without auth. The
+    # tests start their own (TLS, htpasswd, a port of their own): keep the service off
+    if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+      systemctl disable --now docker-registry >/dev/null 2>&1 || true
+    fi
+  else
+    say "docker-registry missing and not root: the pull tests will be skipped" \
+        "(apt-get install docker-registry)"
+  fi
+}
+
 # vLLM's CPU build for the real-engine tests: a venv of its own outside the checkout (CI
 # clones afresh; the cache outlives the clone), keyed by the committed requirements file.
 # Built in a temp dir and renamed when done, so an interrupted install is never taken for a

@@ -31,7 +31,7 @@ server's data directory; ``HETEROFLOW_*`` from the caller's environment are drop
 * the Gemma demo of ``./scripts/up`` is the tiny one here: ``gemma-3-270m-q4_k_m.gguf``
   becomes ``heteroflow-tiny.gguf`` and ``gemma-3-270m`` becomes ``heteroflow-tiny``;
 * ``sk-…`` is the demo's API key (``$KEY``); ``tg-…``, ``task-…``, ``ep-…``, ``tn-…``,
-  ``usr-…``, ``sg-…``, ``mr-…`` are the id of that kind printed last by an earlier
+  ``usr-…``, ``sg-…``, ``mr-…``, ``rc-…`` are the id of that kind printed last by an earlier
   command or answer; ``{id}`` in a request path the same for the collection it names;
 * the environment holds ``HETEROFLOW_PASSWORD`` (the admin password, read by
   ``heteroflow login``), ``TOKEN`` (an operator's JWT), ``KEY``, ``NEW_PASSWORD``,
@@ -68,7 +68,7 @@ pytestmark = pytest.mark.e2e
 PLANS = all_plans()
 NEW_PASSWORD = "docs-test-new-password-1"
 VENV_BIN = str(Path(sys.executable).parent)
-ID_KINDS = ("tg", "task", "ep", "tn", "usr", "sg", "mr")
+ID_KINDS = ("tg", "task", "ep", "tn", "usr", "sg", "mr", "rc")
 # "{id}" after these path segments is the last id of that kind
 COLLECTIONS = {
     "task-groups": "tg",
@@ -78,6 +78,7 @@ COLLECTIONS = {
     "users": "usr",
     "sharing-groups": "sg",
     "model-routes": "mr",
+    "registry-credentials": "rc",
 }
 NAMES = (
     ("http://127.0.0.1:3333", "{base}"),

@@ -38,6 +38,7 @@ from heteroflow.core.paths import VolumeRule, model_path_refusal, task_roots
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.core.recipe import NodeShape, TaskShape, container_plan
 from heteroflow.core.volumes import volumes_of, volumes_refusal
+from heteroflow.logs import register_secrets
 from heteroflow.private_files import private_dir, private_file
 from heteroflow.schemas.nodes import TaskAssignment
 
@@ -174,6 +175,8 @@ class DockerLauncher:
         """H7: the task's image present on this node — pulled when absent, one pull per
         image (``runtime.images``), with the login the server sent with the claim."""
         auth = t.registry_auth.model_dump() if t.registry_auth is not None else None
+        if auth is not None:
+            register_secrets(auth["password"])  # never in this agent's log lines
         pulled: bool = self.runtime.images.ensure(t.image, auth, self.pull_timeout_s, progress)
         return pulled
 
