@@ -47,7 +47,7 @@ def task_of(api: Api, admin: dict[str, str], group: dict[str, Any]) -> dict[str,
     return dict(api.client.get(f"/api/v1/tasks/{tid}", headers=admin).json())
 
 
-@pytest.mark.feature("H1", "H10")
+@pytest.mark.feature("A6")
 def test_a_cpu_vllm_service_runs_only_where_a_node_runs_vllms_cpu_build(api: Api) -> None:
     admin = api.login()
     plain = heartbeat(api, "plain", {"llamacpp": ""})

@@ -108,7 +108,6 @@ def chat_prompt(model: Path, tools: list[dict[str, object]] | None) -> str:
     )
 
 
-@pytest.mark.feature("H10")
 def test_the_tiny_model_answers_what_it_promises(model: Path) -> None:
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     plain = chat_prompt(model, None)

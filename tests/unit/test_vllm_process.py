@@ -40,7 +40,7 @@ def cpu_shape(**kw: Any) -> LaunchShape:
     return LaunchShape(**{**base, **kw})
 
 
-@pytest.mark.feature("H4", "H10")
+@pytest.mark.feature("H4")
 def test_the_process_runtime_runs_vllm_by_its_api_server_module_with_the_recipes_args() -> None:
     cmd = process_command(cpu_shape(), "/cache/vllm-cpu/bin/python")
     assert cmd.entrypoint is None
@@ -117,7 +117,6 @@ def where(t: TaskDemand, *nodes: NodeView) -> str:
     return got.node_id if isinstance(got, Placement) else got.reason
 
 
-@pytest.mark.feature("H1", "H10")
 def test_a_cpu_vllm_task_lands_only_where_the_node_runs_vllms_cpu_build() -> None:
     cpu_vllm = node("cpu-vllm", engines={"llamacpp": "", "vllm": CPU_BUILD})
     plain = node("plain", engines={"llamacpp": ""})
@@ -131,7 +130,6 @@ def test_a_cpu_vllm_task_lands_only_where_the_node_runs_vllms_cpu_build() -> Non
     assert process_runs("llamacpp", frozenset()) and not process_runs("vllm", frozenset())
 
 
-@pytest.mark.feature("H1")
 def test_a_gpu_vllm_task_never_lands_on_a_cpu_build() -> None:
     cpu_build_with_cards = node("cpu-build", engines={"vllm": CPU_BUILD}, cards=2)
     gpu_build = node("gpu-build", engines={"vllm": ""}, cards=2)
@@ -171,7 +169,7 @@ def launch(t: TaskAssignment, models: Path, engines: dict[str, str], python: str
     )
 
 
-@pytest.mark.feature("H10", "C14", "C3")
+@pytest.mark.feature("C14", "C3")
 def test_the_agent_launches_the_recipes_argv_with_the_key_in_the_environment(
     model_dir: Path,
 ) -> None:
@@ -187,7 +185,6 @@ def test_the_agent_launches_the_recipes_argv_with_the_key_in_the_environment(
     assert spec.env["HF_HUB_OFFLINE"] == "1" and spec.host_ports == (20001,)
 
 
-@pytest.mark.feature("H10")
 def test_the_agent_refuses_vllm_it_cannot_run(model_dir: Path) -> None:
     models = model_dir.parent
     t = assignment(model_dir)
@@ -218,7 +215,7 @@ def fake_python(tmp_path: Path, prints: str) -> str:
     return str(script)
 
 
-@pytest.mark.feature("H10", "C1")
+@pytest.mark.feature("C1")
 def test_the_agent_reports_vllm_with_its_build_only_when_its_python_has_it(
     tmp_path: Path,
 ) -> None:
