@@ -234,3 +234,25 @@ def test_an_update_is_refused_when_its_inherited_volumes_no_longer_pass(api: Api
     api.heartbeat(allowed=["/data/models"])  # the node no longer allows /models
     code, body = put_update(api, admin, group_id, image=NEW_IMAGE)
     assert code == 400 and body["error"]["field"] == "volumes[0].host_path", body
+
+
+@pytest.mark.feature("A2", "C7")
+def test_files_may_be_requested_from_a_volume_as_from_the_model_mount(api: Api) -> None:
+    admin = api.login()
+    api.heartbeat()
+    r = post(api, admin, service_body(task={"volumes": [LORA]}))
+    assert r.status_code == 201, r.text
+    task_id = r.json()["tasks"][0]["id"]
+    api.app.scheduler.run_round()  # scheduled: files may be asked for
+
+    def ask(path: str) -> Any:
+        return api.client.post(
+            "/api/v1/file-requests",
+            json={"task_id": task_id, "request_type": "list", "target_path": path},
+            headers=admin,
+        )
+
+    assert ask("/models/loras/sql").status_code == 201
+    outside = ask("/models/other")
+    assert outside.status_code == 400, outside.text
+    assert "/models/loras" in outside.json()["error"]["message"]

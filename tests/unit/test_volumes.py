@@ -14,7 +14,7 @@ from heteroflow.agent.container_launch import build_container
 from heteroflow.agent.launch import build_launch
 from heteroflow.agent.runtime.protocol import LaunchFailed
 from heteroflow.core.containers import Mount
-from heteroflow.core.paths import VolumeRule
+from heteroflow.core.paths import VolumeRule, task_roots
 from heteroflow.core.placement import (
     NodeView,
     Policy,
@@ -128,6 +128,13 @@ def test_the_recipe_mounts_them_read_only_unless_asked() -> None:
                                       "read_only": False}]})()
     )
     assert shaped.volumes == (Volume("/a", "/b", read_only=False),)
+
+
+def test_a_containers_volumes_are_roots_for_file_requests_the_process_runtime_has_none() -> None:
+    assert task_roots("tiny.gguf", "llamacpp", "docker", ["/models/loras/"]) == [
+        "/data/models/tiny.gguf", "/models/loras"]
+    assert task_roots("", "", "docker", ["/srv/x"]) == ["/srv/x"]
+    assert task_roots("/m/a.gguf", "llamacpp", "process", ["/srv/x"]) == ["/m"]
 
 
 # --- the scheduler --------------------------------------------------------------------------

@@ -245,4 +245,5 @@ class DockerLauncher:
         return str(text), repr(float(nxt))
 
     def file_roots(self, t: TaskAssignment) -> list[str]:
-        return task_roots(t.model_path, t.engine, "docker")
+        volumes = [v.host_path for v in volumes_of(t.volumes)]
+        return task_roots(t.model_path, t.engine, "docker", volumes)

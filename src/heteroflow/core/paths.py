@@ -9,7 +9,8 @@ them on ``realpath`` results so that a symlink cannot lead out of a root (the ag
 the security boundary; the server's check only refuses obvious mistakes early).
 
 Which directories a task mounts (``task_roots``):
-- containers: the sources of the task's mounts (today the model mount, ``core.containers``);
+- containers: the sources of the task's mounts (the model mount, ``core.containers``, and
+  the task's volumes, ``core.volumes``);
 - the process runtime: the folder of the task's model file (``dirname(model_path)``); a
   relative model name is looked for under ``/data/models`` by the server, while the
   agent uses the folder of the file it actually resolved.
@@ -220,15 +221,26 @@ def volume_allows(path: str, allowed: Iterable[str], denied: Iterable[str] = ())
     return inside(path, allowed) and not inside(path, denied)
 
 
-def task_roots(model_path: str, engine: str, runtime: str) -> list[str]:
-    """The host directories a task mounts, as the server can tell from its record."""
+def task_roots(
+    model_path: str, engine: str, runtime: str, volume_sources: Sequence[str] = ()
+) -> list[str]:
+    """The host directories a task mounts, as the server can tell from its record;
+    ``volume_sources``: its volumes' host paths (a container mounts them; the process
+    runtime mounts nothing)."""
+    if runtime != "process":
+        return [*_model_roots(model_path, engine), *(normalize(v) for v in volume_sources)]
     if not model_path:
         return []
-    if runtime == "process":
-        if model_path.startswith("/"):
-            file = normalize(model_path)
-        else:
-            file = normalize(f"{DATA_MODELS}/{model_path.strip('/')}")
-        return [posixpath.dirname(file) or "/"]
+    if model_path.startswith("/"):
+        file = normalize(model_path)
+    else:
+        file = normalize(f"{DATA_MODELS}/{model_path.strip('/')}")
+    return [posixpath.dirname(file) or "/"]
+
+
+def _model_roots(model_path: str, engine: str) -> list[str]:
+    """A container's model mount, by its host side."""
+    if not model_path:
+        return []
     mount, _ = model_mount(model_path, engine)
     return [] if mount is None else [normalize(mount.source)]

@@ -61,7 +61,9 @@ def create(s: Session, who: Principal, clock: Clock, req: FileRequestCreate) -> 
             f"task {t.id} is {t.status}: files can be requested only from a task "
             "placed on a node and not stopping"
         )
-    roots = task_roots(t.model_path, t.engine, node.runtime)
+    roots = task_roots(
+        t.model_path, t.engine, node.runtime, [str(v["host_path"]) for v in t.volumes]
+    )
     if not inside(req.target_path, roots):
         where = ", ".join(roots) if roots else "(the task mounts no host directory)"
         raise ValidationFailed(
