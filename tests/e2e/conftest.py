@@ -158,10 +158,13 @@ def launch_stack(
     server_env: dict[str, str] | None = None,
     agent_env: dict[str, str] | None = None,
     gateway_env: dict[str, str] | None = None,
+    agent_prefix: tuple[str, ...] = (),
 ) -> Iterator[Stack]:
     """A real server, process-runtime agent and separate gateway serving the tiny model,
     logged in as admin, its node registered; stopped (reverse order) on exit. The extra
-    environments add to (or override) the fast defaults every e2e stack shares."""
+    environments add to (or override) the fast defaults every e2e stack shares;
+    ``agent_prefix`` runs the agent (and so its engines) through another command first
+    (a throttled cgroup: tests/e2e/test_slow_load.py)."""
     models = tmp / "models"
     models.mkdir()
     model_file = write_tiny_gguf(models / "tiny.gguf")
@@ -201,7 +204,7 @@ def launch_stack(
             30,
             "server /healthz",
         )
-        st.procs.append(spawn("agent", ["agent"], agent, tmp))
+        st.procs.append(spawn("agent", ["agent"], agent, tmp, agent_prefix))
         wait_for(lambda: "process runtime" in st.procs[-1].log.read_text(), 30, "agent start")
         args = ["gateway", "--server", server_url, "--token", GATEWAY_TOKEN]
         st.procs.append(

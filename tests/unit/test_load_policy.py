@@ -20,6 +20,7 @@ from heteroflow.core.loading import (
     LoadVerdict,
     LoadWatch,
     ReadRate,
+    about,
     duration_text,
     pair_text,
 )
@@ -89,6 +90,7 @@ def test_messages_show_bytes_of_the_model_and_the_time_left() -> None:
     assert LoadWatch(POLICY, 0.0).start_message("waking").startswith("waking: ")
     assert pair_text(120 * MB, 540 * MB) == "120 of 540 MB"
     assert duration_text(200) == "3 min" and duration_text(5400) == "1.5 h"
+    assert about(0.03) == "under 1 s" and about(40) == "~40 s"
 
 
 def test_the_ceiling_follows_the_expected_time_and_zero_means_none() -> None:

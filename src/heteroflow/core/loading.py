@@ -119,6 +119,11 @@ def pair_text(done: int, total: int) -> str:
     return f"{done / div:{fmt}} of {total / div:{fmt}} {unit}"
 
 
+def about(seconds: float) -> str:
+    """``~40 s``, ``~3 min``, ``~1.5 h``; ``under 1 s``."""
+    return "under 1 s" if seconds < 1 else f"~{duration_text(seconds)}"
+
+
 def duration_text(seconds: float) -> str:
     """``40 s``, ``3 min``, ``1.5 h``."""
     if seconds < 90:
@@ -158,7 +163,7 @@ class LoadReading:
         """The task's status message while it loads: ``loading: 1.2 of 4.5 GB, ~3 min left``."""
         text = f"loading: {self.progress_text()}"
         if self.eta_s is not None:
-            text += ", finishing" if self.eta_s <= 0 else f", ~{duration_text(self.eta_s)} left"
+            text += ", finishing" if self.eta_s <= 0 else f", {about(self.eta_s)} left"
         if self.says_loading:
             text += "; the engine says it is loading"
         if self.idle_s >= 30:
@@ -228,8 +233,8 @@ class LoadWatch:
             return f"{what}: model size unknown here; no expected time"
         expected = self.expected_s or 0.0
         return (
-            f"{what} a {size_text(self.expected_bytes)} model: expected ~"
-            f"{duration_text(expected)} at {self.rate.describe()}"
+            f"{what} a {size_text(self.expected_bytes)} model: expected "
+            f"{about(expected)} at {self.rate.describe()}"
         )
 
     def observe(self, s: LoadSample) -> LoadReading:
