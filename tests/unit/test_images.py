@@ -3,6 +3,8 @@ failure classes a pull ends with — from Docker's and the registry's own words.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from heteroflow.core.images import (
@@ -39,7 +41,7 @@ def test_the_registry_of_an_image_reference(image: str, host: str) -> None:
 def test_progress_is_summed_over_the_layers_docker_reports() -> None:
     p = PullProgress("reg:5000/engine:v2")
     assert p.text() == "pulling image reg:5000/engine:v2: starting"
-    stream = [
+    stream: list[dict[str, Any]] = [
         {"status": "Pulling from engine", "id": "v2"},
         {"status": "Pulling fs layer", "progressDetail": {}, "id": "a"},
         {"status": "Pulling fs layer", "progressDetail": {}, "id": "b"},

@@ -203,7 +203,10 @@ class AgentState:
                     task_id, status, out.message, out.argv, out.fault, out.busy_ports, note=out.note
                 )
             except ServerError as exc:
-                if exc.status in (404, 409):  # the server moved on; nothing to deliver
+                # the server moved on; nothing to deliver — unless it lost a race with
+                # another write to the task and asks for the report again (two launches
+                # of one group reporting at once, H7's concurrent launches among them)
+                if exc.status in (404, 409) and "report again" not in str(exc):
                     log.info("report %s for %s dropped: %s", status, task_id, exc)
                 else:
                     continue
