@@ -5,6 +5,7 @@ write to the read-only one fails while the read-write one takes it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,8 +13,11 @@ from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.container_launch import build_container
 from heteroflow.agent.runtime.docker import DockerRuntime
 from heteroflow.schemas.nodes import TaskAssignment
+from tests.e2e.conftest import Stack
+from tests.e2e.conftest import wait_for as dstack_wait
 
 from .conftest import new_task_id, wait_until
+from .test_agent_on_docker import dstack  # noqa: F401 - a fixture: a server and a Docker agent
 
 SCRIPT = (
     "cat /mnt/ro/f"
@@ -52,3 +56,38 @@ def test_a_volume_is_read_only_unless_asked_and_read_write_when_asked(
     assert (rw / "out").read_text() == "written\n"
     mounts = sorted((m["Destination"], m["RW"]) for m in runtime.inspect(plan.name)["Mounts"])
     assert mounts == [("/mnt/ro", False), ("/mnt/rw", True)]
+
+
+@pytest.mark.feature("A2")
+def test_volumes_through_the_whole_path_create_schedule_agent_container(
+    dstack: Stack, busybox_image: str  # noqa: F811
+) -> None:
+    """The API's create to the agent's container on a real Docker Engine: the read-only
+    volume refuses a write, the read-write one takes it, and the task completes."""
+    ro, rw = dstack.models_dir / "ro", dstack.models_dir / "rw"
+    ro.mkdir()
+    rw.mkdir()
+    rw.chmod(0o777)
+    (ro / "f").write_text("original")
+    r = dstack.api("POST", "/api/v1/task-groups", json={
+        "name": "vols",
+        "task_type": "container",
+        "task": {
+            "image": busybox_image, "gpu_required": 0, "command": ["sh", "-c", SCRIPT],
+            "volumes": [
+                {"host_path": str(ro), "container_path": "/mnt/ro"},
+                {"host_path": str(rw), "container_path": "/mnt/rw", "read_only": False},
+            ],
+        },
+    })
+    assert r.status_code == 201, r.text
+    task_id = r.json()["tasks"][0]["id"]
+
+    def ended() -> dict[str, Any] | None:
+        t = dstack.api("GET", f"/api/v1/tasks/{task_id}").json()
+        return t if t["status"] in ("completed", "failed") else None
+
+    t = dstack_wait(ended, 60, "the container task to end")
+    assert t["status"] == "completed", t
+    assert (ro / "f").read_text() == "original"
+    assert (rw / "out").read_text() == "written\n"
