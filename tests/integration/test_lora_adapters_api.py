@@ -135,6 +135,16 @@ def test_adapter_rules_answer_naming_the_field(api: Api, tmp_path: Path) -> None
     member = api.member(admin, "acme", "ann")
     error(api.client.get(url, headers=member), 404)
     error(api.client.post(url, headers=member, json={"name": "z", "path": ok}), 404)
+    # a new service may not take an adapter's name as its model (nor its dry run)
+    for q in ("", "?dry_run=true"):
+        e = error(api.client.post("/api/v1/task-groups" + q, headers=admin,
+                                  json=service_body(name="n2", model_name="a1")), 409)
+        assert e["field"] == "model_name" and g["id"] in e["message"]
+    # the adapter's route goes with the adapter, not through the model-routes API
+    (route,) = [r for r in api.client.get("/api/v1/model-routes", headers=admin).json()
+                if r["model_name"] == "a1"]
+    e = error(api.client.delete(f"/api/v1/model-routes/{route['id']}", headers=admin), 409)
+    assert "/adapters/a1" in e["message"]
     # unknown fields are refused
     error(api.client.post(url, headers=admin, json={"name": "z", "path": ok, "x": 1}), 400)
 

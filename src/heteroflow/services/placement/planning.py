@@ -55,6 +55,7 @@ from heteroflow.schemas.task_groups import HealthCheckIn, TaskGroupCreate, TaskS
 from heteroflow.schemas.windows import check_for_group
 from heteroflow.services.identity.auth import Principal
 from heteroflow.services.placement.fleet import Fleet, engines_of
+from heteroflow.services.serving.adapters import check_not_an_adapter
 from heteroflow.services.tenancy import quotas
 
 DEFAULT_CONTAINER_PORT = 8000
@@ -440,6 +441,7 @@ def plan_group(
         )
     if req.parallelism == "pipeline":
         _check_strict_type(req.task.gpu_type, nodes)
+    check_not_an_adapter(s, who.tenant_id, req.model_name or req.name)  # LoRA (core.lora)
     plan = GroupPlan(
         req=req,
         engine=engine,

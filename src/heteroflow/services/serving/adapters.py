@@ -79,6 +79,29 @@ def _check_name(s: Session, g: TaskGroup, name: str) -> None:
         raise _name_taken(name, "a model name (a route)")
 
 
+def check_not_an_adapter(s: Session, tenant_id: str, model_name: str) -> None:
+    """A new service's model name may not be one of the tenant's adapters (409 naming
+    ``model_name``): the name would route to the adapter and to the new model at once."""
+    q = (
+        select(ModelRoute.group_id)
+        .join(TaskGroup, TaskGroup.id == ModelRoute.group_id)
+        .where(
+            ModelRoute.tenant_id == tenant_id,
+            ModelRoute.model_name == model_name,
+            ModelRoute.added.is_(False),
+            TaskGroup.model_name != model_name,
+        )
+        .limit(1)
+    )
+    holder = s.scalar(q)
+    if holder is not None:
+        raise Conflict(
+            f"model name {model_name!r} is a LoRA adapter of service {holder} in this tenant; "
+            "choose another model_name (or remove the adapter first)",
+            field="model_name",
+        )
+
+
 def _check_path(
     s: Session, clock: Clock, g: TaskGroup, path: str, offline_after_s: float
 ) -> None:

@@ -268,6 +268,14 @@ def _route_taken(req: ModelRouteCreate, route_id: str | None = None) -> Conflict
 def delete_route(s: Session, who: Principal, route_id: str) -> None:
     r = visible_route(s, who, route_id)
     if not r.added:
+        g = s.get(TaskGroup, r.group_id)
+        if g is not None and g.model_name != r.model_name:  # core.lora: an adapter's route
+            raise Conflict(
+                f"this route serves LoRA adapter {r.model_name!r} of {r.group_id}; remove "
+                f"the adapter (DELETE /api/v1/task-groups/{r.group_id}/adapters/"
+                f"{r.model_name}) or deactivate the route (active: false)",
+                field="route_id",
+            )
         raise Conflict(
             "this route was created with its task group and goes with it; deactivate it "
             "(active: false) or delete the group",
