@@ -18,6 +18,7 @@ import pytest
 from heteroflow.agent import daemon, watch
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.inventory import NodeInventory
+from heteroflow.agent.load_progress import READ_RATE_FILE
 from heteroflow.core.engines.load_words import words_for
 from heteroflow.core.health import HealthCheckConfig
 from heteroflow.core.loading import MB, LoadPolicy, LoadSample
@@ -118,6 +119,10 @@ def test_a_slow_load_that_reads_outlives_the_fixed_window_and_is_told(
     assert message == "health check passed; loaded in 61 s (540 MB read at 9 MB/s)"
     assert loc.load is None
     assert agent.read_rate.measured and round(agent.read_rate.bps / MB) == 9
+    again, _, _ = make(tmp_path)  # an agent restarted on this node remembers it
+    assert again.read_rate.measured and round(again.read_rate.bps) == round(agent.read_rate.bps)
+    (tmp_path / "agent" / READ_RATE_FILE).write_text("{not json")
+    assert not make(tmp_path)[0].read_rate.measured  # unreadable: the default
     # after the first pass D2's rules apply unchanged: three failures and it is stopped
     probe.ok = False
     for _ in range(3):

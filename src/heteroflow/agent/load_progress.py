@@ -11,11 +11,14 @@ compared with the last look: a repeated identical line is no news), and what the
 says in its own words (``core.engines.load_words``).
 
 ``model_size`` is the model's size on this node (a GGUF file and its split siblings, a
-model folder's safetensors / pt weights), the numerator of the expected load time.
+model folder's safetensors / pt weights), the numerator of the expected load time; the
+node's read rate, its denominator, is kept in the agent's work dir (``read_rate_from``,
+``keep_read_rate``) so that an agent restart does not forget what the node measured.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -30,13 +33,16 @@ from heteroflow.agent.models import DATA_MODELS, ModelPathError, resolve_model_f
 from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.agent.runtime.protocol import Runtime
 from heteroflow.core.engines.load_words import words_for
-from heteroflow.core.loading import LoadSample
+from heteroflow.core.loading import LoadSample, ReadRate
+from heteroflow.private_files import private_file
 from heteroflow.schemas.nodes import TaskAssignment
 
 log = logging.getLogger(__name__)
 
 #: Log lines compared between two looks.
 TAIL_LINES = 40
+#: The node's measured read rate, in the agent's work dir.
+READ_RATE_FILE = "load_read_rate.json"
 _SPLIT = re.compile(r"^(?P<stem>.+)-\d{5}-of-(?P<total>\d{5})\.gguf$")
 _WEIGHTS = (("*.safetensors",), ("*.bin", "*.pt", "*.pth"))
 
@@ -244,3 +250,21 @@ def model_size(t: TaskAssignment, runtime: str, config: NodeConfig) -> ModelSize
     if not files or total <= 0:
         return ModelSize(None)
     return ModelSize(total, _disk_of(files[0]))
+
+
+def read_rate_from(path: Path, default: ReadRate) -> ReadRate:
+    """The node's read rate as last measured here (``default`` when none was, or the file
+    cannot be read)."""
+    try:
+        data = json.loads(path.read_text())
+        bps = float(data["bps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return default
+    return ReadRate(bps, True) if bps > 0 and data.get("measured") is True else default
+
+
+def keep_read_rate(path: Path, rate: ReadRate) -> None:
+    """Write the node's measured read rate (owner-only, replaced whole)."""
+    tmp = private_file(path.with_name(f".{path.name}.tmp"))
+    tmp.write_text(json.dumps({"bps": round(rate.bps), "measured": rate.measured}))
+    os.replace(tmp, path)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from heteroflow.agent.load_progress import model_size
+from heteroflow.agent.load_progress import READ_RATE_FILE, keep_read_rate, model_size
 from heteroflow.agent.state import AgentState, Local
 from heteroflow.core.loading import MB, LoadVerdict, LoadWatch, size_text
 
@@ -101,6 +101,10 @@ class Loading(AgentState):
             read, seconds = measured
             self.read_rate = self.read_rate.with_load(read, seconds)
             text += f" ({size_text(read)} read at {read / seconds / MB:.0f} MB/s)"
+            try:
+                keep_read_rate(self.settings.work_dir / READ_RATE_FILE, self.read_rate)
+            except OSError as exc:  # kept in memory all the same
+                log.warning("the node's read rate was not written: %s", exc)
         return text
 
 

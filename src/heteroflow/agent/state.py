@@ -22,7 +22,12 @@ from heteroflow.agent.client import ServerClient, ServerError
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.inventory import NvmlDiscovery, node_labels
 from heteroflow.agent.launch import Launcher, host_port_for
-from heteroflow.agent.load_progress import EngineProgress, ProgressSource
+from heteroflow.agent.load_progress import (
+    READ_RATE_FILE,
+    EngineProgress,
+    ProgressSource,
+    read_rate_from,
+)
 from heteroflow.agent.log_shipper import LogShipper
 from heteroflow.agent.metrics import AgentMetrics, nvml_utilisation
 from heteroflow.agent.model_scan import ModelScanner, default_cache_dir, scan_dirs
@@ -133,7 +138,8 @@ class AgentState:
         # D5: how loads are sampled and judged, and this node's read rate for them
         self.progress: ProgressSource = EngineProgress(self.runtime)
         self.load_policy = LoadPolicy(settings.load_stall_s, settings.load_ceiling_s)
-        self.read_rate = ReadRate(settings.load_default_read_mb_s * 1e6)
+        default_rate = ReadRate(settings.load_default_read_mb_s * 1e6)
+        self.read_rate = read_rate_from(settings.work_dir / READ_RATE_FILE, default_rate)
 
     def _local_for(self, t: TaskAssignment) -> Local:
         """A fresh record of a task's engine here, its health check from the task."""
