@@ -753,3 +753,22 @@ def test_user_field_and_session_header_pin_a_session_to_one_backend(gw: Env) -> 
         _served_by(client, 4, user="someone-else", extra_headers={"X-Session-Id": "conv-42"})
         == pinned
     )
+
+
+@pytest.mark.feature("M6")
+def test_a_lora_adapters_name_is_forwarded_unchanged(gw: Env) -> None:
+    """An adapter (core.lora) is the engine's own name, loaded at runtime — maybe after
+    the gateway cached the engine's /v1/models: renaming it to the engine's first id
+    would have the base model answer in its place."""
+    adapter = RouteTarget(
+        route_id="lora", group_id="group-chat", priority=0, weight=1, adapter=True,
+        backends=(Backend(task_id="task-chat-0", base_url=gw.a_url, group_id="group-chat"),),
+    )
+    snap = _snapshot(gw.base_routes(), tenant_routes={(TENANT, "chat-sql"): (adapter,)})
+    keys = {hash_key(KEY): KeyEntry("endpoint-1", TENANT, None, KEY_MODELS | {"chat-sql"})}
+    gw.holder.publish(RoutingSnapshot(version=next(_versions), keys=keys, routes=snap.routes))
+    resp = gw.client().chat.completions.create(model="chat-sql", messages=MSG)
+    assert gw.a.received_models[-1] == "chat-sql"  # not "engine-a", which it serves
+    assert resp.model == "chat-sql"
+    gw.client().chat.completions.create(model="chat-model", messages=MSG)
+    assert gw.a.received_models[-1] == "engine-a"  # the base route is still renamed
