@@ -235,8 +235,11 @@ def test_registry_facts() -> None:
     assert set(CPU_CAPABLE) == {"llamacpp"}
     assert "pipeline" not in engine_spec("mindie").shapes
     assert {n for n, s in ENGINES.items() if s.supports_sleep} == {"vllm", "vllm-mtt"}
-    # H8: no engine but llama.cpp has a capability run for real (core/engines/maturity.py)
-    assert {e.name for e in catalog() if e.label_of("chat") != BUILT_UNVERIFIED} == {"llamacpp"}
+    # H8 (core/engines/maturity.py): only llama.cpp and vLLM's CPU build have run for real
+    assert {e.name for e in catalog() if e.label_of("chat") != BUILT_UNVERIFIED} == {
+        "llamacpp",
+        "vllm",
+    }
     assert engine_spec("vllm").metrics["running"] == "vllm:num_requests_running"
     with pytest.raises(ValueError, match="'tgi'"):
         engine_spec("tgi")
