@@ -262,6 +262,8 @@ class Agent(SleepWake, Watching, Starting, Adapters):
 
         Containers are left running by default: a restarted agent adopts them (C2).
         """
+        if self._lora_round is not None:
+            self._lora_round.cancel()  # LoRA loads end with the agent (its engines may)
         keep = self.runtime.name == "docker" and not self.settings.stop_engines_on_exit
         ids = [] if keep else list(self.local)
         await asyncio.gather(
