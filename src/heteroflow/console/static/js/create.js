@@ -7,6 +7,7 @@ import { h, fill, field, modal, secretBox, setOptions } from './dom.js';
 import { API, api, getOr, rememberKey } from './api.js';
 import * as fmt from './fmt.js';
 
+// the registry's engines when GET /api/v1/engines could not be read
 const KNOWN_ENGINES = ['llamacpp', 'vllm', 'sglang', 'trtllm', 'mindie', 'vllm-mtt'];
 // H8: how far each capability is proven (GET /api/v1/engines), in words and a tone
 const MATURITY = {
@@ -102,7 +103,7 @@ export async function openCreateDialog({ model = null, onCreated = null } = {}) 
   for (const n of nodes) {
     for (const m of n.models || []) models.push({ ...m, node_id: n.id, node_name: n.name });
   }
-  const engines = new Set(KNOWN_ENGINES);
+  const engines = new Set(catalog.length ? catalog.map((e) => e.name) : KNOWN_ENGINES);
   for (const n of nodes) for (const e of Object.keys(n.engines || {})) engines.add(e);
   const anyGpu = nodes.some((n) => (n.gpus || []).length > 0);
 
