@@ -256,3 +256,25 @@ def test_files_may_be_requested_from_a_volume_as_from_the_model_mount(api: Api) 
     outside = ask("/models/other")
     assert outside.status_code == 400, outside.text
     assert "/models/loras" in outside.json()["error"]["message"]
+
+
+@pytest.mark.feature("A2", "L2")
+def test_a_create_with_volumes_is_never_answered_by_reusing_another_service(api: Api) -> None:
+    """Dedup reuses a service of the same model and image; what a create mounts (a LoRA
+    folder, a cache) is part of what it asks for, so one with volumes gets its own."""
+    admin = api.login()
+    node_id = api.heartbeat()
+    on = api.client.put(
+        "/api/v1/platform-settings", json={"inference_dedup_enabled": True}, headers=admin
+    )
+    assert on.status_code == 200, on.text
+    first = post(api, admin, service_body(name="first"))
+    assert first.status_code == 201, first.text
+    api.app.scheduler.run_round()
+    start(api, node_id, first.json()["tasks"][0]["id"])
+    plain = post(api, admin, service_body(name="plain"), dry=True)
+    assert plain.json()["dedup"]["reused"] is True  # the rule applies without volumes
+    mine = post(api, admin, service_body(name="mine", task={"volumes": [LORA]}))
+    assert mine.status_code == 201, mine.text
+    assert mine.json()["dedup"] is None and mine.json()["id"] != first.json()["id"]
+    assert mine.json()["tasks"][0]["volumes"] == [{**LORA, "read_only": True}]

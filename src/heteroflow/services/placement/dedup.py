@@ -6,7 +6,8 @@ model instead of starting another engine.
 ``Decision.preview`` — so a dry run answers what the create does.
 
 **The rule.** With ``inference_dedup_enabled`` on, an inference create with a
-``model_path`` looks for a live service (not deleted, meant to run, status running or
+``model_path`` (and no ``volumes`` of its own: what it mounts is part of what it serves,
+A2) looks for a live service (not deleted, meant to run, status running or
 sleeping) whose current tasks run the same ``model_path`` with the same ``image``: the
 caller's tenant's first; with ``cross_tenant_dedup_enabled`` also on, those of the
 tenants in the caller's sharing group (an operator's configuration, read now). Running
@@ -122,8 +123,8 @@ def decide(
     """The one dedup decision (L2, L4). Reads only."""
     out = Decision()
     spec = plan.req.task
-    if plan.task_type != "inference" or not spec.model_path:
-        return out
+    if plan.task_type != "inference" or not spec.model_path or spec.volumes:
+        return out  # A2: a create's own mounts (adapters, caches) are not another's
     on = switches(s)
     if not on.inference_dedup_enabled:
         return out
