@@ -51,8 +51,15 @@ def _worlds(api: Api, node_id: str) -> dict[str, World]:
     }
     sg = api.client.post("/api/v1/sharing-groups", json={"name": "fuzz"}, headers=admin)
     assert sg.status_code == 201, sg.text
+    cred = api.client.post(
+        "/api/v1/registry-credentials",
+        json={"registry_host": "fuzz.example.com", "username": "u", "password": "fuzz-pass"},
+        headers=admin,
+    )
+    assert cred.status_code == 201, cred.text
     for w in worlds.values():
         w.sharing_group_id = sg.json()["id"]
+        w.registry_credential_id = cred.json()["id"]
     return worlds
 
 
@@ -62,6 +69,7 @@ def _real_ids(path: str, w: World) -> dict[str, str]:
         "tenant_id": w.tenant_id, "task_id": w.task_id, "endpoint_id": w.endpoint_id,
         "route_id": w.added_route_id, "request_id": w.file_request_id,
         "node_id": w.node_id, "group_id": w.group_id,
+        "credential_id": w.registry_credential_id,
     }
     if path.startswith("/api/v1/sharing-groups/"):
         ids["group_id"] = w.sharing_group_id

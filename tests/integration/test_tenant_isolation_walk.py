@@ -45,6 +45,7 @@ class World:
     dedicated_node_id: str  # a node dedicated to this tenant
     key_prefix: str
     sharing_group_id: str = ""  # an operator's sharing group holding this tenant
+    registry_credential_id: str = ""  # an operator's registry credential (H7)
 
     def ids(self) -> dict[str, str]:
         """What another tenant must never be shown (the shared node is not among them)."""
