@@ -54,6 +54,8 @@ class World:
             "task": self.task_id, "endpoint": self.endpoint_id, "route": self.route_id,
             "added route": self.added_route_id, "file request": self.file_request_id,
             "dedicated node": self.dedicated_node_id, "key prefix": self.key_prefix,
+            **({"registry credential": self.registry_credential_id}
+               if self.registry_credential_id else {}),
         }
 
 
@@ -217,6 +219,15 @@ def operations(a: World, b: World) -> dict[str, tuple[str, dict[str, Any]]]:
         "PUT /api/v1/platform-settings": (GLOBAL, {"json": {"inference_dedup_enabled": True}}),
         "GET /api/v1/openapi.json": (GLOBAL, {}),
         "GET /api/v1/docs": (GLOBAL, {}),
+        # issue 28 (H7): registry credentials, operators and tenant admins only
+        "GET /api/v1/registry-credentials": (GLOBAL, {}),
+        "POST /api/v1/registry-credentials": (BODY_REF, {"json": {
+            "registry_host": "r.example.com", "username": "u", "password": "pass-123",
+            "tenant_id": a.tenant_id}}),
+        "GET /api/v1/registry-credentials/{credential_id}": (OBJECT, {}),
+        "PATCH /api/v1/registry-credentials/{credential_id}": (
+            OBJECT, {"json": {"password": "stolen-pass"}}),
+        "DELETE /api/v1/registry-credentials/{credential_id}": (OBJECT, {}),
     }
 
 
@@ -226,7 +237,7 @@ def fill(path: str, a: World) -> str:
         "tenant_id": a.tenant_id, "task_id": a.task_id, "endpoint_id": a.endpoint_id,
         "route_id": a.added_route_id, "request_id": a.file_request_id,
         "node_id": a.dedicated_node_id,
-        "group_id": a.group_id,
+        "group_id": a.group_id, "credential_id": a.registry_credential_id,
     }
     if path.startswith("/api/v1/sharing-groups/"):
         ids["group_id"] = a.sharing_group_id
@@ -255,6 +266,12 @@ def test_a_member_of_another_tenant_is_refused_every_operation_on_a_tenants_obje
     r = api.client.post(f"/api/v1/sharing-groups/{a.sharing_group_id}/tenants",
                         json={"tenant_id": a.tenant_id}, headers=admin)
     assert r.status_code == 200, r.text
+    # ... and sets a registry credential for A's tenant (H7): B may not see or change it
+    r = api.client.post("/api/v1/registry-credentials", headers=admin, json={
+        "registry_host": "a.example.com", "username": "a", "password": "a-pass-123",
+        "tenant_id": a.tenant_id})
+    assert r.status_code == 201, r.text
+    a.registry_credential_id = r.json()["id"]
 
     doc = api.client.get("/api/v1/openapi.json").json()
     known = operations(a, b)
@@ -267,7 +284,8 @@ def test_a_member_of_another_tenant_is_refused_every_operation_on_a_tenants_obje
     for op, (kind, _) in known.items():
         method, path = op.split(" ", 1)
         if kind == OBJECT and method == "GET" and "{" in path and "/agent/" not in path:
-            owner = admin if path.startswith("/api/v1/sharing-groups/") else alice
+            by_operator = ("/api/v1/sharing-groups/", "/api/v1/registry-credentials/")
+            owner = admin if path.startswith(by_operator) else alice
             r = api.client.get(fill(path, a), headers=owner)
             assert r.status_code == (409 if path.endswith("/content") else 200), (op, r.text)
     # global operations first: later refused attempts must not be what shows up in them
