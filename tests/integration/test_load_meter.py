@@ -19,6 +19,7 @@ import pytest
 
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.load_progress import (
+    DockerMeter,
     EngineProgress,
     NoMeter,
     ProcessMeter,
@@ -138,3 +139,37 @@ def test_the_models_size_on_the_node(tmp_path: Path) -> None:
     assert process.bytes == 6000
     assert model_size(assignment(model_path="org/hub-model"), "docker", NodeConfig()).bytes is None
     assert model_size(assignment(model_path=str(split[0])), "process", NodeConfig()).bytes is None
+
+
+class StatsApi:
+    """The Engine's stats call as docker-py makes it, recorded; cgroup v1 counters."""
+
+    def __init__(self, version: str) -> None:
+        self._version = version
+        self.calls: list[dict[str, Any]] = []
+
+    def stats(self, container: str, **kw: Any) -> dict[str, Any]:
+        self.calls.append(kw)
+        return {
+            "cpu_stats": {"cpu_usage": {"total_usage": 2_500_000_000}},
+            "blkio_stats": {"io_service_bytes_recursive": [
+                {"major": 254, "minor": 0, "op": "Read", "value": 700},
+                {"major": 254, "minor": 0, "op": "Write", "value": 5},
+                {"major": 8, "minor": 0, "op": "Read", "value": 30},
+            ]},
+        }
+
+
+class Client:
+    def __init__(self, version: str) -> None:
+        self.api = StatsApi(version)
+
+
+def test_the_docker_meter_reads_the_models_disk_and_speaks_to_old_engines() -> None:
+    new = DockerMeter(Client("1.45"))
+    assert new.usage(TASK, "254:0") == Usage(700, 2.5)
+    assert new.usage(TASK, "9:9") == Usage(730, 2.5)  # a disk it does not name: all reads
+    assert new.client.api.calls[0] == {"stream": False, "one_shot": True}
+    old = DockerMeter(Client("1.40"))  # no one-shot stats before API 1.41
+    assert old.usage(TASK, None) == Usage(730, 2.5)
+    assert old.client.api.calls == [{"stream": False}]

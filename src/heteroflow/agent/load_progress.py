@@ -106,10 +106,16 @@ class DockerMeter:
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        # an Engine older than API 1.41 has no one-shot stats: the plain call then (it
+        # waits for a second CPU sample, about a second, which the load's sampling affords)
+        self._one_shot = _api_at_least(str(getattr(client.api, "_version", "")), (1, 41))
 
     def usage(self, task_id: str, disk: str | None) -> Usage:
         try:
-            stats = self.client.api.stats(task_id, stream=False, one_shot=True)
+            if self._one_shot:
+                stats = self.client.api.stats(task_id, stream=False, one_shot=True)
+            else:
+                stats = self.client.api.stats(task_id, stream=False)
         except Exception as exc:  # gone, or an Engine error: not known this time
             log.debug("stats of %s not read: %s", task_id, exc)
             return Usage()
@@ -121,6 +127,15 @@ class DockerMeter:
         reads = [e for e in entries if str(e.get("op", "")).lower() == "read"]
         on_disk = [e for e in reads if f"{e.get('major')}:{e.get('minor')}" == disk]
         return Usage(sum(int(e.get("value", 0)) for e in (on_disk or reads)), cpu)
+
+
+def _api_at_least(version: str, least: tuple[int, int]) -> bool:
+    """Whether a Docker API version ("1.41") is at least ``least``; unknown: yes."""
+    try:
+        major, minor = (int(p) for p in version.split(".")[:2])
+    except ValueError:
+        return True
+    return (major, minor) >= least
 
 
 def meter_for(runtime: Runtime) -> LoadMeter:
