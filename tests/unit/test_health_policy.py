@@ -40,6 +40,22 @@ def test_start_period_failures_stay_ignored_after_a_pass() -> None:
     assert t.consecutive_failures == 0
 
 
+@pytest.mark.feature("D5")
+def test_failures_while_loading_are_never_counted_after_the_start_period() -> None:
+    t = tracker(start_period_s=5, threshold=3)
+    assert t.record(False, 1001.0, "HTTP 503: Loading model", loading=True) is (
+        V.IGNORED_IN_START_PERIOD
+    )
+    for now in (1010.0, 1100.0, 1900.0):  # long past the start period: still loading
+        assert t.record(False, now, "connection refused", loading=True) is (
+            V.IGNORED_WHILE_LOADING
+        )
+    assert t.consecutive_failures == 0 and t.last_detail == "connection refused"
+    assert t.record(True, 1901.0, "HTTP 200", loading=True) is V.HEALTHY_FIRST
+    # the window closed at the pass: D2's counting from here on
+    assert [t.record(False, 1902.0 + i) for i in range(3)] == [V.FAILING, V.FAILING, V.UNHEALTHY]
+
+
 @D2
 def test_threshold_consecutive_failures_make_it_unhealthy() -> None:
     t = tracker(start_period_s=0, threshold=3)
