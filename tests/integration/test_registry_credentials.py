@@ -210,3 +210,17 @@ def test_the_claim_carries_the_tenants_login_else_the_platforms(
     groups = api.client.get("/api/v1/task-groups", headers=admin).text
     assert PASSWORD not in groups and OTHER_PASSWORD not in groups
     assert PASSWORD not in caplog.text and OTHER_PASSWORD not in caplog.text
+
+
+def test_a_credential_sealed_under_another_secret_does_not_fail_the_claim(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = api.login()
+    cred = create(api, admin).json()
+    with api.app.db.session() as s:  # as if restored beside another platform secret
+        row = s.get(RegistryCredential, cred["id"])
+        assert row is not None
+        row.password_sealed = Sealer("another platform secret").seal(PASSWORD, row.id)
+    claimed = claim(api, admin, "registry.example.com:5000/team/engine:v1", "svc-x")
+    assert claimed["status"] == "starting" and claimed["registry_auth"] is None
+    assert f"registry credential {cred['id']}" in caplog.text and PASSWORD not in caplog.text

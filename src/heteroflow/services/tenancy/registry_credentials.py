@@ -24,6 +24,7 @@ platform's, else none (the node's own Docker configuration applies).
 from __future__ import annotations
 
 import base64
+import logging
 import secrets
 
 from cryptography.exceptions import InvalidTag
@@ -47,6 +48,8 @@ from heteroflow.schemas.registry_credentials import (
 )
 from heteroflow.services.identity.auth import Principal
 from heteroflow.services.unique import taken_as
+
+log = logging.getLogger(__name__)
 
 PLATFORM = ""  # the tenant_id of the platform's own credentials
 _SEAL_INFO = b"heteroflow/registry-credentials/v1"
@@ -223,6 +226,17 @@ def auth_for(s: Session, sealer: Sealer, tenant_id: str, image: str) -> Registry
     if not rows:
         return None
     row = min(rows, key=lambda r: r.tenant_id == PLATFORM)  # the tenant's own first
-    password = sealer.open(row.password_sealed, row.id)
+    try:
+        password = sealer.open(row.password_sealed, row.id)
+    except ValueError:
+        # sealed under another platform secret (a database restored beside new secrets):
+        # the claim goes on without it — the pull then fails "unauthorised", naming what
+        # to set — rather than failing the claim itself
+        log.warning(
+            "registry credential %s (%s, tenant %r) cannot be opened with this platform's "
+            "secret: set its password again (PATCH /api/v1/registry-credentials/%s)",
+            row.id, row.registry_host, row.tenant_id, row.id,
+        )
+        return None
     register_secrets(password)
     return RegistryAuth(username=row.username, password=password)
