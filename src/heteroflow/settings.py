@@ -372,9 +372,10 @@ class AgentSettings(BaseSettings):
     # asks the server every task_life_poll_interval_s which of its tasks sleep or wake,
     # and converges at once rather than at the next heartbeat (0 = heartbeats only). A
     # vLLM-family engine gets POST /sleep?level=2 (at most vllm_sleep_timeout_s) before it
-    # is stopped. A woken engine is judged like a launched one, by its load (D5, below);
-    # inside its start period or its load window it is probed every wake_probe_interval_s
-    # (failures there are not counted), so it serves as soon as it answers.
+    # is stopped. A woken engine is judged like a launched one, by its load (D5, below).
+    # An engine not yet serving (launched or woken) is probed every wake_probe_interval_s
+    # inside its start period or its load window (failures there are not counted), so it
+    # serves as soon as it answers; after its first pass its check's interval applies.
     task_life_poll_interval_s: float = Field(default=0.5, ge=0.0)
     vllm_sleep_timeout_s: float = Field(default=5.0, gt=0.0)
     wake_probe_interval_s: float = Field(default=0.2, gt=0.0)

@@ -171,3 +171,90 @@ def test_a_failing_health_check_kills_the_engine_and_fails_the_task(
     finally:
         for task_id in made.values():
             runtime.stop(task_id, 5)
+
+
+READY_WHEN = """
+import http.server, os, sys
+flag = sys.argv[2]
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if os.path.exists(flag) else 503)
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+@pytest.mark.feature("D5")
+def test_a_starting_engine_serves_as_soon_as_it_answers_not_a_check_interval_later(
+    api: Api, tmp_path: Path
+) -> None:
+    """The first probe of a launch comes too early (the engine is loading); the next one
+    must not wait the check's 10 s interval: before its first pass an engine is probed
+    every wake_probe_interval_s, as a waking one is (bench/cold_start.py found a tiny
+    model routable only 10 s after launch)."""
+    admin = api.login()
+    node_id = api.heartbeat()
+    check = {"interval_seconds": 10, "unhealthy_threshold": 3, "start_period_seconds": 30}
+    r = api.client.post(
+        "/api/v1/task-groups", json=service_body(name="quick", health_check=check), headers=admin
+    )
+    assert r.status_code == 201, r.text
+    task_id = r.json()["tasks"][0]["id"]
+    api.app.scheduler.run_round()
+    r = api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/claim", {})
+    assert r.status_code == 200, r.text
+
+    runtime = ProcessRuntime(tmp_path / "agent")
+    port, flag = free_port(), tmp_path / "ready"
+    runtime.start(LaunchSpec(task_id, (sys.executable, "-c", READY_WHEN, str(port), str(flag))))
+    try:
+        deadline = time.monotonic() + 20
+        while not listening(port):
+            assert time.monotonic() < deadline, "the engine did not start listening"
+            time.sleep(0.05)
+        settings = AgentSettings(
+            server_url="http://server", node_token=NODE_TOKEN, node_name="node-a",
+            runtime="process", work_dir=tmp_path / "agent", stop_timeout_s=5,
+            wake_probe_interval_s=0.2,
+        )
+        agent = Agent(
+            settings, NodeConfig(), Launcher(runtime), api.clock,  # type: ignore[arg-type]
+            nvml=NvmlDiscovery(platform="none"),
+        )
+        agent.shipper = NoLogs()  # type: ignore[assignment]
+        beat = {"name": "node-a", "address": "127.0.0.1", "inventory": {}}
+        reply = api.agent_post(node_id, "/api/v1/agent/heartbeat", beat).json()
+        for t in reply["tasks"]:
+            agent._adopt(TaskAssignment.model_validate(t))
+        agent.local[task_id].port = port
+
+        async def drive() -> list[str]:
+            await agent.client.aclose()
+            agent.client._http = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=api.app.asgi),
+                base_url="http://server",
+                headers={"Authorization": f"Bearer {NODE_TOKEN}"},
+            )
+            agent.client.node_id = node_id
+            seen: list[str] = []
+            try:
+                await agent.watch_once()  # too early: 503, inside the start period
+                seen.append(api.client.get(f"/api/v1/tasks/{task_id}", headers=admin)
+                            .json()["status"])
+                flag.touch()  # the engine is ready now
+                api.clock.advance(0.3)  # well inside the check's 10 s interval
+                await agent.watch_once()
+                seen.append(api.client.get(f"/api/v1/tasks/{task_id}", headers=admin)
+                            .json()["status"])
+            finally:
+                await agent.client.aclose()
+                if agent._http is not None:
+                    await agent._http.close()
+            return seen
+
+        assert asyncio.run(drive()) == ["starting", "running"]
+    finally:
+        runtime.stop(task_id, 5)

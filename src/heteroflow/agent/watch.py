@@ -32,7 +32,7 @@ class Watching(Loading):
             now = self.clock.monotonic()
             if await self._load_round(task_id, loc, now):
                 continue  # D5: stalled (or overdue), stopped
-            if not (loc.tracker.due(now) or self._wake_probe_due(loc, now)):
+            if not (loc.tracker.due(now) or self._ready_probe_due(loc, now)):
                 continue
             loc.probed_at = now
             host = self.launcher.probe_host_for(loc.task, loc.port)
@@ -103,13 +103,16 @@ class Watching(Loading):
                 fault="engine_exited" if code >= 0 else "container_lost",
             )
 
-    def _wake_probe_due(self, loc: Local, now: float) -> bool:
-        """A waking engine is probed every ``wake_probe_interval_s`` inside its start
-        period or its load window (failures there are never counted), so it serves as
-        soon as it answers."""
+    def _ready_probe_due(self, loc: Local, now: float) -> bool:
+        """An engine not yet serving — launched and never passed, or waking — is probed
+        every ``wake_probe_interval_s`` inside its start period or its load window
+        (failures there are never counted), so it serves as soon as it answers; its
+        check's own ``interval_seconds`` governs once it has passed. (A launch used to
+        wait the whole interval after its first, too-early probe: a tiny model loaded in
+        under a second became routable after 10 s — bench/cold_start.py.)"""
         last = loc.probed_at
         return (
-            loc.waking
+            (loc.waking or not loc.tracker.passed_once)
             and not loc.tracker.paused
             and (loc.tracker.in_start_period(now) or loc.load is not None)
             and (last is None or now - last >= self.settings.wake_probe_interval_s)
