@@ -70,6 +70,7 @@ def _real_ids(path: str, w: World) -> dict[str, str]:
         "route_id": w.added_route_id, "request_id": w.file_request_id,
         "node_id": w.node_id, "group_id": w.group_id,
         "credential_id": w.registry_credential_id,
+        "name": "fuzz-adapter",  # a LoRA adapter's name (none exists: a 404, never a 5xx)
     }
     if path.startswith("/api/v1/sharing-groups/"):
         ids["group_id"] = w.sharing_group_id

@@ -228,6 +228,13 @@ def operations(a: World, b: World) -> dict[str, tuple[str, dict[str, Any]]]:
         "PATCH /api/v1/registry-credentials/{credential_id}": (
             OBJECT, {"json": {"password": "stolen-pass"}}),
         "DELETE /api/v1/registry-credentials/{credential_id}": (OBJECT, {}),
+        # issue 28 (H8): the engines and their maturity, the same for everyone
+        "GET /api/v1/engines": (GLOBAL, {}),
+        # issue 28: a service's LoRA adapters, its owner's
+        "GET /api/v1/task-groups/{group_id}/adapters": (OBJECT, {}),
+        "POST /api/v1/task-groups/{group_id}/adapters": (
+            OBJECT, {"json": {"name": "stolen-lora", "path": "/data/models/lora"}}),
+        "DELETE /api/v1/task-groups/{group_id}/adapters/{name}": (OBJECT, {}),
     }
 
 
@@ -238,6 +245,7 @@ def fill(path: str, a: World) -> str:
         "route_id": a.added_route_id, "request_id": a.file_request_id,
         "node_id": a.dedicated_node_id,
         "group_id": a.group_id, "credential_id": a.registry_credential_id,
+        "name": "an-adapter",
     }
     if path.startswith("/api/v1/sharing-groups/"):
         ids["group_id"] = a.sharing_group_id
