@@ -129,13 +129,16 @@ def test_inference_without_model_path_or_command_is_400(api: Api) -> None:
 
 
 def test_gpu_zero_needs_a_cpu_engine(api: Api) -> None:
+    """SGLang has no CPU build at all (docs/engines.md); vLLM's CPU build is judged by
+    the nodes that report it (tests/integration/test_vllm_cpu_placement.py)."""
     admin = api.login()
     r = api.client.post(
         "/api/v1/task-groups",
-        json=service_body(task={"image": "vllm/vllm-openai:latest", "gpu_required": 0}),
+        json=service_body(task={"image": "lmsysorg/sglang:latest", "gpu_required": 0}),
         headers=admin,
     )
     assert r.status_code == 400 and r.json()["error"]["field"] == "task.gpu_required"
+    assert "runs on the CPU" in r.json()["error"]["message"]
 
 
 @pytest.mark.feature("A3")

@@ -193,7 +193,8 @@ def _check_fields(spec: TaskSpec, parallelism: str, engine: str, task_type: str,
     if gpus == 0 and task_type == "inference" and engine not in CPU_CAPABLE and not cpu_build:
         raise ValidationFailed(
             f"gpu_required 0 runs on the CPU, which only {', '.join(sorted(CPU_CAPABLE))} "
-            f"can do; engine is {engine or 'unresolved'}",
+            "can do (and vLLM where a node runs its CPU build: none you may use does); "
+            f"engine is {engine or 'unresolved'}",
             field="task.gpu_required",
         )
     if engine in ENGINES and not spec.command and parallelism not in ENGINES[engine].shapes:
