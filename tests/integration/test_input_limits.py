@@ -463,12 +463,17 @@ def test_every_request_field_is_bounded_in_the_openapi_document(api: Api) -> Non
     assert found == []
 
 
+_VALUE_SCHEMAS = ("schema", "lax_schema", "strict_schema", "json_schema", "python_schema",
+                  "choices")
+
+
 def _unguarded_strings(node: Any, where: str, guarded: bool = False) -> list[str]:
-    """``str`` nodes of a pydantic core schema that no NUL check (``no_nul``/``scrub``)
+    """``str`` nodes of a pydantic core schema that no NUL check (``no_nul``/``scrub``/
+    ``no_nul_secret``)
     wraps; in a chain, one guarded step guards the value for the others."""
-    guards = (common.no_nul, common.scrub)
+    guards = (common.no_nul, common.no_nul_secret, common.scrub)
     if isinstance(node, list):
-        return [x for v in node for x in _unguarded_strings(v, where)]
+        return [x for v in node for x in _unguarded_strings(v, where, guarded)]
     if not isinstance(node, dict):
         return []
     kind = node.get("type")
@@ -484,7 +489,9 @@ def _unguarded_strings(node: Any, where: str, guarded: bool = False) -> list[str
     for key, value in node.items():
         if key in ("function", "cls", "metadata", "ref"):
             continue
-        inner = guarded if key == "schema" else False
+        # a guard around a value guards every way of reading it (a SecretStr's lax and
+        # strict, JSON and Python schemas)
+        inner = guarded if key in _VALUE_SCHEMAS else False
         label = where if key in ("schema", "fields") else f"{where}.{key}"
         out += _unguarded_strings(value, label, inner)
     return out

@@ -50,6 +50,11 @@ OPERATORS_ONLY = {
     "DELETE /api/v1/sharing-groups/{group_id}",
     "POST /api/v1/sharing-groups/{group_id}/tenants",
     "DELETE /api/v1/sharing-groups/{group_id}/tenants/{tenant_id}",
+    # registry credentials (H7): operators and tenant admins only; a member gets 403
+    "POST /api/v1/registry-credentials",
+    "GET /api/v1/registry-credentials/{credential_id}",
+    "PATCH /api/v1/registry-credentials/{credential_id}",
+    "DELETE /api/v1/registry-credentials/{credential_id}",
 }
 MACHINE = ("/api/v1/agent/", "/api/v1/gateway/s", "/api/v1/gateway/u",
            "/api/v1/gateway/activity", "/api/v1/gateway/wake")
@@ -115,6 +120,11 @@ def test_an_own_only_member_is_refused_every_operation_on_another_members_object
     r = api.client.post(f"/api/v1/sharing-groups/{a.sharing_group_id}/tenants",
                         json={"tenant_id": tenant_id}, headers=admin)
     assert r.status_code == 200, r.text
+    r = api.client.post("/api/v1/registry-credentials", headers=admin, json={
+        "registry_host": "a.example.com", "username": "a", "password": "a-pass-123",
+        "tenant_id": tenant_id})
+    assert r.status_code == 201, r.text
+    a.registry_credential_id = r.json()["id"]
     # switched off (the default), m2 sees m1's service: the walk below is not vacuous
     assert api.client.get(f"/api/v1/task-groups/{a.group_id}", headers=m2).status_code == 200
     see_own(api, admin, tenant_id, True)
@@ -125,11 +135,13 @@ def test_an_own_only_member_is_refused_every_operation_on_another_members_object
     walked += ["GET /api/v1/openapi.json", "GET /api/v1/docs"]
     unknown = sorted(set(walked) - set(known))
     assert unknown == [], f"classify these new operations in the walker: {unknown}"
-    # control: m1, the owner, reads every object the walk names (sharing groups: admin)
+    # control: m1, the owner, reads every object the walk names (sharing groups and
+    # registry credentials: admin)
     for op, (kind, _) in known.items():
         method, path = op.split(" ", 1)
         if kind == OBJECT and method == "GET" and "{" in path and "/agent/" not in path:
-            owner = admin if path.startswith("/api/v1/sharing-groups/") else m1
+            by_operator = ("/api/v1/sharing-groups/", "/api/v1/registry-credentials/")
+            owner = admin if path.startswith(by_operator) else m1
             r = api.client.get(fill(path, a), headers=owner)
             assert r.status_code == (409 if path.endswith("/content") else 200), (op, r.text)
     order = sorted(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, StringConstraints
 
 MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
@@ -29,6 +29,12 @@ def no_nul(value: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("not valid Unicode text (a lone surrogate)") from None
+    return value
+
+
+def no_nul_secret(value: SecretStr) -> SecretStr:
+    """``no_nul`` for a secret (a password kept out of reprs and logs)."""
+    no_nul(value.get_secret_value())
     return value
 
 

@@ -6,10 +6,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    model_validator,
+)
 
 from heteroflow.core.images import REGISTRY_HOST, normalise_host
-from heteroflow.schemas.common import MAX_ID_LENGTH, SafeStr, Strict, no_nul
+from heteroflow.schemas.common import MAX_ID_LENGTH, Strict, no_nul, no_nul_secret
 
 
 def _host(value: str) -> str:
@@ -22,19 +30,24 @@ def _host(value: str) -> str:
     return host
 
 
-def _password(value: SecretStr) -> SecretStr:
-    no_nul(value.get_secret_value())
-    return value
-
-
-RegistryHost = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_host)]
+RegistryHost = Annotated[
+    str, StringConstraints(min_length=1, max_length=255), AfterValidator(no_nul),
+    AfterValidator(_host),
+]
 # Docker's basic auth: a username never holds ':' (it separates it from the password)
 Username = Annotated[
-    SafeStr, Field(min_length=1, max_length=255, pattern=r"^[^:\s]+$")
+    str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^:\s]+$"),
+    AfterValidator(no_nul),
 ]
 # at least 6 characters: shorter ones could not be told from ordinary words when the
 # log redaction (logs.register_secrets) takes them out of every line
-Password = Annotated[SecretStr, Field(min_length=6, max_length=4096), AfterValidator(_password)]
+Password = Annotated[SecretStr, Field(min_length=6, max_length=4096), AfterValidator(no_nul_secret)]
+
+
+TenantRef = Annotated[
+    str, StringConstraints(max_length=MAX_ID_LENGTH, pattern=r"^[A-Za-z0-9._-]*$"),
+    AfterValidator(no_nul),
+]
 
 
 class RegistryCredentialCreate(Strict):
@@ -44,9 +57,7 @@ class RegistryCredentialCreate(Strict):
     registry_host: RegistryHost
     username: Username
     password: Password
-    tenant_id: SafeStr | None = Field(
-        default=None, max_length=MAX_ID_LENGTH, pattern=r"^[A-Za-z0-9._-]*$"
-    )
+    tenant_id: TenantRef | None = None
 
 
 class RegistryCredentialUpdate(Strict):
