@@ -1,0 +1,198 @@
+"""The real resolver: a model source → its ``Manifest``, by asking the source.
+
+- Hugging Face: ``GET {endpoint}/api/models/{org/name}/revision/{rev}?blobs=true`` (what
+  ``huggingface_hub``'s ``HfApi.model_info(files_metadata=True)`` asks): ``sha`` is the
+  resolved commit, each of ``siblings`` gives ``rfilename``, ``size`` and, for a file
+  in LFS, ``lfs.sha256``. Files are fetched from ``{endpoint}/{org/name}/resolve/{commit}/
+  {path}`` (``hf_hub_url``'s form), pinned to the commit so a branch that moves while a
+  node downloads cannot mix two revisions. A non-LFS file (a config, a tokenizer) has a
+  git blob id, not a SHA-256: it is checked by size.
+- ModelScope: ``GET {endpoint}/api/v1/models/{org/name}/repo/files?Revision={rev}&
+  Recursive=true`` (what the ``modelscope`` SDK's ``HubApi.get_model_files`` asks):
+  ``Data.Files[]`` with ``Type`` ``blob``, ``Path``, ``Size``, ``Sha256``; files from
+  ``{endpoint}/api/v1/models/{org/name}/repo?Revision={rev}&FilePath={path}``. The
+  listing names no repository commit, so the resolved revision is the one asked for.
+  Checked against the SDK's source, not against the real service (unreachable here).
+- https: ``HEAD`` gives the size (``Content-Length``); a ``{url}.sha256`` sidecar, when
+  the server has one, gives the SHA-256 (its first word, as ``sha256sum`` writes it).
+- fleet: not yet (a copy between nodes needs the agents' file route): ``unsupported``.
+
+The endpoints are the operator's (a mirror) and the timeout is the caller's: constructor
+arguments. A token is sent as ``Authorization: Bearer`` to the endpoint only.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import aiohttp
+
+from heteroflow.core.model_sources import FIELD, ModelSource, SourceKind
+from heteroflow.models.fetch.http import request, shown, status_failure
+from heteroflow.models.fetch.manifest import (
+    Manifest,
+    ManifestFile,
+    SourceFailed,
+    safe_relative,
+)
+
+HF_ENDPOINT = "https://huggingface.co"
+MODELSCOPE_ENDPOINT = "https://www.modelscope.cn"
+MAX_LISTING_BYTES = 32 << 20
+_SHA256_WORD = re.compile(r"^([0-9a-fA-F]{64})(\s|$)")
+
+
+class SourceResolver:
+    def __init__(
+        self,
+        *,
+        hf_endpoint: str = HF_ENDPOINT,
+        modelscope_endpoint: str = MODELSCOPE_ENDPOINT,
+        timeout_s: float = 30.0,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.hf_endpoint = hf_endpoint.rstrip("/")
+        self.modelscope_endpoint = modelscope_endpoint.rstrip("/")
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session = session
+
+    async def resolve(self, source: ModelSource, token: str | None = None) -> Manifest:
+        if source.kind is SourceKind.PATH:
+            raise SourceFailed("unsupported", f"{FIELD}: a path is read on the node, "
+                               "not resolved")
+        if source.kind is SourceKind.FLEET:
+            raise SourceFailed(
+                "unsupported",
+                f"{FIELD}: fleet:// sources are not supported yet (copies between nodes "
+                "come with issue 29's next step); use hf://, modelscope:// or https://",
+            )
+        if self._session is not None:
+            return await self._resolve(self._session, source, token)
+        async with aiohttp.ClientSession() as session:
+            return await self._resolve(session, source, token)
+
+    async def _resolve(
+        self, session: aiohttp.ClientSession, source: ModelSource, token: str | None
+    ) -> Manifest:
+        if source.kind is SourceKind.HF:
+            return await self._hf(session, source, token)
+        if source.kind is SourceKind.MODELSCOPE:
+            return await self._modelscope(session, source, token)
+        return await self._url(session, source, token)
+
+    async def _json(
+        self, session: aiohttp.ClientSession, url: str, token: str | None, what: str
+    ) -> Any:
+        async with request(session, "GET", url, token=token, timeout=self.timeout) as resp:
+            if resp.status != 200:
+                raise status_failure(
+                    resp.status, url, what, resp.headers.get("X-Error-Code", "")
+                )
+            body = await resp.content.read(MAX_LISTING_BYTES + 1)
+        if len(body) > MAX_LISTING_BYTES:
+            raise SourceFailed("invalid", f"{FIELD}: the listing of {what} is too large")
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise SourceFailed(
+                "invalid", f"{FIELD}: {shown(url)} did not answer JSON for {what}"
+            ) from None
+
+    async def _hf(
+        self, session: aiohttp.ClientSession, source: ModelSource, token: str | None
+    ) -> Manifest:
+        repo, rev = source.location, source.revision or "main"
+        what = f"hf://{repo}@{rev}"
+        url = f"{self.hf_endpoint}/api/models/{repo}/revision/{quote(rev, safe='')}?blobs=true"
+        info = await self._json(session, url, token, what)
+        commit = info.get("sha") if isinstance(info, dict) else None
+        siblings = info.get("siblings") if isinstance(info, dict) else None
+        if not isinstance(commit, str) or not re.fullmatch(r"[0-9a-f]{40}", commit):
+            raise SourceFailed("invalid", f"{FIELD}: the hub named no commit for {what}")
+        if not isinstance(siblings, list):
+            raise SourceFailed("invalid", f"{FIELD}: the hub listed no files for {what}")
+        files = []
+        for s in siblings:
+            path = s.get("rfilename") if isinstance(s, dict) else None
+            if not isinstance(path, str) or safe_relative(path) is None:
+                raise SourceFailed("invalid", f"{FIELD}: the hub listed an unsafe file "
+                                   f"name in {what}: {path!r}")
+            lfs = s.get("lfs") if isinstance(s.get("lfs"), dict) else {}
+            size = lfs.get("size", s.get("size"))
+            sha = lfs.get("sha256")
+            files.append(ManifestFile(
+                path=path,
+                size=size if isinstance(size, int) else None,
+                sha256=sha if isinstance(sha, str) and len(sha) == 64 else None,
+                url=f"{self.hf_endpoint}/{repo}/resolve/{commit}/{quote(path)}",
+            ))
+        if not files:
+            raise SourceFailed("not_found", f"{FIELD}: {what} holds no files")
+        return Manifest(source, commit, tuple(files))
+
+    async def _modelscope(
+        self, session: aiohttp.ClientSession, source: ModelSource, token: str | None
+    ) -> Manifest:
+        repo, rev = source.location, source.revision or "master"
+        what = f"modelscope://{repo}@{rev}"
+        base = f"{self.modelscope_endpoint}/api/v1/models/{repo}"
+        url = f"{base}/repo/files?Revision={quote(rev, safe='')}&Recursive=true"
+        info = await self._json(session, url, token, what)
+        data = info.get("Data") if isinstance(info, dict) else None
+        listed = data.get("Files") if isinstance(data, dict) else None
+        if not isinstance(listed, list):
+            code = info.get("Code") if isinstance(info, dict) else None
+            if code in (404, "404"):
+                raise SourceFailed("not_found", f"{FIELD}: {what} was not found")
+            raise SourceFailed("invalid", f"{FIELD}: ModelScope listed no files for {what}")
+        files = []
+        for f in listed:
+            if not isinstance(f, dict) or f.get("Type", "blob") != "blob":
+                continue
+            path = f.get("Path")
+            if not isinstance(path, str) or safe_relative(path) is None:
+                raise SourceFailed("invalid", f"{FIELD}: ModelScope listed an unsafe file "
+                                   f"name in {what}: {path!r}")
+            size, sha = f.get("Size"), f.get("Sha256")
+            files.append(ManifestFile(
+                path=path,
+                size=size if isinstance(size, int) else None,
+                sha256=sha.lower() if isinstance(sha, str) and len(sha) == 64 else None,
+                url=f"{base}/repo?Revision={quote(rev, safe='')}&FilePath={quote(path)}",
+            ))
+        if not files:
+            raise SourceFailed("not_found", f"{FIELD}: {what} holds no files")
+        return Manifest(source, "", tuple(files))
+
+    async def _url(
+        self, session: aiohttp.ClientSession, source: ModelSource, token: str | None
+    ) -> Manifest:
+        url = source.location
+        async with request(session, "HEAD", url, token=token, timeout=self.timeout) as resp:
+            if resp.status != 200:
+                raise status_failure(resp.status, url, shown(url))
+            length = resp.headers.get("Content-Length")
+        size = int(length) if length and length.isdigit() else None
+        sha = await self._sidecar(session, url + ".sha256", token)
+        name = posixpath.basename(urlsplit(url).path)
+        return Manifest(source, "", (ManifestFile(name, size, sha, url),))
+
+    async def _sidecar(
+        self, session: aiohttp.ClientSession, url: str, token: str | None
+    ) -> str | None:
+        """The SHA-256 a ``.sha256`` file beside the URL gives, or None when there is
+        none (any status but 200). A sidecar that is there but unreadable is refused:
+        the server meant to give a checksum."""
+        async with request(session, "GET", url, token=token, timeout=self.timeout) as resp:
+            if resp.status != 200:
+                return None
+            body = await resp.content.read(4096)
+        m = _SHA256_WORD.match(body.decode("utf-8", "replace").strip())
+        if m is None:
+            raise SourceFailed("invalid", f"{FIELD}: {shown(url)} is not a SHA-256 "
+                               "checksum file")
+        return m[1].lower()
