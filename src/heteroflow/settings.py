@@ -129,6 +129,10 @@ class ServerSettings(BaseSettings):
     # scheduler cannot place, or never healthy — rolls back and frees the group for the
     # next update (issue 26); keep it below rollout_max_hold_s, which gives up unrolled.
     rollout_progress_deadline_s: float = Field(default=600.0, gt=0.0)
+    # D5: a new replica whose agent said within rollout_load_news_s that it is loading (or
+    # pulling its image) is making progress — its agent notes how far every few seconds
+    # and fails a load that stalls — so neither limit above counts it (core/rollout/readiness.py)
+    rollout_load_news_s: float = Field(default=60.0, gt=0.0)
     # --- end issue 14 (rollout) ---
     # VRAM kept free on every card (B3): fixed MB + a share of the card.
     vram_reserve_fixed_mb: int = 500
@@ -317,6 +321,7 @@ class ServerSettings(BaseSettings):
             renew_s=self.rollout_renew_s,
             max_hold_s=self.rollout_max_hold_s,
             progress_deadline_s=self.rollout_progress_deadline_s,
+            load_news_s=self.rollout_load_news_s,
         )
 
 

@@ -530,3 +530,39 @@ def test_an_update_that_makes_no_progress_fails_with_the_reason_and_lets_go(api:
     # the lock is released: the next update is accepted
     code, g = put_update(api, member, group_id, engine_args=["-c", "512"])
     assert code == 200 and g["current_generation"] == 3, g
+
+
+@pytest.mark.feature("D5", "J1")
+def test_a_new_replica_that_loads_for_longer_than_the_ready_timeout_is_waited_for(
+    api: Api,
+) -> None:
+    """The agent's load notes (D5: 'loading' when its window opens, then 'progress') reach
+    the rollout through the task: a big model loading with progress is not late."""
+    admin = api.login()
+    group_id, node_id, (old0, _) = two_replicas(api, admin)
+    policy = api.app.rollouts.policy
+    assert put_update(api, admin, group_id, image=NEW_IMAGE)[0] == 200
+    drive(api)
+    api.app.scheduler.run_round()
+    (c,) = candidates(api, admin, group_id)
+    assert api.agent_post(node_id, f"/api/v1/agent/tasks/{c['id']}/claim", {}).status_code == 200
+    note = {"status": "starting", "message": "loading a 40 GB model: expected ~7 min",
+            "note": "loading"}
+    assert report(api, node_id, c["id"], note).status_code == 200
+    waited = 0.0
+    while waited < policy.ready_timeout_s + 60:  # longer than the fixed limit
+        drive(api, 10)
+        waited += 10
+        progress = {"status": "starting", "message": f"loading: {waited / 10:.0f} of 40 GB",
+                    "note": "progress"}
+        assert report(api, node_id, c["id"], progress).status_code == 200
+    drive(api)
+    st, message = state(api, admin, group_id)
+    assert st == "rolling" and "attempt 1 of 4" in message, message
+    assert f"{c['id']}: loading: " in message
+    assert task(api, admin, c["id"])["status"] == "starting"
+    # the agent goes quiet (its node is lost): past load_news_s the candidate is late
+    drive(api, policy.load_news_s)
+    st, message = state(api, admin, group_id)
+    assert "attempt 1 of 4 failed" in message and "said nothing of it for" in message, message
+    assert task(api, admin, old0)["status"] == "running"

@@ -472,3 +472,102 @@ def test_a_pull_that_may_heal_is_tried_again_as_any_failed_start() -> None:
     w.fail(c1, "image pull failed (unreachable): reg:5000/engine:v2; connection refused")
     st = w.tick()
     assert st.state == RolloutState.ROLLING and w.p.attempt == 2
+
+
+# --- D5: readiness follows loading (core/rollout/readiness.py) ---
+
+LOAD_POLICY = replace(POLICY, ready_timeout_s=100, progress_deadline_s=400, load_news_s=60)
+
+
+def load_note(w: World, tid: str, text: str = "loading: 1.2 of 40 GB, ~9 min left",
+              busy: str = "loading") -> None:
+    """The candidate's agent notes how far its load got (a D5 'progress' note)."""
+    w.reps[tid] = replace(
+        w.reps[tid], status=T.STARTING, busy=busy, news_at=w.now, message=text
+    )
+
+
+@pytest.mark.feature("D5")
+def test_a_candidate_that_loads_with_progress_is_never_late() -> None:
+    w = World(policy=LOAD_POLICY)
+    w.tick()
+    (c1,) = w.live_candidates()
+    for _ in range(60):  # 600 s of a 70B load: past ready_timeout_s and the deadline
+        w.tick(10)
+        load_note(w, c1)
+    st = w.tick()
+    assert st.state == RolloutState.ROLLING and not st.stop and w.p.attempt == 1
+    assert f"{c1}: loading: 1.2 of 40 GB, ~9 min left" in st.message
+    w.run(c1)
+    st = w.tick()
+    assert "the gateways learn of it" in st.message and w.live_candidates() == [c1]
+
+
+@pytest.mark.feature("D5")
+def test_a_candidate_not_loading_counts_against_the_ready_timeout() -> None:
+    w = World(policy=LOAD_POLICY)
+    w.tick()
+    (c1,) = w.live_candidates()
+    w.reps[c1] = replace(w.reps[c1], status=T.STARTING, message="launching")
+    w.tick(99)
+    st = w.tick(1)
+    assert "not running and healthy within 100 s and not loading" in st.message
+    assert st.stop == (c1,) and w.p.attempt == 2
+
+
+@pytest.mark.feature("D5")
+def test_a_load_whose_agent_went_quiet_is_late_and_says_so() -> None:
+    w = World(policy=LOAD_POLICY)
+    w.tick()
+    (c1,) = w.live_candidates()
+    w.tick(90)
+    load_note(w, c1)  # the last word from its agent (then its node is lost)
+    st = w.tick(59)  # 149 s: past ready_timeout_s, but the news is 59 s old
+    assert not st.stop and w.p.attempt == 1
+    st = w.tick(1)
+    assert st.stop == (c1,) and w.p.attempt == 2
+    assert "it was loading but its agent has said nothing of it for 60 s" in st.message
+
+
+@pytest.mark.feature("D5")
+def test_an_image_pull_with_progress_is_not_late_either() -> None:
+    w = World(policy=LOAD_POLICY)
+    w.tick()
+    (c1,) = w.live_candidates()
+    for _ in range(30):
+        w.tick(10)
+        load_note(w, c1, "pulling: 3.1 of 9.8 GB", busy="pulling")
+    assert w.p.attempt == 1 and not w.last.stop  # type: ignore[union-attr]
+    st = w.tick(60)
+    assert "it was pulling but its agent has said nothing" in st.message
+
+
+@pytest.mark.feature("D5")
+def test_the_progress_deadline_spares_a_load_until_it_goes_quiet() -> None:
+    w = World(policy=replace(LOAD_POLICY, ready_timeout_s=1000))
+    w.tick()
+    (c1,) = w.live_candidates()
+    for _ in range(45):  # 450 s: past progress_deadline_s (400) while it loads
+        w.tick(10)
+        load_note(w, c1)
+    assert w.last is not None and w.last.state == RolloutState.ROLLING
+    st = w.tick(60)  # 60 s without news: the update stalled
+    assert st.state == RolloutState.ROLLING_BACK
+    assert "no progress for 400 s" in st.message and c1 in st.message
+
+
+@pytest.mark.feature("D5")
+def test_a_restore_that_loads_is_not_given_up() -> None:
+    w = World(ranks=1, policy=LOAD_POLICY)
+    roll_batch(w)
+    w.p = replace(w.p, rolling_back=True, reason="test")
+    st = w.tick()
+    assert [c.restore for c in st.create] == [True]
+    (c,) = w.live_candidates()
+    for _ in range(30):
+        w.tick(10)
+        load_note(w, c)
+    assert w.last is not None and not w.last.stop and not w.p.given_up
+    st = w.tick(100)  # quiet: the restore is late
+    assert st.stop == (c,) and list(w.p.given_up) == [0]
+    assert "did not come back on rank 0 (not running and healthy within 100 s" in st.message

@@ -49,6 +49,7 @@ from heteroflow.core.rollout.model import (
     Step,
     Strategy,
 )
+from heteroflow.core.rollout.readiness import late, progressing
 from heteroflow.core.states import TaskStatus
 
 
@@ -109,12 +110,15 @@ def forward(
     waiting = [rank for rank, c in cands.items() if c is not None and c.live
                and c.status != TaskStatus.RUNNING]
     since = p.batch_since or now
-    late = bool(not failed and waiting) and (
-        (now - since).total_seconds() >= policy.ready_timeout_s
-    )
-    stalled = bool(waiting) and _stalled(p, now, policy)
-    if failed or late or stalled:
-        why = _why_failed(p, cands, failed, waiting, policy, stalled=stalled)
+    # D5: a candidate whose agent says it loads (and keeps saying so) is not late
+    late_by = {
+        rank: why for rank in waiting
+        if (c := cands[rank]) is not None and (why := late(c, since, now, policy))
+    }
+    quiet = [rank for rank in waiting if not _loads(cands[rank], now, policy)]
+    stalled = bool(quiet) and _stalled(p, now, policy)
+    if failed or late_by or stalled:
+        why = _why_failed(p, cands, failed, late_by, quiet, policy, stalled=stalled)
         # H7: an image that cannot be pulled fails the update at once, before any old
         # replica of the batch drained (they drain only once every candidate runs)
         unpullable = any(c is not None and c.unpullable for c in failed.values())
@@ -124,6 +128,9 @@ def forward(
     if waiting:
         running = len(p.batch) - len(waiting)
         extra = f" ({running} of {len(p.batch)} running)" if len(p.batch) > 1 else ""
+        loading = [c for rank in waiting if _loads(c := cands[rank], now, policy)]
+        if loading and loading[0] is not None:  # D5: what its agent last said of its load
+            extra += f"; {loading[0].id}: {first_line(loading[0].message)[:200]}"
         return wait(
             p, f"{label}: new generation starting (attempt {p.attempt} of "
             f"{policy.attempts}){extra}",
@@ -131,17 +138,23 @@ def forward(
     return _switch_when_drained(p, v, cands, now, policy, in_flight, label)
 
 
+def _loads(c: Replica | None, now: datetime, policy: RolloutPolicy) -> bool:
+    return c is not None and progressing(c, now, policy)
+
+
 def _why_failed(
     p: Progress,
     cands: Mapping[int, Replica | None],
     failed: Mapping[int, Replica | None],
-    waiting: Sequence[int],
+    late_by: Mapping[int, str],
+    quiet: Sequence[int],
     policy: RolloutPolicy,
     *,
     stalled: bool,
 ) -> str:
     """Why the batch's attempt failed: its first candidate that is gone or ended, else the
-    first one still not running (past ``ready_timeout_s``, or stalled)."""
+    first one late (past ``ready_timeout_s`` and not loading, or its load went quiet), else
+    the first one not loading when the update stalled."""
     if failed:
         rank, c = next(iter(sorted(failed.items())))
         return (
@@ -149,17 +162,17 @@ def _why_failed(
             else f"its new replica {c.id} (rank {rank}) {c.status.value}: "
             f"{first_line(c.message) or 'no reason recorded'}"
         )
-    c = cands[waiting[0]]
+    rank = min(late_by) if late_by and not stalled else min(quiet)
+    c = cands[rank]
     assert c is not None
     still = (
         f"{c.id} (rank {c.rank}) is still {c.status.value}: "
         f"{first_line(c.message) or 'no reason recorded'}"
     )
+    if stalled:
+        return f"no progress for {policy.progress_deadline_s:g} s: its new replica {still}"
     return (
-        f"no progress for {policy.progress_deadline_s:g} s: its new replica {still}"
-        if stalled else
-        f"its new replica(s) ({ranks_text(waiting)}) were not running and healthy "
-        f"within {policy.ready_timeout_s:g} s; {still}"
+        f"its new replica(s) ({ranks_text(sorted(late_by))}) were {late_by[rank]}; {still}"
     )
 
 

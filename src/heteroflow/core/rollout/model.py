@@ -52,6 +52,10 @@ class RolloutPolicy:
     renew_s: float = 15.0  # renewed this often
     max_hold_s: float = 960.0  # held at most this long (16 min)
     progress_deadline_s: float = 600.0  # no batch switched this long: it fails, rolls back
+    # D5: a candidate whose agent said it is loading (or pulling its image) within this
+    # is making progress — its agent notes how far every few seconds and fails a load
+    # that stalls itself — so neither ready_timeout_s nor progress_deadline_s counts it
+    load_news_s: float = 60.0
 
     @property
     def attempts(self) -> int:
@@ -73,6 +77,11 @@ class Replica:
     # H7: it failed because its image cannot be pulled until a person acts (not found,
     # unauthorised: ``fault.image_unavailable``): trying the batch again changes nothing
     unpullable: bool = False
+    # D5 / H7: what its agent last said it does before it serves — "loading" (its load
+    # window is open) or "pulling" (its image) — and when its agent last said anything
+    # about it; "" / None: nothing said (pending, or a launch with no load window)
+    busy: str = ""
+    news_at: datetime | None = None
 
     @property
     def current(self) -> bool:

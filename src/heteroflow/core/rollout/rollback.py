@@ -9,6 +9,7 @@ fails keeps the new generation, and the message says so). Then ``failed``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 
@@ -30,6 +31,7 @@ from heteroflow.core.rollout.model import (
     RolloutState,
     Step,
 )
+from heteroflow.core.rollout.readiness import late
 from heteroflow.core.states import TaskStatus
 
 
@@ -87,13 +89,14 @@ def rollback(
         )
     cands = {rank: v.by_id.get(tid) for rank, tid in p.candidates.items()}
     since = p.batch_since or now
-    timed_out = (now - since).total_seconds() >= policy.ready_timeout_s
-    bad = [
-        rank for rank, c in cands.items()
-        if c is None or not c.live or (timed_out and c.status != TaskStatus.RUNNING)
-    ]
+    # D5: a restore whose agent says it loads (and keeps saying so) is not late
+    late_by = {
+        rank: why for rank, c in cands.items()
+        if c is not None and (why := late(c, since, now, policy))
+    }
+    bad = [rank for rank, c in cands.items() if c is None or not c.live or rank in late_by]
     if bad:
-        return _keep_new(p, v, now, label, bad)
+        return _keep_new(p, v, now, label, bad, late_by)
     waiting = [c for c in cands.values() if c is not None and c.status != TaskStatus.RUNNING]
     if waiting:
         return wait(p, f"{label}: generation {back} starting again")
@@ -116,16 +119,20 @@ def rollback(
     return switch(p, v, now, label, f"generation {g} drained" if serving else "restored")
 
 
-def _keep_new(p: Progress, v: View, now: datetime, label: str, bad: list[int]) -> Step:
+def _keep_new(
+    p: Progress, v: View, now: datetime, label: str, bad: list[int],
+    late_by: Mapping[int, str],
+) -> Step:
     """The ranks whose restore failed or did not run in time keep the new generation (no
     retries here): their candidates are put away, the rest of the batch goes on."""
     g, back = p.generation, p.from_generation
     sub = replace(p, candidates={rank: p.candidates[rank] for rank in bad})
     retiring, stop, _ = dispose(replace(sub, drain_since=None), v, now)
     rest = tuple(rank for rank in p.batch if rank not in bad)
+    why = next((late_by[rank] for rank in bad if rank in late_by), "")
     text = (
-        f"{label}: generation {back} did not come back on {ranks_text(bad)}; "
-        f"they keep generation {g}"
+        f"{label}: generation {back} did not come back on {ranks_text(bad)}"
+        f"{f' ({why})' if why else ''}; they keep generation {g}"
     )
     nxt = replace(
         p, batch=rest, candidates={r: t for r, t in p.candidates.items() if r in rest},

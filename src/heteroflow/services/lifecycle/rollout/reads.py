@@ -45,8 +45,14 @@ def gateway_reports(clock: Clock, stale_s: float) -> InFlightReader:
     return read
 
 
-def replica(t: Task, unpullable: bool = False) -> Replica:
-    """A task row as the machine sees it."""
+def replica(
+    t: Task, unpullable: bool = False, busy: tuple[str, datetime] | None = None
+) -> Replica:
+    """A task row as the machine sees it (``busy``: what its agent last said it does before
+    it serves, and since when — see ``_busy``)."""
+    news_at = None
+    if busy is not None:  # the agent's notes since write the status message alone (D5)
+        news_at = max(busy[1], t.updated_at) if t.updated_at is not None else busy[1]
     return Replica(
         id=t.id,
         rank=t.rank,
@@ -57,6 +63,8 @@ def replica(t: Task, unpullable: bool = False) -> Replica:
         running_at=t.running_at,
         message=t.status_message or "",
         unpullable=unpullable,
+        busy=busy[0] if busy is not None else "",
+        news_at=news_at,
     )
 
 
@@ -72,7 +80,31 @@ def replicas(s: Session, group_id: str) -> tuple[list[Task], list[Replica]]:
     )
     failed = [t.id for t in tasks if t.replaced_by == CANDIDATE and t.status == TaskStatus.FAILED]
     unpullable = _unpullable(s, failed) if failed else set()
-    return tasks, [replica(t, t.id in unpullable) for t in tasks]
+    starting = [
+        t.id for t in tasks if t.replaced_by == CANDIDATE and t.status == TaskStatus.STARTING
+    ]
+    busy = _busy(s, starting) if starting else {}
+    return tasks, [replica(t, t.id in unpullable, busy.get(t.id)) for t in tasks]
+
+
+# The agent's notes that open what a starting task does before it serves (D5, H7): its
+# image pull began or ended, its load window opened. Every later note (how far) writes
+# the task's status message alone, so its ``updated_at`` is the agent's latest word.
+_BUSY = {EventKind.LOADING.value: "loading", EventKind.IMAGE_PULL.value: "pulling"}
+
+
+def _busy(s: Session, task_ids: list[str]) -> dict[str, tuple[str, datetime]]:
+    """Per starting candidate that has such a note: what its newest one says it does
+    ("loading" or "pulling") and when it was written."""
+    rows = s.execute(
+        select(Event.task_id, Event.kind, Event.created_at)
+        .where(Event.task_id.in_(task_ids), Event.kind.in_(list(_BUSY)))
+        .order_by(Event.created_at, Event.id)
+    )
+    out: dict[str, tuple[str, datetime]] = {}
+    for tid, kind, at in rows:
+        out[str(tid)] = (_BUSY[str(kind)], at)
+    return out
 
 
 def _unpullable(s: Session, task_ids: list[str]) -> set[str]:
