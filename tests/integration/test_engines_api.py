@@ -269,6 +269,43 @@ def test_one_click_fails_before_creating_anything_when_no_engine_fits(api: Api) 
     assert [rows(api, t) for t in (TaskGroup, Task, InferenceEndpoint)] == [0, 0, 0]
 
 
+@pytest.mark.feature("H1", "H2")
+def test_one_click_keeps_the_engine_the_request_names(api: Api) -> None:
+    """An explicit task.engine with no image: that engine's template, never the chain's
+    first (vLLM here), and only that one (no fallback to another engine)."""
+    admin = api.login()
+    heartbeat(
+        api,
+        "a10",
+        [A10],
+        {"vllm": "vllm/vllm-openai:v0.11.2", "llamacpp": "ghcr.io/ggml-org/llama.cpp:server"},
+    )
+    body = service_body(task={"image": "", "engine": "llamacpp", "gpu_required": 1,
+                              "model_path": "/data/models/q.gguf"})
+    r = api.client.post("/api/v1/task-groups?dry_run=true", json=body, headers=admin)
+    assert r.status_code == 200, r.text
+    assert r.json()["engine"] == "llamacpp"
+    g = api.client.post("/api/v1/task-groups", json=body, headers=admin).json()
+    t = g["tasks"][0]
+    assert (t["engine"], t["image"]) == ("llamacpp", "ghcr.io/ggml-org/llama.cpp:server")
+    assert [x["engine"] for x in g["inference_templates"]] == ["llamacpp"]
+    assert "named by task.engine" in t["engine_reason"]
+
+
+@pytest.mark.feature("H2")
+def test_one_click_refuses_a_named_engine_no_node_reports(api: Api) -> None:
+    admin = api.login()
+    heartbeat(api, "a10", [A10], {"vllm": "vllm/vllm-openai:v0.11.2"})
+    body = service_body(task={"image": "", "engine": "sglang", "gpu_required": 1,
+                              "model_path": "/data/models/q"})
+    r = api.client.post("/api/v1/task-groups", json=body, headers=admin)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["field"] == "task.engine" and "'sglang'" in err["message"]
+    assert "vllm" in err["message"]  # what the nodes do report
+    assert [rows(api, t) for t in (TaskGroup, Task, InferenceEndpoint)] == [0, 0, 0]
+
+
 @pytest.mark.feature("H1")
 def test_scheduler_applies_the_node_chain_when_no_engine_is_named(api: Api) -> None:
     admin = api.login()

@@ -369,6 +369,8 @@ def one_click(
         raise ValidationFailed(
             "a one-click service (no task.image) needs task.model_path", field="task.image"
         )
+    if req.task.engine:  # the request names its engine: one-click picks only its image
+        return _one_click_named(req, nodes, req.task.engine)
     chains: list[tuple[NodeEngines, list[Template]]] = []
     for n in nodes:  # in name order, as read
         if n.online:
@@ -389,6 +391,35 @@ def one_click(
     return req.model_copy(
         update={"parallelism": "split", "task": req.task.model_copy(update=task_update)}
     ), [{"engine": t.engine, "image": t.image, "reason": t.reason} for t in best]
+
+
+def _one_click_named(
+    req: TaskGroupCreate, nodes: list[NodeView], engine: str
+) -> tuple[TaskGroupCreate, list[dict[str, str]]]:
+    """One-click with ``task.engine`` named: the image that engine's template has on the
+    first online node that reports it (an explicit choice skips the chain's card gates,
+    as H1 does; the node's own probe reported it runs there). One template, no fallback
+    chain: E3 never switches a named engine to another. None reported: 400 naming
+    ``task.engine`` — never another engine than the one asked for."""
+    for n in nodes:  # in name order, as read
+        view = engines_of(n)
+        if not n.online or engine not in view.available:
+            continue
+        image = view.available[engine]  # "" on a process node: its own build
+        task_update: dict[str, Any] = {"image": image, "engine": engine}
+        if not view.vendor or n.cpu_build(engine):  # a CPU engine on the node's CPU
+            task_update["gpu_required"] = 0
+        reason = f"{engine} named by task.engine; reported available by node {n.name}"
+        return req.model_copy(
+            update={"parallelism": "split", "task": req.task.model_copy(update=task_update)}
+        ), [{"engine": engine, "image": image, "reason": reason}]
+    reported = sorted({e for n in nodes if n.online for e in n.engine_images})
+    raise ValidationFailed(
+        f"task.engine {engine!r}: no online node you may use reports it (they report: "
+        f"{', '.join(reported) or 'none'}); name task.image too, pick a reported engine, "
+        "or leave task.engine empty for one-click",
+        field="task.engine",
+    )
 
 
 def _check_priority(s: Session, who: Principal, priority: int) -> None:
