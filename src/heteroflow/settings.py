@@ -6,6 +6,7 @@ the tests; nothing else in the code hard-codes a duration.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -323,6 +324,29 @@ class ServerSettings(BaseSettings):
             progress_deadline_s=self.rollout_progress_deadline_s,
             load_news_s=self.rollout_load_news_s,
         )
+
+
+# Agent settings that were retired: set, they would do nothing, silently. The agent warns
+# at start, one line each naming what replaced it (``retired_agent_settings``).
+RETIRED_AGENT_SETTINGS: dict[str, str] = {
+    # D5 (issue 28): a wake is judged by its load, like a launch, not by a fixed limit
+    "wake_ready_timeout_s": (
+        "a wake now follows its load (D5): set HETEROFLOW_AGENT_LOAD_STALL_S (no progress "
+        "for this long stops it, 120 s) and HETEROFLOW_AGENT_LOAD_CEILING_S (its most, "
+        "3600 s) instead"
+    ),
+}
+
+
+def retired_agent_settings(environ: Mapping[str, str]) -> list[str]:
+    """One warning line per retired agent setting ``environ`` still sets (any case)."""
+    names = {k.upper() for k in environ}
+    out = []
+    for name, instead in RETIRED_AGENT_SETTINGS.items():
+        var = f"HETEROFLOW_AGENT_{name.upper()}"
+        if var in names:
+            out.append(f"{var} is set but no longer read (ignored): {instead}")
+    return out
 
 
 class AgentSettings(BaseSettings):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from collections.abc import Callable
 
@@ -42,6 +43,7 @@ from heteroflow.schemas.nodes import (
     ModelWire,
     TaskAssignment,
 )
+from heteroflow.settings import retired_agent_settings
 
 log = logging.getLogger(__name__)
 log = logging.getLogger(__name__)
@@ -190,6 +192,8 @@ class Agent(SleepWake, Watching, Starting, Adapters):
 
     # -- loops ---------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
+        for line in retired_agent_settings(os.environ):  # set, it would do nothing silently
+            log.warning(line)
         watcher = asyncio.create_task(self._watch_loop(stop))
         aux = asyncio.create_task(self._aux_loop(stop))
         life = asyncio.create_task(self._life_loop(stop))
