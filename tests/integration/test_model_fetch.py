@@ -1,0 +1,170 @@
+"""A model source resolved to its manifest over HTTP (issue 29), against a real local
+server the test starts: ``testing.model_hub`` stands in for huggingface.co and
+modelscope.cn (this machine reaches no hub) with the routes their clients use."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from heteroflow.core.model_sources import FIELD, parse_model_source
+from heteroflow.models.fetch.manifest import SourceFailed
+from heteroflow.models.fetch.resolve import SourceResolver
+from heteroflow.testing.model_hub import COMMIT, ModelHub, Repo
+
+TOKEN = "hf_secretTOKENvalue0123456789"
+WEIGHTS = bytes(range(256)) * 64
+CONFIG = b'{"model_type": "llama"}'
+
+
+@pytest.fixture
+def hub() -> ModelHub:
+    return ModelHub(
+        repos={
+            "org/tiny": Repo({"config.json": CONFIG, "model.safetensors": WEIGHTS},
+                             lfs=frozenset({"model.safetensors"})),
+            "org/private": Repo({"model.gguf": WEIGHTS}, lfs=frozenset({"model.gguf"}),
+                                token=TOKEN),
+        },
+        files={"m/tiny.gguf": WEIGHTS, "m/plain.bin": CONFIG},
+        sidecars={"m/tiny.gguf": f"{hashlib.sha256(WEIGHTS).hexdigest()}  tiny.gguf\n"},
+    )
+
+
+@pytest.fixture
+async def base(hub: ModelHub) -> AsyncIterator[str]:
+    server = TestServer(hub.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+def resolver(base: str, timeout_s: float = 5.0) -> SourceResolver:
+    return SourceResolver(hf_endpoint=base, modelscope_endpoint=base, timeout_s=timeout_s)
+
+
+async def test_hugging_face_resolves_to_the_commit_sizes_and_lfs_checksums(
+    hub: ModelHub, base: str
+) -> None:
+    m = await resolver(base).resolve(parse_model_source("hf://org/tiny"))
+    assert m.revision == COMMIT
+    files = {f.path: f for f in m.files}
+    assert files["model.safetensors"].size == len(WEIGHTS)
+    assert files["model.safetensors"].sha256 == hashlib.sha256(WEIGHTS).hexdigest()
+    assert files["config.json"].size == len(CONFIG)
+    assert files["config.json"].sha256 is None  # a git blob id is not a sha256
+    # fetched pinned to the commit, so a moving branch cannot mix two revisions
+    assert files["config.json"].url == f"{base}/org/tiny/resolve/{COMMIT}/config.json"
+    assert m.total_bytes == len(WEIGHTS) + len(CONFIG)
+    assert m.cache_key == parse_model_source(f"hf://org/tiny@{COMMIT}").cache_key
+    assert ("GET", "/api/models/org/tiny/revision/main?blobs=true", "") in hub.requests
+
+
+async def test_modelscope_resolves_with_checksums(base: str) -> None:
+    m = await resolver(base).resolve(parse_model_source("modelscope://org/tiny"))
+    files = {f.path: f for f in m.files}
+    assert files["config.json"].sha256 == hashlib.sha256(CONFIG).hexdigest()
+    assert files["config.json"].url == (
+        f"{base}/api/v1/models/org/tiny/repo?Revision=master&FilePath=config.json"
+    )
+    assert m.revision == ""  # ModelScope's listing names no commit
+
+
+async def test_a_url_resolves_by_head_and_its_sha256_sidecar(base: str) -> None:
+    m = await resolver(base).resolve(parse_model_source(f"{base}/files/m/tiny.gguf"))
+    (f,) = m.files
+    assert (f.path, f.size) == ("tiny.gguf", len(WEIGHTS))
+    assert f.sha256 == hashlib.sha256(WEIGHTS).hexdigest()
+    plain = await resolver(base).resolve(parse_model_source(f"{base}/files/m/plain.bin"))
+    assert plain.files[0].sha256 is None and plain.files[0].size == len(CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("source", "reason", "says"),
+    [
+        ("hf://org/missing", "not_found", "hf://org/missing@main was not found or is private"),
+        ("hf://org/tiny@nope", "not_found", "hf://org/tiny@nope was not found"),
+        ("hf://org/private", "not_found", "or is private and the token cannot read it"),
+        ("modelscope://org/missing", "not_found", "was not found"),
+        ("{base}/files/m/gone.gguf", "not_found", "was not found"),
+        ("fleet://some-model", "unsupported", "not supported yet"),
+    ],
+)
+async def test_each_failure_has_its_reason_and_names_the_field(
+    base: str, source: str, reason: str, says: str
+) -> None:
+    with pytest.raises(SourceFailed) as info:
+        await resolver(base).resolve(parse_model_source(source.format(base=base)))
+    assert (info.value.reason, info.value.field) == (reason, FIELD)
+    assert says in info.value.message
+
+
+async def test_a_private_repository_resolves_with_its_token(hub: ModelHub, base: str) -> None:
+    m = await resolver(base).resolve(parse_model_source("hf://org/private"), token=TOKEN)
+    assert [f.path for f in m.files] == ["model.gguf"]
+    assert hub.auth_seen["/api/models/org/private/revision/main"] == [f"Bearer {TOKEN}"]
+
+
+@pytest.fixture
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield s.getsockname()[1]
+
+
+async def test_unreachable_and_timeout_are_told_apart(closed_port: int, silent_port: int) -> None:
+    with pytest.raises(SourceFailed) as info:
+        await resolver(f"http://127.0.0.1:{closed_port}").resolve(
+            parse_model_source("hf://org/tiny"))
+    assert info.value.reason == "unreachable"
+    assert "could not be reached" in info.value.message
+    with pytest.raises(SourceFailed) as info:
+        await resolver(f"http://127.0.0.1:{silent_port}", timeout_s=0.3).resolve(
+            parse_model_source("hf://org/tiny"))
+    assert info.value.reason == "timeout"
+    assert "did not answer in time" in info.value.message
+
+
+async def test_a_token_never_travels_in_clear() -> None:
+    with pytest.raises(SourceFailed) as info:
+        await resolver("http://hub.mirror.internal").resolve(
+            parse_model_source("hf://org/tiny"), token=TOKEN)
+    assert info.value.reason == "insecure"
+    assert TOKEN not in info.value.message
+
+
+async def test_the_token_is_in_no_log_and_no_error(
+    hub: ModelHub, base: str, caplog: pytest.LogCaptureFixture, silent_port: int
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    errors: list[str] = []
+    for endpoint, source in [
+        (base, "hf://org/private"), (base, "hf://org/tiny@nope"),
+        (f"http://127.0.0.1:{silent_port}", "hf://org/tiny"),
+    ]:
+        try:
+            await resolver(endpoint, timeout_s=0.3).resolve(
+                parse_model_source(source), token=TOKEN + "x")
+        except SourceFailed as e:
+            errors.append(f"{e} {e.message!r} {e.args!r}")
+    assert len(errors) == 3
+    assert all(TOKEN not in text for text in errors)
+    assert caplog.records  # aiohttp's access log, at least
+    assert all(TOKEN not in r.getMessage() for r in caplog.records)
