@@ -141,7 +141,7 @@ class ServerApp:
             settings, self.holder, usage=self.usage, clock=clock
         )
         # F4, F6: the embedded gateway wakes sleeping services in this process
-        self.gateway.wake.link = EmbeddedServerLink(
+        self.gateway.hold.link = EmbeddedServerLink(
             self.db, clock, self.publisher, offline_after_s=settings.node_offline_after_s
         )
         self._wire_http(st.tokens)

@@ -196,10 +196,14 @@ class ServerSettings(BaseSettings):
     # request for a sleeping model wakes it and is held until a backend is up, at most
     # gateway_wake_hold_s (0 = no holding: 503 at once, the wake started); a 503 says
     # Retry-After: gateway_wake_retry_after_s. While requests are held the gateway
-    # re-reads the routing snapshot every gateway_wake_poll_s.
+    # re-reads the routing snapshot every gateway_wake_poll_s. A request for a model
+    # whose replicas are starting (M17: none up yet) is held likewise, at most
+    # gateway_start_hold_s (0 = 503 at once): shorter, since a first start may pull and
+    # load for minutes — its 503 says how long the replicas have been starting.
     idle_check_interval_s: float = Field(default=15.0, gt=0.0)
     idle_minute_s: float = Field(default=60.0, gt=0.0)
     gateway_wake_hold_s: float = Field(default=120.0, ge=0.0)
+    gateway_start_hold_s: float = Field(default=30.0, ge=0.0)
     gateway_wake_retry_after_s: int = Field(default=10, ge=1, le=3600)
     gateway_wake_poll_s: float = Field(default=0.2, gt=0.0)
 

@@ -24,8 +24,8 @@ import pytest
 from heteroflow.db.tables import TaskGroup
 from heteroflow.gateway.app import GatewayApp
 from heteroflow.gateway.policy.usage import HttpUsageSink, UsageCollector
+from heteroflow.gateway.routing.hold import HttpServerLink
 from heteroflow.gateway.routing.poller import SnapshotPoller
-from heteroflow.gateway.routing.wake import HttpServerLink
 from heteroflow.schemas.routing import SnapshotHolder
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 
@@ -178,7 +178,7 @@ def test_with_holding_off_the_answer_is_503_retry_after_and_the_wake_started(
     lv, api = live, live.api
     admin = api.login()
     g = _asleep_service(lv, admin)
-    api.app.gateway.wake.hold_s = 0  # HETEROFLOW_GATEWAY_WAKE_HOLD_S=0
+    api.app.gateway.hold.hold_s = 0  # HETEROFLOW_GATEWAY_WAKE_HOLD_S=0
     r = httpx.post(
         lv.url + "/v1/chat/completions",
         json={"model": "chat", "messages": MSG},
@@ -232,7 +232,7 @@ def test_a_separate_gateway_wakes_over_http_and_reports_activity(live: Live) -> 
     holder = SnapshotHolder()
     usage = UsageCollector(HttpUsageSink(lv.url, GATEWAY_TOKEN), api.clock)
     gateway = GatewayApp.from_settings(api.app.settings, holder, usage=usage)
-    assert isinstance(gateway.wake.link, HttpServerLink)
+    assert isinstance(gateway.hold.link, HttpServerLink)
     poller = SnapshotPoller(lv.url, GATEWAY_TOKEN, holder)
     lv.thread.call(poller.poll_once())
     gw_port = lv.thread.serve(gateway)

@@ -1,5 +1,7 @@
-"""F6: holding requests for a sleeping model (``gateway.wake.WakeHold``), with a fake
-server link. Durations are tenths of a second of the event loop's own clock."""
+"""Holding requests until their model is routable (``gateway.routing.hold.RoutableHold``):
+F6, a sleeping model (woken first), and M17, a model whose replicas are starting, with a
+fake server link. Durations are tenths of a second of the event loop's own clock; the
+wall clock that says how long replicas have been starting is a fake one."""
 
 from __future__ import annotations
 
@@ -10,7 +12,15 @@ import orjson
 import pytest
 
 from heteroflow.gateway.metrics import GatewayMetrics
-from heteroflow.gateway.routing.wake import CLIENT_LEFT, Ready, Refused, WakeHold, asleep
+from heteroflow.gateway.routing.hold import (
+    CLIENT_LEFT,
+    Ready,
+    Refused,
+    RoutableHold,
+    asleep,
+    hold_reason,
+    starting_for,
+)
 from heteroflow.schemas.routing import (
     Backend,
     RouteTarget,
@@ -22,14 +32,30 @@ from heteroflow.schemas.routing import (
 TENANT, MODEL = "tn-1", "chat"
 
 
-def _snap(version: int, *, asleep: str = "", backends: int = 0) -> RoutingSnapshot:
+NOW = 1_000_000.0  # the fake wall clock (epoch s)
+
+
+def _snap(
+    version: int,
+    *,
+    asleep: str = "",
+    backends: int = 0,
+    starting: int = 0,
+    starting_since: float = 0.0,
+    draining: bool = False,
+) -> RoutingSnapshot:
     target = RouteTarget(
         "r-1",
         "tg-1",
         0,
         1,
-        tuple(Backend(f"task-{i}", f"http://h:{i}", group_id="tg-1") for i in range(backends)),
+        tuple(
+            Backend(f"task-{i}", f"http://h:{i}", group_id="tg-1", draining=draining)
+            for i in range(backends)
+        ),
         asleep=asleep,
+        starting=starting,
+        starting_since=starting_since,
     )
     return RoutingSnapshot(version=version, routes={(TENANT, MODEL): (target,)})
 
@@ -60,11 +86,24 @@ class FakeLink:
 
 
 def _hold(
-    holder: SnapshotHolder, link: FakeLink | None, *, hold_s: float = 5.0
-) -> tuple[WakeHold, GatewayMetrics]:
+    holder: SnapshotHolder,
+    link: FakeLink | None,
+    *,
+    hold_s: float = 5.0,
+    start_hold_s: float = 5.0,
+) -> tuple[RoutableHold, GatewayMetrics]:
     metrics = GatewayMetrics()
     return (
-        WakeHold(holder, link, metrics, hold_s=hold_s, retry_after_s=7, poll_s=0.01),
+        RoutableHold(
+            holder,
+            link,
+            metrics,
+            hold_s=hold_s,
+            start_hold_s=start_hold_s,
+            retry_after_s=7,
+            poll_s=0.01,
+            now=lambda: NOW,
+        ),
         metrics,
     )
 
@@ -102,7 +141,7 @@ async def test_the_request_is_held_until_a_backend_is_up_then_routed() -> None:
     assert link.refreshes > 0  # it asked for fresh snapshots while holding
     assert metrics.held == {MODEL: 0} and metrics.holds == {(MODEL, "ready"): 1}
     assert metrics.wakes == {(MODEL, "waking"): 1}
-    assert hold.wakes_in_progress == 0
+    assert hold.holds_in_progress == 0
     text = metrics.render().decode()
     assert 'heteroflow_gateway_wake_holds_total{model="chat",outcome="ready"} 1' in text
     assert 'heteroflow_gateway_wakes_total{model="chat",branch="waking"} 1' in text
@@ -120,7 +159,7 @@ async def test_hold_timeout_is_503_with_retry_after() -> None:
     assert "not ready within 0.1 s" in str(err["message"])
     assert metrics.holds == {(MODEL, "timeout"): 1}
     await asyncio.sleep(0.05)
-    assert hold.wakes_in_progress == 0  # nobody waits: the shared wake ended too
+    assert hold.holds_in_progress == 0  # nobody waits: the shared wake ended too
 
 
 @pytest.mark.feature("F6")
@@ -152,7 +191,7 @@ async def test_concurrent_requests_share_one_wake() -> None:
         asyncio.create_task(hold.hold(TENANT, MODEL, _targets(holder))) for _ in range(20)
     ]
     await asyncio.sleep(0.1)
-    assert metrics.held == {MODEL: 20} and hold.wakes_in_progress == 1
+    assert metrics.held == {MODEL: 20} and hold.holds_in_progress == 1
     holder.publish(_snap(2, backends=2))
     results = await asyncio.wait_for(asyncio.gather(*tasks), 2)
     assert all(isinstance(r, Ready) for r in results)
@@ -244,7 +283,7 @@ async def test_a_client_that_leaves_stops_waiting() -> None:
     assert await asyncio.wait_for(task, 1) is CLIENT_LEFT
     assert metrics.held == {MODEL: 0} and metrics.holds == {(MODEL, "client_left"): 1}
     await asyncio.sleep(0.05)
-    assert hold.wakes_in_progress == 0
+    assert hold.holds_in_progress == 0
 
 
 async def test_a_gateway_without_a_server_says_it_cannot_wake() -> None:
@@ -260,3 +299,159 @@ def test_outcome_and_branch_labels_stay_bounded() -> None:
     m.hold_done("chat", "weird", None)
     assert m.wakes == {("chat", "other"): 1}
     assert m.holds == {("chat", "other"): 1}
+
+
+# --- M17: a model whose replicas are starting -------------------------------------------
+
+
+@pytest.mark.feature("M17")
+def test_the_reason_to_hold() -> None:
+    def reason(snap: RoutingSnapshot) -> str | None:
+        return hold_reason(snap.routes[TENANT, MODEL])
+
+    assert reason(_snap(1, starting=1)) == "starting"
+    assert reason(_snap(1, asleep="sleeping", starting=1)) == "asleep"  # the wake first
+    # a replica leaving a rolling update takes no new request: the new one is waited for
+    assert reason(_snap(1, backends=1, draining=True, starting=1)) == "starting"
+    # routable: route it, even while more replicas start
+    assert reason(_snap(1, backends=1, starting=2)) is None
+    # replicas that all failed (none starting, none asleep): 503 at once, as before
+    assert reason(_snap(1)) is None
+    assert hold_reason(None) is None and hold_reason(()) is None
+
+
+@pytest.mark.feature("M17")
+def test_how_long_replicas_have_been_starting_is_the_longest_wait() -> None:
+    t = (
+        RouteTarget("r-1", "tg-1", 0, 1, (), starting=2, starting_since=NOW - 95),
+        RouteTarget("r-2", "tg-2", 1, 1, (), starting=1, starting_since=NOW - 3),
+        RouteTarget("r-3", "tg-3", 2, 1, ()),
+    )
+    assert starting_for(t, NOW) == (3, 95.0)
+    assert starting_for((), NOW) == (0, 0.0)
+    # an older server's snapshot says nothing of since when: unknown, never negative
+    assert starting_for((RouteTarget("r", "g", 0, 1, (), starting=1),), NOW) == (1, 0.0)
+    assert starting_for(t, NOW - 500) == (3, 0.0)
+
+
+@pytest.mark.feature("M17")
+async def test_a_request_for_a_starting_model_is_held_until_a_replica_is_up() -> None:
+    holder = SnapshotHolder(_snap(1, starting=1, starting_since=NOW - 2))
+    link = FakeLink(holder)
+    hold, metrics = _hold(holder, link)
+    task = asyncio.create_task(hold.hold(TENANT, MODEL, _targets(holder)))
+    await asyncio.sleep(0.05)
+    assert not task.done() and metrics.held == {MODEL: 1}
+    up = _snap(2, backends=1)
+    holder.publish(up)
+    result = await asyncio.wait_for(task, 1)
+    assert isinstance(result, Ready) and result.snapshot is up
+    assert link.calls == []  # nothing sleeps: no wake is asked for
+    assert link.refreshes > 0  # it asked for fresh snapshots while holding
+    assert metrics.start_holds == {(MODEL, "ready"): 1} and metrics.holds == {}
+    assert metrics.held == {MODEL: 0} and hold.holds_in_progress == 0
+    text = metrics.render().decode()
+    assert 'heteroflow_gateway_start_holds_total{model="chat",outcome="ready"} 1' in text
+    assert 'heteroflow_gateway_start_hold_seconds_count{model="chat"} 1' in text
+
+
+@pytest.mark.feature("M17")
+async def test_a_start_hold_that_ends_unready_says_how_many_start_and_for_how_long() -> None:
+    holder = SnapshotHolder(_snap(1, starting=2, starting_since=NOW - 95))
+    hold, metrics = _hold(holder, FakeLink(holder), start_hold_s=0.1)
+    err = _error(await asyncio.wait_for(hold.hold(TENANT, MODEL, _targets(holder)), 2))
+    assert err["code"] == "model_starting"
+    assert err["message"] == (
+        "The model `chat` has 2 replicas starting (for 95 s) and none was ready within "
+        "0.1 s. Please retry in 7 s."
+    )
+    assert metrics.start_holds == {(MODEL, "timeout"): 1}
+    await asyncio.sleep(0.05)
+    assert hold.holds_in_progress == 0
+
+
+@pytest.mark.feature("M17")
+async def test_start_holding_off_answers_503_at_once() -> None:
+    holder = SnapshotHolder(_snap(1, starting=1, starting_since=NOW - 3))
+    link = FakeLink(holder)
+    hold, metrics = _hold(holder, link, start_hold_s=0)
+    err = _error(await asyncio.wait_for(hold.hold(TENANT, MODEL, _targets(holder)), 1))
+    assert err["message"] == (
+        "The model `chat` has 1 replica starting (for 3 s). Please retry in 7 s."
+    )
+    assert metrics.start_holds == {(MODEL, "not_held"): 1}
+    assert hold.holds_in_progress == 0 and link.calls == [] and link.refreshes == 0
+
+
+@pytest.mark.feature("M17")
+async def test_replicas_that_fail_while_held_end_the_hold_at_once() -> None:
+    holder = SnapshotHolder(_snap(1, starting=1))
+    hold, metrics = _hold(holder, FakeLink(holder), start_hold_s=60)
+    task = asyncio.create_task(hold.hold(TENANT, MODEL, _targets(holder)))
+    await asyncio.sleep(0.03)
+    holder.publish(_snap(2))  # none starting, none running: the replica failed
+    err = _error(await asyncio.wait_for(task, 1))
+    assert err["code"] == "no_healthy_backend"
+    assert metrics.start_holds == {(MODEL, "failed"): 1}
+
+
+async def test_a_model_with_nothing_on_its_way_is_not_held() -> None:
+    holder = SnapshotHolder(_snap(1))
+    hold, metrics = _hold(holder, FakeLink(holder), start_hold_s=60)
+    err = _error(await asyncio.wait_for(hold.hold(TENANT, MODEL, _targets(holder)), 1))
+    assert err["code"] == "no_healthy_backend"
+    assert hold.holds_in_progress == 0 and metrics.held == {}
+
+
+@pytest.mark.feature("M17")
+async def test_a_thousand_held_requests_share_one_poll() -> None:
+    holder = SnapshotHolder(_snap(1, starting=1))
+    link = FakeLink(holder)
+    hold, metrics = _hold(holder, link)
+    tasks = [
+        asyncio.create_task(hold.hold(TENANT, MODEL, _targets(holder))) for _ in range(1000)
+    ]
+    await asyncio.sleep(0.1)  # ten polls of 0.01 s
+    assert metrics.held == {MODEL: 1000} and hold.holds_in_progress == 1
+    assert 1 <= link.refreshes <= 20  # one poller, not one per request
+    holder.publish(_snap(2, backends=1))
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 2)
+    assert all(isinstance(r, Ready) for r in results)
+    assert metrics.start_holds == {(MODEL, "ready"): 1000}
+
+
+@pytest.mark.feature("M17")
+async def test_a_gateway_without_a_server_still_waits_for_starting_replicas() -> None:
+    # a separate gateway with no server link: its own poller brings the new snapshot
+    holder = SnapshotHolder(_snap(1, starting=1))
+    hold, _ = _hold(holder, None)
+    task = asyncio.create_task(hold.hold(TENANT, MODEL, _targets(holder)))
+    await asyncio.sleep(0.03)
+    assert not task.done()
+    holder.publish(_snap(2, backends=1))
+    assert isinstance(await asyncio.wait_for(task, 1), Ready)
+
+
+async def test_a_client_that_leaves_a_start_hold_stops_waiting() -> None:
+    holder = SnapshotHolder(_snap(1, starting=1))
+    hold, metrics = _hold(holder, FakeLink(holder))
+    left = asyncio.Event()
+    task = asyncio.create_task(hold.hold(TENANT, MODEL, _targets(holder), left.wait))
+    await asyncio.sleep(0.03)
+    left.set()
+    assert await asyncio.wait_for(task, 1) is CLIENT_LEFT
+    assert metrics.start_holds == {(MODEL, "client_left"): 1}
+    await asyncio.sleep(0.05)
+    assert hold.holds_in_progress == 0
+
+
+@pytest.mark.feature("M17")
+def test_starting_replicas_cross_the_wire_to_a_separate_gateway() -> None:
+    snap = _snap(3, starting=2, starting_since=NOW - 40)
+    back = RoutingSnapshot.from_wire(orjson.loads(orjson.dumps(snap.to_wire())))
+    (t,) = back.routes[TENANT, MODEL]
+    assert (t.starting, t.starting_since) == (2, NOW - 40)
+    # nothing starting: nothing on the wire (older gateways, and the publisher's
+    # fingerprint, see the same targets as before)
+    (quiet,) = _snap(4).to_wire()["routes"][0]["targets"]
+    assert "starting" not in quiet and "starting_since" not in quiet

@@ -8,7 +8,7 @@ the read keeps it awake and a leader paused past its lease writes nothing.
 Leader-only: two instances would both put a service to sleep and write its events twice.
 
 ``EmbeddedServerLink`` is what the gateway embedded in ``heteroflow server`` / ``up``
-calls when a request names a sleeping model (``gateway.wake.ServerLink``): the wake runs
+calls when a request names a sleeping model (``gateway.routing.hold.ServerLink``): the wake runs
 in a database session in a worker thread, and the snapshot is rebuilt at once (the
 gateway also asks for that while it holds requests), so a held request leaves as soon as
 the woken task is running. A separate gateway reaches the same service over HTTP
@@ -70,7 +70,7 @@ class IdleSleeper(FencedController[dict[str, list[str]]]):
 
 
 class EmbeddedServerLink:
-    """``gateway.wake.ServerLink`` in the server's own process: no HTTP, no token."""
+    """``gateway.routing.hold.ServerLink`` in the server's own process: no HTTP, no token."""
 
     def __init__(
         self,

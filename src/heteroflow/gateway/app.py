@@ -2,7 +2,8 @@
 
 Owns the request path of inference traffic, one step per module: the API key and the
 body (``inbound``), the model and the backend (``router``: model=auto, access, the
-session pin, ``balancing``; a sleeping model woken first, ``wake``), the request's
+session pin, ``balancing``; a sleeping model woken first or starting replicas waited
+for, ``hold``), the request's
 idempotency key and limits (``admission``), then the send, with failover to another
 backend of the route when the chosen one provably did not answer, the relay of the
 backend's answer and the request's settlement (``forward``, ``relay``). No framework
@@ -42,6 +43,15 @@ from heteroflow.gateway.policy.usage import HttpUsageSink, UsageCollector
 from heteroflow.gateway.routing.auto import DEFAULT_LONG_PROMPT_TOKENS
 from heteroflow.gateway.routing.balancing import DEFAULT_MAX_TEMP_C, Balancer
 from heteroflow.gateway.routing.health import DEFAULT_COOLDOWN_S, PassiveHealth
+from heteroflow.gateway.routing.hold import (
+    DEFAULT_HOLD_S,
+    DEFAULT_POLL_S,
+    DEFAULT_RETRY_AFTER_S,
+    DEFAULT_START_HOLD_S,
+    HttpServerLink,
+    RoutableHold,
+    ServerLink,
+)
 from heteroflow.gateway.routing.model_list import MODELS_PREFIX, list_models
 from heteroflow.gateway.routing.probes import (
     DEFAULT_LOAD_SCRAPE_INTERVAL_S,
@@ -52,14 +62,6 @@ from heteroflow.gateway.routing.probes import (
 )
 from heteroflow.gateway.routing.router import Router
 from heteroflow.gateway.routing.store import GatewayStore, MemoryStore, open_store
-from heteroflow.gateway.routing.wake import (
-    DEFAULT_HOLD_S,
-    DEFAULT_POLL_S,
-    DEFAULT_RETRY_AFTER_S,
-    HttpServerLink,
-    ServerLink,
-    WakeHold,
-)
 from heteroflow.gateway.shaping.responses import RESPONSES_PATH
 from heteroflow.gateway.wire import errors
 from heteroflow.gateway.wire.errors import Receive, Scope, Send
@@ -100,6 +102,7 @@ class GatewayApp:
         clock: Clock | None = None,
         link: ServerLink | None = None,
         wake_hold_s: float = DEFAULT_HOLD_S,
+        start_hold_s: float = DEFAULT_START_HOLD_S,
         wake_retry_after_s: int = DEFAULT_RETRY_AFTER_S,
         wake_poll_s: float = DEFAULT_POLL_S,
         load_scrape_interval_s: float = DEFAULT_LOAD_SCRAPE_INTERVAL_S,
@@ -126,14 +129,16 @@ class GatewayApp:
             metrics=self.metrics,
         )
         # F6: requests for a sleeping model wake it (through ``link``: the server) and
-        # wait for it here
-        self.wake = WakeHold(
+        # wait for it here; M17: so do requests for a model whose replicas are starting
+        self.hold = RoutableHold(
             holder,
             link,
             self.metrics,
             hold_s=wake_hold_s,
+            start_hold_s=start_hold_s,
             retry_after_s=wake_retry_after_s,
             poll_s=wake_poll_s,
+            now=lambda: clock.now().timestamp(),
         )
         self._health = PassiveHealth(eject_cooldown_s)
         loads: dict[str, EngineLoad] = {}  # engine_aware: written by the monitor
@@ -156,7 +161,7 @@ class GatewayApp:
         if usage is not None:  # issue 14: the load goes with every usage flush
             usage.set_load_source(self.load_report)
         self._router = Router(
-            self._balancer, self.wake, usage, auto_long_prompt_tokens=auto_long_prompt_tokens
+            self._balancer, self.hold, usage, auto_long_prompt_tokens=auto_long_prompt_tokens
         )
         self._upstream = Upstream(
             models_cache_ttl_s=models_cache_ttl_s,
@@ -210,6 +215,7 @@ class GatewayApp:
             clock=clock,
             link=link,
             wake_hold_s=settings.gateway_wake_hold_s,
+            start_hold_s=settings.gateway_start_hold_s,
             wake_retry_after_s=settings.gateway_wake_retry_after_s,
             wake_poll_s=settings.gateway_wake_poll_s,
             load_scrape_interval_s=settings.gateway_load_scrape_interval_s,
@@ -231,7 +237,7 @@ class GatewayApp:
     async def aclose(self) -> None:
         """Stop the backend monitor; close the upstream connection pool(s) and the store."""
         await self._monitor.aclose()
-        await self.wake.aclose()
+        await self.hold.aclose()
         await self._upstream.aclose()
         await self._store.aclose()
 

@@ -22,13 +22,16 @@ Series:
                                                            another backend after this
                                                            one provably did not answer
   heteroflow_gateway_held_requests{model}                gauge: requests held now for a
-                                                           sleeping model to wake (F6;
-                                                           a model's series appears at
-                                                           its first hold)
+                                                           sleeping model to wake (F6)
+                                                           or a starting one to come up
+                                                           (M17; a model's series
+                                                           appears at its first hold)
   heteroflow_gateway_wake_holds_total{model,outcome}     counter, outcome ready | timeout
                                                            | refused | failed | not_held
                                                            | client_left
   heteroflow_gateway_wake_hold_seconds{model}            histogram: arrival to ready
+  heteroflow_gateway_start_holds_total{model,outcome}    counter (M17), the same outcomes
+  heteroflow_gateway_start_hold_seconds{model}           histogram: arrival to ready
   heteroflow_gateway_wakes_total{model,branch}           counter: the server's answer per
                                                            task (waking, already_running,
                                                            starting, node_offline,
@@ -76,9 +79,11 @@ class GatewayMetrics:
         self.tokens: dict[tuple[str, str], int] = {}
         self.ejections: dict[str, int] = {}
         self.failovers: dict[str, int] = {}
-        self.held: dict[str, int] = {}  # model -> requests held for it now (F6)
-        self.holds: dict[tuple[str, str], int] = {}
+        self.held: dict[str, int] = {}  # model -> requests held for it now (F6, M17)
+        self.holds: dict[tuple[str, str], int] = {}  # a sleeping model's (F6)
         self.hold_seconds: dict[str, Histogram] = {}
+        self.start_holds: dict[tuple[str, str], int] = {}  # a starting model's (M17)
+        self.start_hold_seconds: dict[str, Histogram] = {}
         self.wakes: dict[tuple[str, str], int] = {}
 
     def request_done(self, path: str, model: str, status: int) -> None:
@@ -108,13 +113,21 @@ class GatewayMetrics:
     def hold_ended(self, model: str) -> None:
         self.held[model] -= 1
 
-    def hold_done(self, model: str, outcome: str, ready_after_s: float | None) -> None:
+    def hold_done(
+        self, model: str, outcome: str, ready_after_s: float | None, *, starting: bool = False
+    ) -> None:
+        """A hold ended: for a sleeping model (F6), or a ``starting`` one (M17)."""
+        holds, seconds = (
+            (self.start_holds, self.start_hold_seconds)
+            if starting
+            else (self.holds, self.hold_seconds)
+        )
         key = (model, outcome if outcome in HOLD_OUTCOMES else "other")
-        self.holds[key] = self.holds.get(key, 0) + 1
+        holds[key] = holds.get(key, 0) + 1
         if ready_after_s is not None:
-            h = self.hold_seconds.get(model)
+            h = seconds.get(model)
             if h is None:
-                h = self.hold_seconds[model] = Histogram(self._buckets)
+                h = seconds[model] = Histogram(self._buckets)
             h.observe(ready_after_s)
 
     def woken(self, model: str, branch: str) -> None:
@@ -164,7 +177,7 @@ class GatewayMetrics:
             out.append(f'heteroflow_gateway_failovers_total{{backend="{_esc(backend)}"}} {n}')
         out += [
             "# HELP heteroflow_gateway_held_requests Requests held while their sleeping "
-            "model wakes up.",
+            "model wakes up or its starting replicas come up.",
             "# TYPE heteroflow_gateway_held_requests gauge",
             *(
                 f'heteroflow_gateway_held_requests{{model="{_esc(model)}"}} {n}'
@@ -183,6 +196,20 @@ class GatewayMetrics:
             "# TYPE heteroflow_gateway_wake_hold_seconds histogram",
         ]
         _histograms(out, "heteroflow_gateway_wake_hold_seconds", self.hold_seconds)
+        out += [
+            "# HELP heteroflow_gateway_start_holds_total Requests that found their model's "
+            "replicas starting, by how their hold ended.",
+            "# TYPE heteroflow_gateway_start_holds_total counter",
+        ]
+        for (model, outcome), n in sorted(self.start_holds.items()):
+            label = f'model="{_esc(model)}",outcome="{outcome}"'
+            out.append(f"heteroflow_gateway_start_holds_total{{{label}}} {n}")
+        out += [
+            "# HELP heteroflow_gateway_start_hold_seconds Time a request was held until "
+            "a starting replica of its model was up.",
+            "# TYPE heteroflow_gateway_start_hold_seconds histogram",
+        ]
+        _histograms(out, "heteroflow_gateway_start_hold_seconds", self.start_hold_seconds)
         out += [
             "# HELP heteroflow_gateway_wakes_total Wakes asked for by requests, by the "
             "server's answer per task.",

@@ -79,6 +79,11 @@ class RouteTarget:
     # A LoRA adapter of the group (core.lora): its engines serve the name itself, so the
     # gateway forwards it unchanged (never renamed to the engine's first model id)
     adapter: bool = False
+    # M17: the group's current replicas on their way up (pending, scheduled, starting:
+    # placed, pulling, loading) and since when the longest-waiting one is (epoch seconds;
+    # 0 = none). A target with no backend but such replicas holds its requests.
+    starting: int = 0
+    starting_since: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +143,11 @@ class RoutingSnapshot:
                             "asleep": t.asleep,
                             "capabilities": t.capabilities.to_wire(),
                             **({"adapter": True} if t.adapter else {}),
+                            **(
+                                {"starting": t.starting, "starting_since": t.starting_since}
+                                if t.starting
+                                else {}
+                            ),
                             "backends": [
                                 {
                                     "task_id": b.task_id,
@@ -212,6 +222,8 @@ class RoutingSnapshot:
                     asleep=str(t.get("asleep", "")),
                     capabilities=Capabilities.from_wire(t.get("capabilities")),
                     adapter=t.get("adapter") is True,
+                    starting=int(t.get("starting", 0)),
+                    starting_since=float(t.get("starting_since", 0.0)),
                 )
                 for t in r["targets"]
             )

@@ -550,7 +550,7 @@ class HttpUsageSink:
 
     def __init__(self, server_url: str, token: str, *, timeout_s: float = 10.0) -> None:
         self.server_url = server_url.rstrip("/")
-        self.token = token  # also what a separate gateway's wakes present (gateway.wake)
+        self.token = token  # also what a separate gateway's wakes present (gateway.routing.hold)
         self._url = self.server_url + USAGE_PATH
         self._activity_url = self.server_url + ACTIVITY_PATH
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}

@@ -1,30 +1,42 @@
-"""Wake on request (F6): a request for a sleeping model wakes it and waits for it.
+"""Holding a request until its model is routable: asleep (F6) or starting (M17).
 
-The snapshot lists a sleeping service's model (its route target says ``asleep``:
-"sleeping" or "waking") without a backend for the tasks that sleep. When a request's
-model has no routable backend but such a target, ``GatewayApp`` hands it to
-``WakeHold.hold``:
+A request whose model has a route but no routable backend is not refused at once when
+a backend is on its way: the snapshot lists a sleeping service's model (its route target
+says ``asleep``: "sleeping" or "waking"), and a target whose group has replicas
+starting says so (``starting``: how many, and since when). ``Router`` hands such a
+request to ``RoutableHold.hold``, the one door for both reasons (``hold_reason``):
 
-1. One wake per (tenant, model) at a time: the first request asks the server to wake the
-   sleeping groups (``ServerLink.wake``: in the server's own process a database call,
-   from a separate gateway ``POST /api/v1/gateway/wake`` with the gateway token);
-   requests that arrive meanwhile join it. Groups already "waking" are not asked again.
-2. Each task's answer says which way the wake went. When none is on its way up (node
+1. One shared hold per (tenant, model) at a time; requests that arrive meanwhile join
+   it, so a thousand held requests make one poll, not a thousand. For a sleeping model
+   the first request asks the server to wake the sleeping groups
+   (``ServerLink.wake``: in the server's own process a database call, from a separate
+   gateway ``POST /api/v1/gateway/wake`` with the gateway token); groups already
+   "waking" are not asked again. Starting replicas need nothing asked: nothing sleeps.
+2. A wake's answer says, per task, which way it went. When none is on its way up (node
    offline, card borrowed by training, container gone, failed) every request of that
    wake is answered 503 with the server's message and ``Retry-After`` — never a silent
    hang.
 3. Otherwise the request is held until a backend of its model is in the snapshot (the
-   shared wake re-reads it every ``poll_s``, asking the server for a fresh one:
+   shared hold re-reads it every ``poll_s``, asking the server for a fresh one:
    ``ServerLink.refresh``), then it goes on like any other request — so a streaming
    client gets its first chunk when the engine is up. Each request waits at most
-   ``hold_s`` from its arrival (then 503 + ``Retry-After``); a client that leaves stops
-   waiting. A service that stops being asleep without becoming routable (its wake
-   failed) ends the hold at once with 503.
-4. With holding off (``hold_s`` = 0) the request is answered 503 + ``Retry-After`` as
-   soon as the server took the wake (or said why it cannot).
+   ``hold_s`` (asleep) or ``start_hold_s`` (starting) from its arrival, then 503 +
+   ``Retry-After`` with a message that says what it waited for (for starting replicas:
+   how many, and how long they have been starting); a client that leaves stops waiting.
+   A model that stops being asleep or starting without becoming routable (its wake or
+   its replicas failed, it was stopped) ends the hold at once with 503.
+4. With holding off (0) the request is answered 503 + ``Retry-After`` at once — for a
+   sleeping model as soon as the server took the wake (or said why it cannot).
+
+A route whose replicas all failed has none starting: it is refused at once, as before.
+The two bounds differ on purpose: a wake is bounded by the service's own load (seconds
+to a minute, F6's two minutes), while a new replica may pull an image and load a 70B
+model for many minutes — a client held that long is worse off than one told "starting
+for 95 s, retry in 10 s", so ``start_hold_s`` is short (30 s: the snapshot's catch-up
+after "running", half a second, and a small model's whole cold start, a few seconds).
 
 The wake itself goes on server-side whatever the requests do. Counts: held requests (a
-gauge), holds by outcome, wakes by branch, and the time held until ready
+gauge), holds by reason and outcome, wakes by branch, and the time held until ready
 (``GatewayMetrics``; labels bounded by routed model names and fixed word lists).
 """
 
@@ -36,7 +48,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import aiohttp
 import orjson
@@ -55,6 +67,7 @@ logger = logging.getLogger(__name__)
 
 WAKE_PATH = "/api/v1/gateway/wake"
 DEFAULT_HOLD_S = 120.0
+DEFAULT_START_HOLD_S = 30.0
 DEFAULT_RETRY_AFTER_S = 10
 DEFAULT_POLL_S = 0.2
 DEFAULT_WAKE_TIMEOUT_S = 10.0
@@ -118,7 +131,7 @@ class HttpServerLink:
         try:
             await self._poller.poll_once()
         except PollError as exc:
-            logger.debug("wake: snapshot refresh failed: %s", exc)
+            logger.debug("hold: snapshot refresh failed: %s", exc)
 
     async def aclose(self) -> None:
         await self._poller.aclose()
@@ -155,6 +168,9 @@ CLIENT_LEFT = ClientLeft()
 HoldResult = Ready | Refused | ClientLeft
 
 
+Reason = Literal["asleep", "starting"]
+
+
 def routable(targets: Sequence[RouteTarget] | None) -> bool:
     """Some target has a backend that takes new requests."""
     return bool(targets) and any(
@@ -167,14 +183,39 @@ def asleep(targets: Sequence[RouteTarget] | None) -> bool:
     return bool(targets) and any(t.asleep for t in targets or ())
 
 
-class _Wake:
-    """The one wake of a (tenant, model) that concurrent requests share."""
+def starting(targets: Sequence[RouteTarget] | None) -> bool:
+    """Some target's group has replicas on their way up: a request may wait for them."""
+    return bool(targets) and any(t.starting for t in targets or ())
+
+
+def hold_reason(targets: Sequence[RouteTarget] | None) -> Reason | None:
+    """Why a request for these targets may be held (None: route it, or refuse it now).
+    A sleeping group comes first: its wake has to be asked for."""
+    if routable(targets):
+        return None
+    if asleep(targets):
+        return "asleep"
+    if starting(targets):
+        return "starting"
+    return None
+
+
+def starting_for(targets: Sequence[RouteTarget] | None, now: float) -> tuple[int, float]:
+    """(replicas starting, seconds the longest-waiting one has been starting; 0 unknown)."""
+    ts = [t for t in targets or () if t.starting]
+    since = [t.starting_since for t in ts if t.starting_since > 0]
+    return sum(t.starting for t in ts), max(0.0, now - min(since)) if since else 0.0
+
+
+class _Shared:
+    """The one hold of a (tenant, model) that concurrent requests share."""
 
     __slots__ = ("asked", "done", "task", "waiters")
 
     def __init__(self) -> None:
         loop = asyncio.get_running_loop()
-        # the server answered the wake: None (something is on its way up) or a Refused
+        # the server answered the wake (or none was needed): None (something is on its
+        # way up) or a Refused
         self.asked: asyncio.Future[Refused | None] = loop.create_future()
         self.done: asyncio.Future[Ready | Refused] = loop.create_future()  # the hold's end
         self.waiters = 0
@@ -193,7 +234,9 @@ class _Wake:
             self.done.set_result(result)
 
 
-class WakeHold:
+class RoutableHold:
+    """The one door that holds a request until its model is routable (see the module)."""
+
     def __init__(
         self,
         holder: SnapshotHolder,
@@ -201,24 +244,28 @@ class WakeHold:
         metrics: GatewayMetrics,
         *,
         hold_s: float = DEFAULT_HOLD_S,
+        start_hold_s: float = DEFAULT_START_HOLD_S,
         retry_after_s: int = DEFAULT_RETRY_AFTER_S,
         poll_s: float = DEFAULT_POLL_S,
         wake_timeout_s: float = DEFAULT_WAKE_TIMEOUT_S,
         monotonic: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self._holder = holder
         self.link = link
         self._metrics = metrics
-        self.hold_s = hold_s
+        self.hold_s = hold_s  # a sleeping model's bound (F6)
+        self.start_hold_s = start_hold_s  # a starting model's bound (M17)
         self.retry_after_s = retry_after_s
         self._poll_s = poll_s
         self._wake_timeout_s = wake_timeout_s
         self._monotonic = monotonic
-        self._wakes: dict[tuple[str, str], _Wake] = {}
+        self._now = now  # wall clock (epoch s): how long replicas have been starting
+        self._holds: dict[tuple[str, str], _Shared] = {}
 
     @property
-    def wakes_in_progress(self) -> int:
-        return len(self._wakes)
+    def holds_in_progress(self) -> int:
+        return len(self._holds)
 
     async def hold(
         self,
@@ -227,29 +274,38 @@ class WakeHold:
         targets: Sequence[RouteTarget],
         left: Callable[[], Awaitable[object]] | None = None,
     ) -> HoldResult:
-        """Wake the model's sleeping groups (shared) and wait for a backend; see the module.
-
-        ``left()`` completes when the client disconnects (None: never)."""
+        """Wake the model's sleeping groups (shared) or wait for its starting replicas,
+        until a backend is up; see the module. ``left()`` completes when the client
+        disconnects (None: never)."""
+        reason = hold_reason(targets)
+        if reason is None:  # nothing to wait for: the caller's 503
+            return Refused(errors.no_healthy_backend(model), self.retry_after_s, "failed")
+        is_start = reason == "starting"
         started = self._monotonic()
         metrics = self._metrics
-        if self.link is None:  # a gateway with no server behind it cannot wake anything
+        refused: Refused | None = None
+        if not is_start and self.link is None:
+            # a gateway with no server behind it cannot wake anything
             refused = Refused(
                 errors.model_unavailable(model, "this gateway cannot wake it"),
                 self.retry_after_s,
                 "refused",
             )
-            metrics.hold_done(model, refused.outcome, None)
+        elif is_start and self.start_hold_s <= 0:
+            refused = self._starting(model, targets, None, "not_held")
+        if refused is not None:
+            metrics.hold_done(model, refused.outcome, None, starting=is_start)
             return refused
         key = (tenant, model)
-        w = self._wakes.get(key)
+        w = self._holds.get(key)
         if w is None:
-            w = self._wakes[key] = _Wake()
+            w = self._holds[key] = _Shared()
             w.task = asyncio.create_task(self._run(key, w, tenant, model, tuple(targets)))
         w.waiters += 1
         metrics.hold_started(model)
         gone: asyncio.Future[Any] | None = None if left is None else asyncio.ensure_future(left())
         try:
-            result = await self._wait(w, model, gone)
+            result = await self._wait(w, tenant, model, gone, reason)
         finally:
             w.waiters -= 1
             metrics.hold_ended(model)
@@ -260,16 +316,41 @@ class WakeHold:
         else:
             outcome = "client_left" if isinstance(result, ClientLeft) else "ready"
         metrics.hold_done(
-            model, outcome, self._monotonic() - started if isinstance(result, Ready) else None
+            model,
+            outcome,
+            self._monotonic() - started if isinstance(result, Ready) else None,
+            starting=is_start,
         )
         return result
 
-    async def _wait(self, w: _Wake, model: str, gone: asyncio.Future[Any] | None) -> HoldResult:
+    def _starting(
+        self, model: str, targets: Sequence[RouteTarget] | None, held_s: float | None, outcome: str
+    ) -> Refused:
+        """503 + Retry-After saying how many replicas start, and for how long."""
+        replicas, for_s = starting_for(targets, self._now())
+        return Refused(
+            errors.model_starting(
+                model, self.retry_after_s, max(replicas, 1), for_s, held_s=held_s
+            ),
+            self.retry_after_s,
+            outcome,
+        )
+
+    async def _wait(
+        self,
+        w: _Shared,
+        tenant: str,
+        model: str,
+        gone: asyncio.Future[Any] | None,
+        reason: Reason,
+    ) -> HoldResult:
         aws: set[asyncio.Future[Any]] = set()
         if gone is not None:
             aws.add(gone)
-        if self.hold_s <= 0:
-            # no holding: wait only for the server to take the wake (or say why not)
+        bound = self.start_hold_s if reason == "starting" else self.hold_s
+        if bound <= 0:
+            # a sleeping model, no holding: wait only for the server to take the wake
+            # (or say why not)
             asked: asyncio.Future[Any] = asyncio.shield(w.asked)
             done, _ = await asyncio.wait(
                 {asked, *aws}, timeout=self._wake_timeout_s, return_when=asyncio.FIRST_COMPLETED
@@ -287,15 +368,19 @@ class WakeHold:
             )
         end: asyncio.Future[Any] = asyncio.shield(w.done)
         done, _ = await asyncio.wait(
-            {end, *aws}, timeout=self.hold_s, return_when=asyncio.FIRST_COMPLETED
+            {end, *aws}, timeout=bound, return_when=asyncio.FIRST_COMPLETED
         )
         if end in done:
             return w.done.result()
         end.cancel()
         if gone is not None and gone in done:
             return CLIENT_LEFT
+        if reason == "starting":
+            return self._starting(
+                model, self._holder.current.routes.get((tenant, model)), bound, "timeout"
+            )
         return Refused(
-            errors.model_waking(model, self.retry_after_s, held_s=self.hold_s),
+            errors.model_waking(model, self.retry_after_s, held_s=bound),
             self.retry_after_s,
             "timeout",
         )
@@ -303,36 +388,43 @@ class WakeHold:
     async def _run(
         self,
         key: tuple[str, str],
-        w: _Wake,
+        w: _Shared,
         tenant: str,
         model: str,
         targets: tuple[RouteTarget, ...],
     ) -> None:
         try:
-            await self._ask(w, model, targets)
-            if w.done.done() or self.hold_s <= 0:
+            if hold_reason(targets) == "asleep":
+                await self._ask(w, model, targets)
+                if self.hold_s <= 0:  # not held: the wake was all there was to do
+                    return
+            else:
+                w.answer(None)  # starting: nothing to ask, just wait
+            if w.done.done():
                 return
             await self._follow(w, tenant, model)
         except Exception:  # never leave a request hanging on a bug here
-            logger.exception("wake of model %s: unexpected failure", model)
+            logger.exception("hold for model %s: unexpected failure", model)
             w.finish(
                 Refused(
-                    errors.wake_failed(model, "an internal error"), self.retry_after_s, "failed"
+                    errors.wake_failed(model, "an internal error")
+                    if asleep(targets)
+                    else errors.no_healthy_backend(model),
+                    self.retry_after_s,
+                    "failed",
                 )
             )
         finally:
-            if self._wakes.get(key) is w:
-                del self._wakes[key]
+            if self._holds.get(key) is w:
+                del self._holds[key]
             if not w.done.done():  # every waiter left (timed out or gone)
                 w.finish(
                     Refused(
-                        errors.model_waking(model, self.retry_after_s),
-                        self.retry_after_s,
-                        "timeout",
+                        errors.no_healthy_backend(model), self.retry_after_s, "timeout"
                     )
                 )
 
-    async def _ask(self, w: _Wake, model: str, targets: tuple[RouteTarget, ...]) -> None:
+    async def _ask(self, w: _Shared, model: str, targets: tuple[RouteTarget, ...]) -> None:
         """Ask the server to wake the sleeping groups (those already waking need not)."""
         assert self.link is not None
         groups = list(dict.fromkeys(t.group_id for t in targets if t.asleep == "sleeping"))
@@ -368,17 +460,17 @@ class WakeHold:
             )
         )
 
-    async def _follow(self, w: _Wake, tenant: str, model: str) -> None:
+    async def _follow(self, w: _Shared, tenant: str, model: str) -> None:
         """Re-read the snapshot until the model has a backend, while anyone waits."""
-        assert self.link is not None
         while w.waiters > 0:
             snap = self._holder.current
             targets = snap.routes.get((tenant, model))
             if routable(targets):
                 w.finish(Ready(snap))
                 return
-            if not asleep(targets):
-                # no longer asleep, and not serving: the wake failed or it was stopped
+            if not asleep(targets) and not starting(targets):
+                # neither asleep nor on its way up, and not serving: the wake or the
+                # replicas failed, or it was stopped
                 w.finish(
                     Refused(
                         errors.no_healthy_backend(model), self.retry_after_s, "failed"
@@ -386,13 +478,14 @@ class WakeHold:
                 )
                 return
             await asyncio.sleep(self._poll_s)
-            with contextlib.suppress(Exception):
-                await self.link.refresh()
+            if self.link is not None:  # else the gateway's own poller follows the server
+                with contextlib.suppress(Exception):
+                    await self.link.refresh()
 
     async def aclose(self) -> None:
-        for w in list(self._wakes.values()):
+        for w in list(self._holds.values()):
             if w.task is not None:
                 w.task.cancel()
-        self._wakes.clear()
+        self._holds.clear()
         if self.link is not None:
             await self.link.aclose()

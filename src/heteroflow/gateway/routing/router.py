@@ -3,9 +3,10 @@
 The step of ``GatewayApp._proxy`` between parsing and admission: ``model=auto`` (M10: a
 choice among the key's models by capability, prompt length and load), the key's access
 to the model, the capability check (issue 15), the session pin (M4) and the first
-backend (``balancing``). A model whose service sleeps (F6) is woken and the request held
-until it can be answered (``wake``), bounded by ``gateway_wake_hold_s``; each request
-routed to a group notes the group's last request time (F4, the server's idle timer).
+backend (``balancing``). A model whose service sleeps (F6) is woken, or whose replicas are
+starting (M17) is waited for, and the request held until it can be answered (``hold``),
+bounded by ``gateway_wake_hold_s`` / ``gateway_start_hold_s``; each request routed to a
+group notes the group's last request time (F4, the server's idle timer).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from heteroflow.gateway.routing.auto import (
 )
 from heteroflow.gateway.routing.balancing import Balancer
 from heteroflow.gateway.routing.capability_check import refuse as refuse_capability
-from heteroflow.gateway.routing.wake import ClientLeft, Ready, WakeHold, asleep
+from heteroflow.gateway.routing.hold import ClientLeft, Ready, RoutableHold, hold_reason
 from heteroflow.gateway.wire import errors
 from heteroflow.gateway.wire.errors import Receive, Scope
 from heteroflow.schemas.routing import KeyEntry, RouteTarget, RoutingSnapshot
@@ -40,13 +41,13 @@ class Router:
     def __init__(
         self,
         balancer: Balancer,
-        wake: WakeHold,
+        hold: RoutableHold,
         usage: UsageCollector | None,
         *,
         auto_long_prompt_tokens: int,
     ) -> None:
         self._balancer = balancer
-        self._wake = wake
+        self._hold = hold
         self._usage = usage
         self._auto_long_prompt_tokens = auto_long_prompt_tokens
 
@@ -54,7 +55,8 @@ class Router:
         self, scope: Scope, receive: Receive, call: Call, send: Exchange, path: str
     ) -> bool:
         """model=auto, the key's access to the model, its route, the session pin and the
-        first backend (waking the model first when it sleeps); False when the request
+        first backend (waking the model first when it sleeps, waiting for it when its
+        replicas are starting); False when the request
         was answered here."""
         snap, entry, body = call.snap, call.entry, call.body
         model = call.model
@@ -86,9 +88,10 @@ class Router:
                 sid = user
         call.pin = None if sid is None else (entry.tenant_id, model, sid)
         backend = self._balancer.choose(targets, call.pin)
-        if backend is None and asleep(targets):
-            # F6: the model sleeps; wake it and hold the request until it can be answered
-            held = await self._wake.hold(
+        if backend is None and hold_reason(targets) is not None:
+            # F6: the model sleeps (wake it), M17: its replicas are starting; hold the
+            # request until it can be answered
+            held = await self._hold.hold(
                 entry.tenant_id, model, targets, lambda: disconnected(receive)
             )
             if isinstance(held, ClientLeft):

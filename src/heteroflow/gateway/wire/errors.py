@@ -131,6 +131,24 @@ def model_waking(model: str, retry_after_s: int, *, held_s: float | None = None)
     return OpenAIError(503, message, "service_unavailable", None, "model_waking")
 
 
+def model_starting(
+    model: str, retry_after_s: int, replicas: int, for_s: float, *, held_s: float | None = None
+) -> OpenAIError:
+    """M17: the model's replicas are starting and none is up yet (held off, or held too
+    long); ``for_s``: how long the longest-waiting one has been on its way up."""
+    what = "1 replica" if replicas == 1 else f"{replicas} replicas"
+    since = f" (for {for_s:.0f} s)" if for_s > 0 else ""
+    held = "" if held_s is None else f" and none was ready within {held_s:g} s"
+    return OpenAIError(
+        503,
+        f"The model `{model}` has {what} starting{since}{held}. "
+        f"Please retry in {retry_after_s} s.",
+        "service_unavailable",
+        None,
+        "model_starting",
+    )
+
+
 def model_unavailable(model: str, why: str) -> OpenAIError:
     """F6: the model is asleep and cannot be woken now; ``why`` is the server's reason."""
     return OpenAIError(

@@ -7,7 +7,10 @@ routes and no endpoints, so their keys and models vanish with the next snapshot.
 
 A sleeping service stays listed (F6): its route target carries ``asleep`` ("sleeping",
 or "waking" once a wake is under way) and only its running tasks as backends, so the
-gateway can tell "asleep: wake it and hold the request" from "down: 503".
+gateway can tell "asleep: wake it and hold the request" from "down: 503". Likewise a
+target says how many of its group's current replicas are on their way up (M17:
+``starting``, and since when), so that a request is held while they start rather than
+refused; a group whose replicas all failed has none.
 
 A LoRA adapter of a group (``core.lora``) is a route of its own name to the group, callable
 by the group's keys like its model; the target says ``adapter`` so that the gateway
@@ -39,6 +42,8 @@ from heteroflow.services.serving.capabilities import group_capabilities
 # the periods of a token quota (the gateway's ``limits.PERIODS``), and "no quota"
 TOKEN_PERIODS = ("day", "month")
 NO_QUOTA = (0, "")
+NONE_STARTING = (0, 0.0)
+STARTING = (TaskStatus.PENDING.value, TaskStatus.SCHEDULED.value, TaskStatus.STARTING.value)
 
 
 def build_snapshot(
@@ -78,6 +83,7 @@ def build_snapshot(
         )
 
     asleep = _asleep_groups(s)
+    starting = _starting_groups(s)
     adapters = _adapter_routes(s)
     capabilities = group_capabilities(s, {r.group_id for r in routes})
 
@@ -97,6 +103,8 @@ def build_snapshot(
                 asleep=asleep.get(r.group_id, ""),
                 capabilities=capabilities[r.group_id],
                 adapter=r.id in adapters,
+                starting=starting.get(r.group_id, NONE_STARTING)[0],
+                starting_since=starting.get(r.group_id, NONE_STARTING)[1],
             )
         )
         if r.added:
@@ -168,6 +176,21 @@ def _asleep_groups(s: Session) -> dict[str, str]:
     ):
         if status == TaskStatus.WAKING.value or gid not in out:
             out[gid] = status
+    return out
+
+
+def _starting_groups(s: Session) -> dict[str, tuple[int, float]]:
+    """Group id -> (current replicas on their way up, since when the longest-waiting one
+    is: its last milestone — created, claimed, last running — in epoch seconds)."""
+    out: dict[str, tuple[int, float]] = {}
+    for gid, *times in s.execute(
+        select(Task.group_id, Task.created_at, Task.started_at, Task.running_at).where(
+            Task.status.in_(STARTING), Task.replaced_by == ""
+        )
+    ):
+        since = max(t.timestamp() for t in times if t is not None)
+        n, first = out.get(gid, (0, since))
+        out[gid] = (n + 1, min(first, since))
     return out
 
 
