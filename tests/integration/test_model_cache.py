@@ -26,6 +26,8 @@ from heteroflow.models.fetch.manifest import Manifest, SourceFailed
 from heteroflow.models.fetch.resolve import SourceResolver
 from heteroflow.testing.model_hub import ModelHub, Repo
 
+pytestmark = pytest.mark.feature("H9")
+
 TOKEN = "hf_cacheSECRETtoken987654321"
 WEIGHTS = hashlib.sha256(b"w").digest() * 4096  # 128 KiB
 CONFIG = b'{"model_type": "llama"}'

@@ -4,10 +4,12 @@ modelscope.cn (this machine reaches no hub) with the routes their clients use.""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -16,6 +18,8 @@ from heteroflow.core.model_sources import FIELD, parse_model_source
 from heteroflow.models.fetch.manifest import SourceFailed
 from heteroflow.models.fetch.resolve import SourceResolver
 from heteroflow.testing.model_hub import COMMIT, ModelHub, Repo
+
+pytestmark = pytest.mark.feature("H9")
 
 TOKEN = "hf_secretTOKENvalue0123456789"
 WEIGHTS = bytes(range(256)) * 64
@@ -168,3 +172,28 @@ async def test_the_token_is_in_no_log_and_no_error(
     assert all(TOKEN not in text for text in errors)
     assert caplog.records  # aiohttp's access log, at least
     assert all(TOKEN not in r.getMessage() for r in caplog.records)
+
+
+async def test_the_stand_in_serves_what_huggingface_hub_asks(
+    tmp_path: Path, base: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub's own client, pointed at the stand-in, lists and downloads what the
+    resolver lists: the stand-in's routes are the hub's, not only the resolver's."""
+    import huggingface_hub
+    from huggingface_hub import HfApi, snapshot_download
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    ours = await resolver(base).resolve(parse_model_source("hf://org/tiny"))
+
+    def with_the_client() -> tuple[str | None, dict[str, tuple[int | None, str | None]], str]:
+        info = HfApi(endpoint=base, token=False).model_info("org/tiny", files_metadata=True)
+        listed = {s.rfilename: (s.size, s.lfs.sha256 if s.lfs else None)
+                  for s in info.siblings or []}
+        folder = snapshot_download("org/tiny", endpoint=base, cache_dir=tmp_path, token=False)
+        return info.sha, listed, folder
+
+    sha, listed, folder = await asyncio.to_thread(with_the_client)
+    assert sha == ours.revision
+    assert listed == {f.path: (f.size, f.sha256) for f in ours.files}
+    assert (Path(folder) / "model.safetensors").read_bytes() == WEIGHTS
+    assert Path(folder).name == ours.revision

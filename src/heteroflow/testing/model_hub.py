@@ -60,6 +60,8 @@ class ModelHub:
         app = web.Application(middlewares=[self._record])
         r = app.router
         r.add_get("/api/models/{org}/{name}/revision/{rev}", self._hf_info)
+        r.add_get("/api/models/{org}/{name}", self._hf_info)  # the default branch
+        r.add_get("/api/models/{org}/{name}/tree/{rev}", self._hf_tree)
         r.add_route("*", "/{org}/{name}/resolve/{rev}/{path:.+}", self._hf_resolve)
         r.add_get("/api/v1/models/{org}/{name}/repo/files", self._ms_files)
         r.add_get("/api/v1/models/{org}/{name}/repo", self._ms_file)
@@ -98,7 +100,7 @@ class ModelHub:
 
     async def _hf_info(self, request: web.Request) -> web.Response:
         repo = self._repo(request)
-        self._revision(repo, request.match_info["rev"])
+        self._revision(repo, request.match_info.get("rev", "main"))
         blobs = request.query.get("blobs") in ("true", "True", "1")
         siblings = []
         for path, body in repo.files.items():
@@ -113,16 +115,42 @@ class ModelHub:
         name = f"{request.match_info['org']}/{request.match_info['name']}"
         return web.json_response({"id": name, "sha": repo.commit, "siblings": siblings})
 
+    async def _hf_tree(self, request: web.Request) -> web.Response:
+        """The listing ``snapshot_download`` asks for (recursive; no folders listed)."""
+        repo = self._repo(request)
+        self._revision(repo, request.match_info["rev"])
+        entries = []
+        for path, body in repo.files.items():
+            e: dict[str, object] = {
+                "type": "file", "path": path, "size": len(body),
+                "oid": hashlib.sha1(body).hexdigest(),  # noqa: S324 (git's blob id)
+            }
+            if path in repo.lfs:
+                e["lfs"] = {"oid": hashlib.sha256(body).hexdigest(), "size": len(body),
+                            "pointerSize": 134}
+            entries.append(e)
+        return web.json_response(entries)
+
     async def _hf_resolve(self, request: web.Request) -> web.StreamResponse:
         repo = self._repo(request)
         self._revision(repo, request.match_info["rev"])
         path = request.match_info["path"]
         if path not in repo.files:
             raise web.HTTPNotFound(headers={"X-Error-Code": "EntryNotFound"})
+        body = repo.files[path]
+        # the hub's file metadata headers: the commit, and an ETag that is the LFS
+        # sha256 (X-Linked-* for a file in LFS) or the git blob id
+        headers = {"X-Repo-Commit": repo.commit}
+        if path in repo.lfs:
+            sha = hashlib.sha256(body).hexdigest()
+            headers |= {"ETag": f'"{sha}"', "X-Linked-Etag": f'"{sha}"',
+                        "X-Linked-Size": str(len(body))}
+        else:
+            headers["ETag"] = f'"{hashlib.sha1(body).hexdigest()}"'  # noqa: S324 (git's id)
         if self.cdn_base:
             org, name = request.match_info["org"], request.match_info["name"]
-            raise web.HTTPFound(f"{self.cdn_base}/cdn/{org}/{name}/{path}")
-        return await self._send(request, path, repo.files[path], {"X-Repo-Commit": repo.commit})
+            raise web.HTTPFound(f"{self.cdn_base}/cdn/{org}/{name}/{path}", headers=headers)
+        return await self._send(request, path, body, headers)
 
     async def _cdn(self, request: web.Request) -> web.StreamResponse:
         repo = self.repos[f"{request.match_info['org']}/{request.match_info['name']}"]
