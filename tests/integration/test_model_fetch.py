@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
+from heteroflow.agent.model_cache import ModelCache
+from heteroflow.core.clock import FakeClock
 from heteroflow.core.model_sources import FIELD, parse_model_source
 from heteroflow.models.fetch.manifest import SourceFailed
 from heteroflow.models.fetch.resolve import SourceResolver
@@ -197,3 +199,17 @@ async def test_the_stand_in_serves_what_huggingface_hub_asks(
     assert listed == {f.path: (f.size, f.sha256) for f in ours.files}
     assert (Path(folder) / "model.safetensors").read_bytes() == WEIGHTS
     assert Path(folder).name == ours.revision
+
+
+async def test_modelscope_takes_the_token_as_its_session_cookie(
+    hub: ModelHub, base: str, tmp_path: Path
+) -> None:
+    source = parse_model_source("modelscope://org/private")
+    with pytest.raises(SourceFailed) as info:
+        await resolver(base).resolve(source)
+    assert info.value.reason == "not_found"
+    m = await resolver(base).resolve(source, token=TOKEN)
+    assert hub.auth_seen["/api/v1/models/org/private/repo/files"] == [f"m_session_id={TOKEN}"]
+    path = await ModelCache(tmp_path, clock=FakeClock()).ensure(m, token=TOKEN)
+    assert (path / "model.gguf").read_bytes() == WEIGHTS
+    assert hub.auth_seen["/api/v1/models/org/private/repo"] == [f"m_session_id={TOKEN}"]

@@ -33,18 +33,14 @@ from heteroflow.agent.log_shipper import file_source
 from heteroflow.agent.models import ModelPathError, resolve_model_dir, resolve_model_file
 from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec, Runtime
-from heteroflow.core.containers import AGENT_OWNED_ENV, PROCESS_BASE_ENV, container_env
+from heteroflow.core.containers import AGENT_OWNED_ENV
 from heteroflow.core.engine_access import ENGINE_ADDRESS, key_env
-from heteroflow.core.engines import LLAMACPP_AGENT_FLAGS, owned_flag_in
-from heteroflow.core.engines.commands import (
-    CommandError,
-    EngineCommand,
-    LaunchShape,
-    process_command,
-)
+from heteroflow.core.engines.commands import CommandError, EngineCommand
 from heteroflow.core.engines.registry import CPU_BUILD
 from heteroflow.core.ports import host_ports as mapped_host_ports
 from heteroflow.core.ports import ports_from_dicts
+from heteroflow.core.process_recipe import ProcessNode, process_env, process_launch
+from heteroflow.core.recipe import TaskShape
 from heteroflow.schemas.nodes import TaskAssignment
 
 __all__ = [
@@ -124,18 +120,7 @@ def task_env(t: TaskAssignment, cmd: EngineCommand | None = None) -> dict[str, s
     """The whole environment of an engine process: a clean base, the recipe's variables
     (``cmd``) under the C3 rules, the CUDA visibility a process (not a container) needs,
     and the engine's key where it reads one (C14)."""
-    env = dict(PROCESS_BASE_ENV)
-    env |= container_env(
-        t.env,
-        task_id=t.id,
-        group_id=t.group_id,
-        task_name=t.name,
-        engine=t.engine,
-        engine_env=dict(cmd.env) if cmd else {},
-        gpu=None,
-        engine_defaults=dict(cmd.env_defaults) if cmd else {},
-    )
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in t.gpu_ids)
+    env = process_env(TaskShape.of(t, ports=ports_from_dicts(t.ports)), cmd)
     return env | key_env(t.engine, t.engine_key)
 
 
@@ -164,19 +149,25 @@ def build_launch(
             "a node with the Docker runtime"
         )
     reported = engines if engines is not None else {"llamacpp": ""}
+    node = ProcessNode(
+        python=sys.executable, vllm_python=vllm_python, cpu_threads=cpu_threads, host=host
+    )
+    sleep = False
     if t.engine == "llamacpp":
-        shape, python = _llamacpp_shape(t, config, cpu_threads), sys.executable
+        model = _model_file(t, config)
     elif t.engine == "vllm" and "vllm" in reported and vllm_python:
-        shape, python = _vllm_shape(t, config, reported["vllm"]), vllm_python
+        model = _vllm_model(t, config, reported["vllm"])
     else:
         raise LaunchFailed(
             f"engine {t.engine or '(none)'} needs a container runtime; this node runs the "
             f"process runtime, which starts {' and '.join(sorted(reported)) or 'no engine'} "
             "here (vLLM where the agent has HETEROFLOW_AGENT_VLLM_PYTHON)"
         )
-    shape = replace(shape, port=host_port_for(t), host=host, served_model_name=t.model_name)
-    try:
-        cmd = process_command(shape, python)
+    try:  # the one recipe of a process launch, the dry run's too
+        cmd = process_launch(
+            TaskShape.of(t, ports=ports_from_dicts(t.ports)), model=str(model),
+            port=host_port_for(t), node=node, sleep_mode=sleep,
+        )
     except CommandError as exc:
         raise LaunchFailed(str(exc)) from exc
     host_ports = mapped_host_ports(ports_from_dicts(t.ports), chosen_only=True)
@@ -184,45 +175,28 @@ def build_launch(
     return LaunchSpec(t.id, cmd.args, task_env(t, cmd), host_ports, log_path, host)
 
 
-def _llamacpp_shape(t: TaskAssignment, config: NodeConfig, cpu_threads: int) -> LaunchShape:
-    clash = owned_flag_in(t.engine_args, LLAMACPP_AGENT_FLAGS)
-    if clash:
-        raise LaunchFailed(f"engine_args may not set {clash}: the agent sets it")
+def _model_file(t: TaskAssignment, config: NodeConfig) -> Path:
     try:
-        model = resolve_model_file(
+        return resolve_model_file(
             t.model_path, config.allowed_volume_prefixes, config.denied_volume_prefixes
         )
     except ModelPathError as exc:
         raise LaunchFailed(str(exc)) from exc
-    extra = list(t.engine_args)
-    if cpu_threads and not {"-t", "--threads"} & set(extra):
-        extra += ["-t", str(cpu_threads)]
-    return LaunchShape(
-        engine="llamacpp", model_path=str(model), served_model_name=t.model_name, port=1,
-        gpus=t.gpu_required, extra_args=tuple(extra),
-    )
 
 
-def _vllm_shape(t: TaskAssignment, config: NodeConfig, build: str) -> LaunchShape:
+def _vllm_model(t: TaskAssignment, config: NodeConfig, build: str) -> Path:
     if build == CPU_BUILD and t.gpu_required:
         raise LaunchFailed(
             f"this node's vLLM is its CPU build, which drives no card; the task asks for "
             f"{t.gpu_required} GPU(s)"
         )
     try:
-        model = resolve_model_dir(
+        return resolve_model_dir(
             t.model_path, config.allowed_volume_prefixes, config.denied_volume_prefixes,
             engine=t.engine,
         )
     except ModelPathError as exc:
         raise LaunchFailed(str(exc)) from exc
-    tp = t.gpu_required if t.parallelism == "tensor_parallel" else 1
-    return LaunchShape(
-        engine="vllm", model_path=str(model), served_model_name=t.model_name, port=1,
-        parallelism=t.parallelism, gpus=t.gpu_required, tensor_parallel_size=tp,
-        gpu_memory_utilization=t.gpu_memory_utilization, extra_args=tuple(t.engine_args),
-        kv_offload_gb=t.kv_offload_gb, max_loras=t.max_loras,
-    )
 
 
 class ProcessLauncher(DoorKeeper):

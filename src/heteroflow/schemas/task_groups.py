@@ -490,6 +490,12 @@ class ContainerPlanRead(BaseModel):
     config_files: list[str] = Field(
         default_factory=list, description="engine config files the agent writes (targets)"
     )
+    runtime: str = Field(
+        default="docker",
+        description="the node's runtime: docker (this container), or process (command is "
+        "the whole argv the agent starts; <agent-python> / <vllm-python> stand for its "
+        "interpreters)",
+    )
 
 
 class PlannedTask(BaseModel):

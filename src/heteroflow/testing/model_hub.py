@@ -12,7 +12,8 @@ CDN; the CDN route records the Authorization headers it saw.
 
 ModelScope (the routes its SDK uses): ``GET /api/v1/models/{org}/{name}/repo/files``
 → ``{"Code": 200, "Data": {"Files": [{"Name", "Path", "Type", "Size", "Sha256"}]}}`` and
-``GET /api/v1/models/{org}/{name}/repo?Revision=&FilePath=`` → the file.
+``GET /api/v1/models/{org}/{name}/repo?Revision=&FilePath=`` → the file; a private
+repository there wants the token as the ``m_session_id`` cookie, as ModelScope does.
 
 A plain web server: ``GET|HEAD /files/{path}`` and ``/files/{path}.sha256`` when
 ``sidecars`` holds it.
@@ -21,7 +22,7 @@ Every file answer honours ``Range: bytes=N-`` with a 206 (unless ``ranges`` is F
 Faults: ``cut_once`` (paths whose next answer stops halfway and drops the connection),
 ``corrupt`` (paths served with other bytes than listed). ``requests`` records
 ``(method, path, Range header)`` for every request; ``auth_seen`` every Authorization
-header by path. Production code never imports this module.
+and Cookie header by path. Production code never imports this module.
 """
 
 from __future__ import annotations
@@ -79,16 +80,18 @@ class ModelHub:
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
         self.requests.append((request.method, request.path_qs, request.headers.get("Range", "")))
-        auth = request.headers.get("Authorization")
-        if auth:
-            self.auth_seen.setdefault(request.path, []).append(auth)
+        for header in ("Authorization", "Cookie"):
+            if header in request.headers:
+                self.auth_seen.setdefault(request.path, []).append(request.headers[header])
         return await handler(request)
 
     def _repo(self, request: web.Request) -> Repo:
         repo = self.repos.get(f"{request.match_info['org']}/{request.match_info['name']}")
-        if repo is None or (
-            repo.token and request.headers.get("Authorization") != f"Bearer {repo.token}"
-        ):
+        # Hugging Face takes a bearer token; ModelScope its session cookie
+        modelscope = request.path.startswith("/api/v1/")
+        given = (request.cookies.get("m_session_id") if modelscope
+                 else request.headers.get("Authorization", "").removeprefix("Bearer "))
+        if repo is None or (repo.token and given != repo.token):
             raise web.HTTPUnauthorized(
                 headers={"X-Error-Code": "RepoNotFound"}, text="Repository not found"
             )

@@ -58,6 +58,7 @@ from heteroflow.core.clock import Clock
 from heteroflow.core.errors import Conflict, NotFound
 from heteroflow.core.images import size_text
 from heteroflow.core.model_sources import SourceKind
+from heteroflow.models.fetch.http import token_form
 from heteroflow.models.fetch.manifest import Manifest, SourceFailed
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,9 @@ class ModelCache:
         self._trackers: dict[str, Tracker] = {}
         self._reserved: dict[str, int] = {}
         self._in_use: Counter[str] = Counter()
+        self._hidden = 0
         root.mkdir(parents=True, exist_ok=True)
+        self._empty_trash()  # what a removal cut by a restart left
 
     # -- reading ---------------------------------------------------------------------
 
@@ -231,9 +234,11 @@ class ModelCache:
     async def _download(self, manifest: Manifest, token: str | None) -> Path:
         key = manifest.cache_key
         self._make_room(key, manifest.total_bytes)
+        await asyncio.to_thread(self._empty_trash)
         incoming = self.root / INCOMING / key
         incoming.mkdir(parents=True, exist_ok=True)
         tracker = self._trackers[key]
+        form = token_form(manifest.source.kind)
         async with aiohttp.ClientSession(timeout=self.timeout) as session:
             for f in manifest.files:
                 final = incoming / f.path
@@ -242,7 +247,7 @@ class ModelCache:
                 for attempt in range(self.retries + 1):
                     try:
                         await fetch_file(
-                            session, f, final, token=token, tracker=tracker,
+                            session, f, final, token=token, tracker=tracker, form=form,
                             chunk_bytes=self.chunk_bytes, timeout=self.timeout,
                         )
                         break
@@ -298,13 +303,14 @@ class ModelCache:
                 break
             log.info("model cache: evicting %s (%s, least recently used) for %s",
                      m.key, size_text(m.bytes), key)
-            self._discard(self.path_of(m.key))
+            self._hide(self.path_of(m.key))  # removed by the download, off the loop
             used -= m.bytes
         self._reserved[key] = need
 
     def evict(self, key: str) -> None:
         """Remove a complete model no task uses: ``Conflict`` when in use or
-        downloading, ``NotFound`` when the node does not hold it."""
+        downloading, ``NotFound`` when the node does not hold it. Blocking (the files
+        are removed before it returns): an async caller runs it in a thread."""
         if self._in_use[key] or key in self._inflight:
             raise Conflict(f"model {key} is in use or downloading on this node", field="key")
         if not self.is_complete(key):
@@ -312,12 +318,23 @@ class ModelCache:
         self._discard(self.path_of(key))
 
     def _discard(self, folder: Path) -> None:
-        """Out of sight in one rename, then removed."""
+        """Out of sight in one rename, then removed (blocking: a big model's files)."""
+        shutil.rmtree(self._hide(folder), ignore_errors=True)
+
+    def _hide(self, folder: Path) -> Path:
+        """Out of sight in one rename, so no reader or ``ensure`` finds it any more."""
         trash = self.root / TRASH
         trash.mkdir(exist_ok=True)
-        target = trash / f"{folder.name}.{os.getpid()}.{id(folder)}"
+        self._hidden += 1
+        target = trash / f"{folder.name}.{os.getpid()}.{self._hidden}"
         os.replace(folder, target)
-        shutil.rmtree(target, ignore_errors=True)
+        return target
+
+    def _empty_trash(self) -> None:
+        trash = self.root / TRASH
+        if trash.is_dir():
+            for p in trash.iterdir():
+                shutil.rmtree(p, ignore_errors=True)
 
     def _touch(self, key: str) -> None:
         marker = self.root / key / MARKER

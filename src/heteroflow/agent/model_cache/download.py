@@ -28,7 +28,7 @@ from typing import BinaryIO
 import aiohttp
 
 from heteroflow.core.clock import Clock
-from heteroflow.models.fetch.http import request, shown, status_failure
+from heteroflow.models.fetch.http import TokenForm, request, shown, status_failure
 from heteroflow.models.fetch.manifest import ManifestFile, Reason, SourceFailed
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ async def fetch_file(
     final: Path,
     *,
     token: str | None,
+    form: TokenForm = "bearer",
     tracker: Tracker,
     chunk_bytes: int,
     timeout: aiohttp.ClientTimeout,
@@ -137,7 +138,7 @@ async def fetch_file(
     if f.size is None or have < f.size:
         headers = {"Range": f"bytes={have}-"} if have else {}
         async with request(
-            session, "GET", f.url, token=token, headers=headers, timeout=timeout
+            session, "GET", f.url, token=token, form=form, headers=headers, timeout=timeout
         ) as resp:
             if resp.status == 416:
                 part.unlink(missing_ok=True)

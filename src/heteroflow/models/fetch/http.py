@@ -1,9 +1,10 @@
 """HTTP for model sources: one request with redirects followed by hand, errors as reasons.
 
-Redirects are followed here, not by aiohttp, so that the ``Authorization`` header goes
-only to the origin the token was given for: a hub answers a file with a redirect to its
-CDN, and the CDN must not see the token. ``http://`` to a host that is not loopback
-never gets a token (``insecure``): tokens never travel in clear.
+Redirects are followed here, not by aiohttp, so that the token (an ``Authorization``
+header, or ModelScope's session cookie) goes only to the origin it was given for: a hub
+answers a file with a redirect to its CDN, and the CDN must not see the token.
+``http://`` to a host that is not loopback never gets a token (``insecure``): tokens
+never travel in clear.
 
 Every failure becomes a ``SourceFailed`` with a message this module writes itself (the
 URL without its query, the status, the exception's class): never a header, never the
@@ -15,12 +16,16 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from yarl import URL
 
+from heteroflow.core.model_sources import SourceKind
 from heteroflow.models.fetch.manifest import SourceFailed
+
+TokenForm = Literal["bearer", "modelscope"]
 
 MAX_REDIRECTS = 5
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -55,8 +60,15 @@ def in_clear(url: str) -> bool:
         return True
 
 
-def bearer(token: str | None, url: str) -> dict[str, str]:
-    """The Authorization header for ``url``, or none; refuses a token in clear."""
+def token_form(kind: SourceKind) -> TokenForm:
+    """How a source's hub takes a token: Hugging Face (and a web server) as
+    ``Authorization: Bearer``; ModelScope as its session cookie ``m_session_id`` (what
+    its SDK's ``HubApi.get_cookies(access_token)`` sends)."""
+    return "modelscope" if kind is SourceKind.MODELSCOPE else "bearer"
+
+
+def credential(token: str | None, url: str, form: TokenForm = "bearer") -> dict[str, str]:
+    """The header that carries ``token`` to ``url``, or none; refuses a token in clear."""
     if not token:
         return {}
     if in_clear(url):
@@ -65,6 +77,8 @@ def bearer(token: str | None, url: str) -> dict[str, str]:
             f"task.model_path: refusing to send a token over plain http to {shown(url)}; "
             "the endpoint must be https (or on the loopback interface)",
         )
+    if form == "modelscope":
+        return {"Cookie": f"m_session_id={token}"}
     return {"Authorization": f"Bearer {token}"}
 
 
@@ -75,6 +89,7 @@ async def request(
     url: str,
     *,
     token: str | None = None,
+    form: TokenForm = "bearer",
     headers: Mapping[str, str] | None = None,
     timeout: aiohttp.ClientTimeout | None = None,
 ) -> AsyncIterator[aiohttp.ClientResponse]:
@@ -84,7 +99,7 @@ async def request(
     for _ in range(MAX_REDIRECTS + 1):
         sent = dict(headers or {})
         if token and origin(current) == home:
-            sent.update(bearer(token, current))
+            sent.update(credential(token, current, form))
         try:
             resp = await session.request(
                 method, URL(current, encoded=True), headers=sent,

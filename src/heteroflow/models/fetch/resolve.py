@@ -18,7 +18,8 @@
 - fleet: not yet (a copy between nodes needs the agents' file route): ``unsupported``.
 
 The endpoints are the operator's (a mirror) and the timeout is the caller's: constructor
-arguments. A token is sent as ``Authorization: Bearer`` to the endpoint only.
+arguments. A token goes to the endpoint only: as ``Authorization: Bearer`` to Hugging Face
+and a web server, as the ``m_session_id`` cookie to ModelScope (``http.token_form``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 
 from heteroflow.core.model_sources import FIELD, ModelSource, SourceKind
-from heteroflow.models.fetch.http import request, shown, status_failure
+from heteroflow.models.fetch.http import TokenForm, request, shown, status_failure
 from heteroflow.models.fetch.manifest import (
     Manifest,
     ManifestFile,
@@ -85,9 +86,12 @@ class SourceResolver:
         return await self._url(session, source, token)
 
     async def _json(
-        self, session: aiohttp.ClientSession, url: str, token: str | None, what: str
+        self, session: aiohttp.ClientSession, url: str, token: str | None, what: str,
+        form: TokenForm = "bearer",
     ) -> Any:
-        async with request(session, "GET", url, token=token, timeout=self.timeout) as resp:
+        async with request(
+            session, "GET", url, token=token, form=form, timeout=self.timeout
+        ) as resp:
             if resp.status != 200:
                 raise status_failure(
                     resp.status, url, what, resp.headers.get("X-Error-Code", "")
@@ -141,7 +145,7 @@ class SourceResolver:
         what = f"modelscope://{repo}@{rev}"
         base = f"{self.modelscope_endpoint}/api/v1/models/{repo}"
         url = f"{base}/repo/files?Revision={quote(rev, safe='')}&Recursive=true"
-        info = await self._json(session, url, token, what)
+        info = await self._json(session, url, token, what, form="modelscope")
         data = info.get("Data") if isinstance(info, dict) else None
         listed = data.get("Files") if isinstance(data, dict) else None
         if not isinstance(listed, list):

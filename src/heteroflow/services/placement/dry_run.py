@@ -4,7 +4,9 @@ The same validation as a create (``plan_group``), then for each task: the placem
 a scheduler round would choose now, by the round's own calls (``Placer.preview``), or
 the pending reason it would write, and the container the agent would
 build — the one recipe (``core.recipe.container_plan``) the agent launches, with
-placeholder ids, the placement's cards and the node's reported address.
+placeholder ids, the placement's cards and the node's reported address — or, on a node
+whose runtime is ``process``, the argv its agent starts (``core.process_recipe``, the
+agent's own function).
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.containers import DEFAULT_ENV_ALLOW, ContainerPlan
+from heteroflow.core.engine_access import ENGINE_ADDRESS
+from heteroflow.core.engines.commands import CommandError
 from heteroflow.core.engines.selection import NoEngineAvailable, select_engine
 from heteroflow.core.placement import NodeView, Placement, Policy, Reservation
 from heteroflow.core.ports import host_ports, with_host_ports
+from heteroflow.core.process_recipe import ProcessNode, process_env, process_launch
 from heteroflow.core.recipe import (
     NodeShape,
     RecipeResult,
@@ -109,7 +114,10 @@ def _planned(plan: GroupPlan, rank: int, o: Outcome) -> PlannedTask:
     address = node.address if node is not None else None
     engine = o.choice.engine if o.choice is not None else ""
     try:
-        container = plan_read(planned_recipe(plan, rank, p, node, address, engine=engine))
+        if node is not None and p is not None and node.runtime == "process":
+            container = planned_process(plan, rank, p, node, engine=engine)
+        else:
+            container = plan_read(planned_recipe(plan, rank, p, node, address, engine=engine))
         error = None
     except (ValueError, NoEngineAvailable) as exc:  # CommandError is a ValueError
         container, error = None, str(exc)
@@ -142,8 +150,21 @@ def planned_recipe(
     if not engine and not spec.command and node is not None:
         chain = engines_of(node)
         engine = select_engine(explicit="", label="", image=spec.image, node=chain).engine
+    task = _task_shape(plan, rank, placement, engine)
+    where = NodeShape(
+        address=address or UNPLACED_ADDRESS,
+        card_vendors={c.index: c.vendor for c in node.cards} if node else {},
+    )
+    return container_plan(task, where, work_dir_config=PLANNED_CONFIG_DIR)
+
+
+def _task_shape(
+    plan: GroupPlan, rank: int, placement: Placement | None, engine: str
+) -> TaskShape:
+    """Task ``rank`` of ``plan`` as the create will write it (placeholder ids)."""
+    spec = plan.req.task
     chosen = placement.host_ports if placement else host_ports(plan.ports)
-    task = TaskShape.of(
+    return TaskShape.of(
         spec,  # its image, model path, command, engine args, env and kv offload
         id=PLANNED_ID,
         group_id=PLANNED_GROUP_ID,
@@ -159,11 +180,49 @@ def planned_recipe(
         generation=1,
         task_type=plan.task_type,
     )
-    where = NodeShape(
-        address=address or UNPLACED_ADDRESS,
-        card_vendors={c.index: c.vendor for c in node.cards} if node else {},
+
+
+def planned_process(
+    plan: GroupPlan, rank: int, placement: Placement, node: NodeView, *, engine: str = ""
+) -> ContainerPlanRead:
+    """What the process runtime of ``node`` would start for task ``rank``: the agent's own
+    recipe (``core.process_recipe.process_launch``, ``runtime`` "process"), with the
+    placeholders of ``ProcessNode`` for what only the node knows (its Pythons; its
+    ``cpu_threads``, 0 by default, which would add ``-t N``) and a model name not given as
+    a path shown as the node looks it up. No container: no mounts, cards or security
+    options; the image is only recorded."""
+    spec = plan.req.task
+    if spec.command:  # the scheduler never places one here; the agent refuses it too
+        raise CommandError("the process runtime never runs a custom task.command")
+    engine = engine or plan.engine
+    if not engine:  # the round's chain on this node (H1)
+        chain = engines_of(node)
+        engine = select_engine(explicit="", label="", image=spec.image, node=chain).engine
+    task = _task_shape(plan, rank, placement, engine)
+    model = spec.model_path if spec.model_path.startswith("/") else (
+        f"<{spec.model_path} under the node's model folders>"
     )
-    return container_plan(task, where, work_dir_config=PLANNED_CONFIG_DIR)
+    port = task.ports[0].host_port if task.ports else 0
+    cmd = process_launch(task, model=model, port=port, node=ProcessNode())
+    return ContainerPlanRead(
+        name=task.id,
+        image=task.image,
+        entrypoint=None,
+        command=list(cmd.args),
+        env=process_env(task, cmd),
+        ports=[
+            {"container_port": p.container_port, "host_ip": ENGINE_ADDRESS,
+             "host_port": p.host_port}
+            for p in task.ports[:1]
+        ],
+        mounts=[],
+        ipc_mode=None,
+        shm_size=None,
+        network_mode=None,
+        gpu=None,
+        labels={},
+        runtime="process",
+    )
 
 
 def plan_read(result: RecipeResult | ContainerPlan) -> ContainerPlanRead:
