@@ -204,6 +204,23 @@ async def test_ten_concurrent_ensures_download_once(
     assert all(s and s[-1].done_bytes == m.total_bytes for s in seen)  # each saw progress
 
 
+async def test_a_download_in_progress_is_listed_with_its_progress(
+    tmp_path: Path, hub: ModelHub, base: str
+) -> None:
+    m = await manifest(base, "hf://org/tiny")
+    c = cache(tmp_path)
+    listed: list[list[tuple[str, str, str]]] = []
+
+    def look(_p: Progress) -> None:
+        listed.append([(e.key, e.source, e.state) for e in c.list()])
+        assert c.progress(m.cache_key) is not None
+
+    await c.ensure(m, progress=look)
+    assert listed[0] == [(m.cache_key, "hf://org/tiny@main", "downloading")]
+    assert [(e.key, e.state) for e in c.list()] == [(m.cache_key, "complete")]
+    assert c.progress(m.cache_key) is None
+
+
 async def test_eviction_is_least_recently_used_and_never_in_use(
     tmp_path: Path, base: str
 ) -> None:

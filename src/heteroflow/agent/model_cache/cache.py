@@ -103,6 +103,7 @@ class ModelCache:
         )
         self._inflight: dict[str, asyncio.Task[Path]] = {}
         self._trackers: dict[str, Tracker] = {}
+        self._downloading: dict[str, Manifest] = {}
         self._reserved: dict[str, int] = {}
         self._in_use: Counter[str] = Counter()
         self._hidden = 0
@@ -145,8 +146,9 @@ class ModelCache:
             ))
         out.sort(key=lambda m: (m.last_used or datetime.min.replace(tzinfo=UTC), m.key))
         for key, tracker in sorted(self._trackers.items()):
-            out.append(CachedModel(key, "", "", tracker.done, None, self._in_use[key],
-                                   "downloading"))
+            m = self._downloading[key]
+            out.append(CachedModel(key, m.source.text, m.revision, tracker.done, None,
+                                   self._in_use[key], "downloading"))
         return out
 
     def progress(self, key: str) -> Progress | None:
@@ -205,6 +207,7 @@ class ModelCache:
             self._inflight[key] = task
             task.add_done_callback(lambda t: self._done(key, t))
             self._trackers[key] = self._tracker(manifest)
+            self._downloading[key] = manifest
         tracker = self._trackers.get(key)
         if progress is not None and tracker is not None:
             tracker.listeners.append(progress)
@@ -219,6 +222,7 @@ class ModelCache:
             return
         del self._inflight[key]
         self._trackers.pop(key, None)
+        self._downloading.pop(key, None)
         self._reserved.pop(key, None)
 
     def _tracker(self, manifest: Manifest) -> Tracker:
