@@ -33,11 +33,12 @@ def hub() -> ModelHub:
     return ModelHub(
         repos={
             "org/tiny": Repo({"config.json": CONFIG, "model.safetensors": WEIGHTS},
-                             lfs=frozenset({"model.safetensors"})),
+                             lfs=frozenset({"model.safetensors"}),
+                             branches=("main", "master", "refs/pr/1")),
             "org/private": Repo({"model.gguf": WEIGHTS}, lfs=frozenset({"model.gguf"}),
                                 token=TOKEN),
         },
-        files={"m/tiny.gguf": WEIGHTS, "m/plain.bin": CONFIG},
+        files={"m/tiny.gguf": WEIGHTS, "m/plain.bin": CONFIG, "m/模型 q4.gguf": CONFIG},
         sidecars={"m/tiny.gguf": f"{hashlib.sha256(WEIGHTS).hexdigest()}  tiny.gguf\n"},
     )
 
@@ -73,6 +74,12 @@ async def test_hugging_face_resolves_to_the_commit_sizes_and_lfs_checksums(
     assert ("GET", "/api/models/org/tiny/revision/main?blobs=true", "") in hub.requests
 
 
+async def test_a_revision_with_a_slash_is_one_path_segment(hub: ModelHub, base: str) -> None:
+    m = await resolver(base).resolve(parse_model_source("hf://org/tiny@refs/pr/1"))
+    assert m.revision == COMMIT
+    assert hub.requests[-1][1] == "/api/models/org/tiny/revision/refs%2Fpr%2F1?blobs=true"
+
+
 async def test_modelscope_resolves_with_checksums(base: str) -> None:
     m = await resolver(base).resolve(parse_model_source("modelscope://org/tiny"))
     files = {f.path: f for f in m.files}
@@ -90,6 +97,17 @@ async def test_a_url_resolves_by_head_and_its_sha256_sidecar(base: str) -> None:
     assert f.sha256 == hashlib.sha256(WEIGHTS).hexdigest()
     plain = await resolver(base).resolve(parse_model_source(f"{base}/files/m/plain.bin"))
     assert plain.files[0].sha256 is None and plain.files[0].size == len(CONFIG)
+
+
+async def test_a_url_spelled_with_escapes_or_unicode_names_its_file(
+    base: str, tmp_path: Path
+) -> None:
+    for spelled in ("m/模型%20q4.gguf", "m/%E6%A8%A1%E5%9E%8B%20q4.gguf"):
+        m = await resolver(base).resolve(parse_model_source(f"{base}/files/{spelled}"))
+        assert [f.path for f in m.files] == ["模型 q4.gguf"]
+        entry = ModelCache(tmp_path / str(len(spelled)), clock=FakeClock())
+        await entry.ensure(m)
+        assert entry.entry_path(m).read_bytes() == CONFIG
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,7 @@ async def request(
             sent.update(credential(token, current, form))
         try:
             resp = await session.request(
-                method, URL(current, encoded=True), headers=sent,
+                method, URL(current), headers=sent,
                 allow_redirects=False, timeout=timeout or aiohttp.ClientTimeout(),
             )
         except TimeoutError:
@@ -116,7 +116,7 @@ async def request(
                 f"({type(e).__name__})",
             ) from None
         if resp.status in _REDIRECTS and "Location" in resp.headers:
-            target = str(URL(current, encoded=True).join(URL(resp.headers["Location"])))
+            target = str(URL(current).join(URL(resp.headers["Location"])))
             resp.release()
             if urlsplit(target).scheme.lower() not in ("http", "https"):
                 raise SourceFailed("invalid", f"task.model_path: {shown(current)} "

@@ -28,7 +28,7 @@ import json
 import posixpath
 import re
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import aiohttp
 
@@ -182,7 +182,10 @@ class SourceResolver:
             length = resp.headers.get("Content-Length")
         size = int(length) if length and length.isdigit() else None
         sha = await self._sidecar(session, url + ".sha256", token)
-        name = posixpath.basename(urlsplit(url).path)
+        raw = posixpath.basename(urlsplit(url).path)
+        name = unquote(raw)  # the file's name on disk, not its URL spelling
+        if safe_relative(name) is None:
+            name = raw
         return Manifest(source, "", (ManifestFile(name, size, sha, url),))
 
     async def _sidecar(
