@@ -191,6 +191,17 @@ async def test_a_checksum_mismatch_is_refused(tmp_path: Path, hub: ModelHub, bas
     assert (await c.ensure(m)).is_dir()  # the next try downloads it whole
 
 
+async def test_a_disk_that_refuses_writes_is_its_own_reason(
+    tmp_path: Path, base: str
+) -> None:
+    m = await manifest(base, "hf://org/tiny")
+    c = cache(tmp_path)
+    (tmp_path / INCOMING).write_text("not a folder")  # any write under it fails
+    with pytest.raises(SourceFailed) as info:
+        await c.ensure(m)
+    assert info.value.reason == "disk" and "could not write the model" in info.value.message
+
+
 async def test_ten_concurrent_ensures_download_once(
     tmp_path: Path, hub: ModelHub, base: str
 ) -> None:

@@ -236,6 +236,16 @@ class ModelCache:
         return Tracker(manifest.cache_key, total, done, self.clock, self.progress_interval_s)
 
     async def _download(self, manifest: Manifest, token: str | None) -> Path:
+        try:
+            return await self._fetch_all(manifest, token)
+        except OSError as e:  # the node's disk: full, read-only, permissions
+            raise SourceFailed(
+                "disk",
+                f"task.model_path: this node could not write the model under its cache "
+                f"({e.strerror or type(e).__name__})",
+            ) from None
+
+    async def _fetch_all(self, manifest: Manifest, token: str | None) -> Path:
         key = manifest.cache_key
         self._make_room(key, manifest.total_bytes)
         await asyncio.to_thread(self._empty_trash)

@@ -24,11 +24,11 @@ from heteroflow.core.model_sources import FIELD, ModelSource, SourceKind, parse_
 
 Reason = Literal[
     "not_found", "unauthorized", "unreachable", "timeout", "invalid", "unsupported",
-    "insecure", "checksum", "budget",
+    "insecure", "checksum", "budget", "disk",
 ]
 REASONS: tuple[Reason, ...] = (
     "not_found", "unauthorized", "unreachable", "timeout", "invalid", "unsupported",
-    "insecure", "checksum", "budget",
+    "insecure", "checksum", "budget", "disk",
 )
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
