@@ -99,6 +99,15 @@ async def test_a_url_resolves_by_head_and_its_sha256_sidecar(base: str) -> None:
     assert plain.files[0].sha256 is None and plain.files[0].size == len(CONFIG)
 
 
+async def test_a_server_that_answers_no_head_is_asked_for_one_byte(
+    hub: ModelHub, base: str
+) -> None:
+    hub.head = False
+    m = await resolver(base).resolve(parse_model_source(f"{base}/files/m/tiny.gguf"))
+    assert m.files[0].size == len(WEIGHTS)
+    assert ("GET", "/files/m/tiny.gguf", "bytes=0-0") in hub.requests
+
+
 async def test_a_url_spelled_with_escapes_or_unicode_names_its_file(
     base: str, tmp_path: Path
 ) -> None:

@@ -15,10 +15,11 @@ ModelScope (the routes its SDK uses): ``GET /api/v1/models/{org}/{name}/repo/fil
 ``GET /api/v1/models/{org}/{name}/repo?Revision=&FilePath=`` → the file; a private
 repository there wants the token as the ``m_session_id`` cookie, as ModelScope does.
 
-A plain web server: ``GET|HEAD /files/{path}`` and ``/files/{path}.sha256`` when
-``sidecars`` holds it.
+A plain web server: ``GET|HEAD /files/{path}`` (HEAD refused with 405 when ``head`` is
+False) and ``/files/{path}.sha256`` when ``sidecars`` holds it.
 
-Every file answer honours ``Range: bytes=N-`` with a 206 (unless ``ranges`` is False).
+Every file answer honours ``Range: bytes=N-`` and ``bytes=N-M`` with a 206 (unless
+``ranges`` is False).
 Faults: ``cut_once`` (paths whose next answer stops halfway and drops the connection),
 ``corrupt`` (paths served with other bytes than listed). ``requests`` records
 ``(method, path, Range header)`` for every request; ``auth_seen`` every Authorization
@@ -28,6 +29,7 @@ and Cookie header by path. Production code never imports this module.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -54,6 +56,7 @@ class ModelHub:
     cut_once: set[str] = field(default_factory=set)
     corrupt: set[str] = field(default_factory=set)
     cdn_base: str = ""
+    head: bool = True  # False: the /files/ server answers HEAD with 405
     requests: list[tuple[str, str, str]] = field(default_factory=list)
     auth_seen: dict[str, list[str]] = field(default_factory=dict)
 
@@ -180,6 +183,8 @@ class ModelHub:
 
     async def _plain(self, request: web.Request) -> web.StreamResponse:
         path = request.match_info["path"]
+        if request.method == "HEAD" and not self.head:
+            raise web.HTTPMethodNotAllowed("HEAD", ["GET"])
         if path.endswith(".sha256") and path[: -len(".sha256")] in self.sidecars:
             return web.Response(text=self.sidecars[path[: -len(".sha256")]])
         if path not in self.files:
@@ -191,30 +196,31 @@ class ModelHub:
     ) -> web.StreamResponse:
         if path in self.corrupt:
             body = bytes(b ^ 0xFF for b in body)
-        start = 0
-        rng = request.headers.get("Range", "")
-        if self.ranges and rng.startswith("bytes=") and rng.endswith("-"):
-            start = int(rng[len("bytes="):-1])
-            if start >= len(body):
+        start, end = 0, len(body)  # served: body[start:end]
+        rng = re.fullmatch(r"bytes=(\d+)-(\d*)", request.headers.get("Range", ""))
+        if self.ranges and rng:
+            start = int(rng[1])
+            end = min(int(rng[2]) + 1, len(body)) if rng[2] else len(body)
+            if start >= len(body) or start >= end:
                 raise web.HTTPRequestRangeNotSatisfiable(
                     headers={"Content-Range": f"bytes */{len(body)}"}
                 )
-        status = 206 if start else 200
-        resp = web.StreamResponse(status=status, headers=headers)
-        resp.content_length = len(body) - start
+        partial = (start, end) != (0, len(body)) or bool(rng and self.ranges)
+        resp = web.StreamResponse(status=206 if partial else 200, headers=headers)
+        resp.content_length = end - start
         resp.headers["Accept-Ranges"] = "bytes" if self.ranges else "none"
-        if start:
-            resp.headers["Content-Range"] = f"bytes {start}-{len(body) - 1}/{len(body)}"
+        if partial:
+            resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(body)}"
         await resp.prepare(request)
         if request.method == "HEAD":
             return resp
         if path in self.cut_once:
             self.cut_once.discard(path)
-            half = start + (len(body) - start) // 2
+            half = start + (end - start) // 2
             await resp.write(body[start:half])
             assert request.transport is not None
             request.transport.close()  # the connection drops mid-file
             return resp
-        await resp.write(body[start:])
+        await resp.write(body[start:end])
         await resp.write_eof()
         return resp

@@ -13,7 +13,8 @@
   ``{endpoint}/api/v1/models/{org/name}/repo?Revision={rev}&FilePath={path}``. The
   listing names no repository commit, so the resolved revision is the one asked for.
   Checked against the SDK's source, not against the real service (unreachable here).
-- https: ``HEAD`` gives the size (``Content-Length``); a ``{url}.sha256`` sidecar, when
+- https: ``HEAD`` gives the size (``Content-Length``; a server that answers no ``HEAD``
+  is asked for byte 0 and its ``Content-Range`` total); a ``{url}.sha256`` sidecar, when
   the server has one, gives the SHA-256 (its first word, as ``sha256sum`` writes it).
 - fleet: not yet (a copy between nodes needs the agents' file route): ``unsupported``.
 
@@ -177,16 +178,31 @@ class SourceResolver:
     ) -> Manifest:
         url = source.location
         async with request(session, "HEAD", url, token=token, timeout=self.timeout) as resp:
-            if resp.status != 200:
-                raise status_failure(resp.status, url, shown(url))
-            length = resp.headers.get("Content-Length")
+            status, length = resp.status, resp.headers.get("Content-Length")
         size = int(length) if length and length.isdigit() else None
+        if status in (405, 501):  # a server that answers no HEAD: ask for one byte
+            status, size = await self._first_byte(session, url, token)
+        if status not in (200, 206):
+            raise status_failure(status, url, shown(url))
         sha = await self._sidecar(session, url + ".sha256", token)
         raw = posixpath.basename(urlsplit(url).path)
         name = unquote(raw)  # the file's name on disk, not its URL spelling
         if safe_relative(name) is None:
             name = raw
         return Manifest(source, "", (ManifestFile(name, size, sha, url),))
+
+    async def _first_byte(
+        self, session: aiohttp.ClientSession, url: str, token: str | None
+    ) -> tuple[int, int | None]:
+        """The status and the size a ``GET`` of byte 0 tells (``Content-Range``'s total,
+        or ``Content-Length`` when the server sends the whole file, which is not read)."""
+        async with request(session, "GET", url, token=token, headers={"Range": "bytes=0-0"},
+                           timeout=self.timeout) as resp:
+            total = resp.headers.get("Content-Range", "").rpartition("/")[2]
+            if resp.status == 206 and total.isdigit():
+                return 206, int(total)
+            length = resp.headers.get("Content-Length", "")
+            return resp.status, int(length) if resp.status == 200 and length.isdigit() else None
 
     async def _sidecar(
         self, session: aiohttp.ClientSession, url: str, token: str | None
