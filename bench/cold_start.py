@@ -141,8 +141,10 @@ def vllm_body(path: Path) -> dict[str, Any]:
         "name": "vllm", "model_name": MODEL,
         "task": {"engine": "vllm", "image": "vllm/vllm-openai:v0.32.0", "gpu_required": 0,
                  "model_path": str(path), "memory_mb": 4096,
+                 # float32: vLLM's CPU build picks bfloat16 and, with it, AMX attention
+                 # kernels that die (SIGILL) where a VM reports AMX it cannot run
                  "engine_args": ["--max-model-len", "256", "--max-num-seqs", "4",
-                                 "--enforce-eager"],
+                                 "--enforce-eager", "--dtype", "float32"],
                  "env": ["VLLM_NO_USAGE_STATS=1"]},
     }
 

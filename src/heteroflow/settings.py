@@ -409,8 +409,13 @@ class AgentSettings(BaseSettings):
     # An engine not yet serving (launched or woken) is probed every wake_probe_interval_s
     # inside its start period or its load window (failures there are not counted), so it
     # serves as soon as it answers; after its first pass its check's interval applies.
+    # An engine started with vLLM's sleep mode (core.engines.sleep: vLLM on CUDA cards) is
+    # kept asleep instead: POST /sleep?level=1 copies its weights to host memory (a 70B
+    # model's 140 GB take a while), POST /wake_up copies them back; each may take up to
+    # vllm_keep_timeout_s, then the engine is stopped (sleep) or started again (wake).
     task_life_poll_interval_s: float = Field(default=0.5, ge=0.0)
     vllm_sleep_timeout_s: float = Field(default=5.0, gt=0.0)
+    vllm_keep_timeout_s: float = Field(default=300.0, gt=0.0)
     wake_probe_interval_s: float = Field(default=0.2, gt=0.0)
     # LoRA adapters (agent/adapters.py): each load or unload call to the engine waits at
     # most lora_load_timeout_s; a failed load is tried again after lora_retry_base_s,

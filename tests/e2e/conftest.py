@@ -201,18 +201,18 @@ def launch_stack(
         st.procs.append(spawn("server", ["server", "--port", str(server_port)], server, tmp))
         wait_for(
             lambda: httpx.get(server_url + "/healthz", timeout=1).status_code == 200,
-            30,
+            60,  # generous: a loaded 2-core box may take long to start a Python process
             "server /healthz",
         )
         st.procs.append(spawn("agent", ["agent"], agent, tmp, agent_prefix))
-        wait_for(lambda: "process runtime" in st.procs[-1].log.read_text(), 30, "agent start")
+        wait_for(lambda: "process runtime" in st.procs[-1].log.read_text(), 60, "agent start")
         args = ["gateway", "--server", server_url, "--token", GATEWAY_TOKEN]
         st.procs.append(
             spawn("gateway", [*args, "--port", str(gateway_port)], gateway_env or {}, tmp)
         )
         wait_for(
             lambda: httpx.get(st.gateway_url + "/v1/models", timeout=1).status_code == 401,
-            30,
+            60,
             "gateway up",
         )
         r = httpx.post(
@@ -221,7 +221,7 @@ def launch_stack(
         )
         st.token = r.json()["access_token"]
         # the node's first heartbeat carries its volume rules: create checks model paths
-        wait_for(lambda: st.api("GET", "/api/v1/nodes").json(), 30, "node registered")
+        wait_for(lambda: st.api("GET", "/api/v1/nodes").json(), 60, "node registered")
         yield st
     finally:
         for p in reversed(st.procs):

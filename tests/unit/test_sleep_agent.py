@@ -263,8 +263,10 @@ def test_a_waking_task_resumes_and_is_reported_running_at_its_first_pass(
     assert (task_id, status, fault) == (TASK, "running", None)
     assert message.startswith("awake: health check passed 0.6 s after its wake; loaded in")
     assert not agent.local[TASK].waking and agent.local[TASK].load is None
-    # D5: the wake's load window opened with a note on the waking task
-    assert [(s, n) for s, n, _ in client.notes] == [("waking", "loading")]
+    # F1: how it sleeps, said on the sleeping task; D5: the wake's load window opened
+    # with a note on the waking task
+    assert [(s, n) for s, n, _ in client.notes] == [("sleeping", "asleep"), ("waking", "loading")]
+    assert client.notes[0][2].startswith("asleep: engine stopped (")
 
 
 @pytest.mark.feature("F2", "D5")

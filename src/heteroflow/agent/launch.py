@@ -37,6 +37,7 @@ from heteroflow.core.containers import AGENT_OWNED_ENV
 from heteroflow.core.engine_access import ENGINE_ADDRESS, key_env
 from heteroflow.core.engines.commands import CommandError, EngineCommand
 from heteroflow.core.engines.registry import CPU_BUILD
+from heteroflow.core.engines.sleep import sleep_mode
 from heteroflow.core.ports import host_ports as mapped_host_ports
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.core.process_recipe import ProcessNode, process_env, process_launch
@@ -157,6 +158,8 @@ def build_launch(
         model = _model_file(t, config)
     elif t.engine == "vllm" and "vllm" in reported and vllm_python:
         model = _vllm_model(t, config, reported["vllm"])
+        vendor = next((g.vendor for g in config.gpus if g.index in t.gpu_ids), "")
+        sleep = sleep_mode("vllm", vendor if t.gpu_required else "").kept
     else:
         raise LaunchFailed(
             f"engine {t.engine or '(none)'} needs a container runtime; this node runs the "

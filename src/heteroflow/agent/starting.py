@@ -45,11 +45,33 @@ class Starting(Loading):
         except ServerError as exc:
             log.info("claim of %s refused: %s", t.id, exc)
             return
+        await self._free_cards(t)
         first = self.clock.monotonic()
         if isinstance(self.launcher, PullsImages):  # H7: its pull may take minutes
             self.launching[t.id] = asyncio.create_task(self._launch_beside(t, first))
             return
         await self._launch(t, attempt=1, first_try=first)
+
+    async def _free_cards(self, t: TaskAssignment) -> None:
+        """F5: an engine kept asleep on a card this task is placed on (training borrowing
+        a sleeping service's card) is stopped first, so that the card is really free; its
+        wake then starts it again."""
+        cards = set(t.gpu_ids)
+        for task_id, loc in self.asleep.items():
+            if loc.kept and cards & set(loc.task.gpu_ids):
+                self.stopping.add(task_id)
+                try:
+                    await asyncio.to_thread(
+                        self.runtime.halt, task_id, self.settings.stop_timeout_s
+                    )
+                except Exception:  # the launch goes on; the card may still be short
+                    log.exception("could not stop the sleeping engine of %s", task_id)
+                    continue
+                finally:
+                    self.stopping.discard(task_id)
+                loc.kept = False
+                log.info("task %s: its sleeping engine stopped to free its card(s) for %s",
+                         task_id, t.id)
 
     async def _launch_beside(self, t: TaskAssignment, first_try: float) -> None:
         """A launch run beside the heartbeat (H7): two launches of one image started in

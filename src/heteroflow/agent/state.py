@@ -13,10 +13,12 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import psutil
 
 from heteroflow.agent.client import ServerClient, ServerError
 from heteroflow.agent.config import NodeConfig
@@ -41,8 +43,9 @@ from heteroflow.schemas.nodes import TaskAssignment
 from heteroflow.settings import AgentSettings
 
 log = logging.getLogger(__name__)
-#: Reports that are notes on a task that keeps its state (a launch retry, a load's news).
-NOTE_STATUSES = frozenset({"starting", "waking"})
+#: Reports that are notes on a task that keeps its state (a launch retry, a load's news,
+#: how an engine sleeps).
+NOTE_STATUSES = frozenset({"starting", "waking", "sleeping"})
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ class Local:
     load_disk: str | None = None
     load_sampled_at: float | None = None
     load_noted_at: float = 0.0
+    # F1: asleep with its engine kept up (vLLM's sleep mode, core.engines.sleep)
+    kept: bool = False
 
 
 class AgentState:
@@ -134,6 +139,8 @@ class AgentState:
         # soon after may still be leaving (P2's back-off), anything else is a stranger's
         self.released: dict[int, float] = {}
         self._http: aiohttp.ClientSession | None = None
+        # F1: the host's free memory now (whether a kept sleep can hold an engine's weights)
+        self.host_memory: Callable[[], int] = _available_memory
         self.host_ports: list[int] = []  # listening on this host at the last look
         # D5: how loads are sampled and judged, and this node's read rate for them
         self.progress: ProgressSource = EngineProgress(self.runtime)
@@ -227,3 +234,6 @@ class AgentState:
             self._http = aiohttp.ClientSession()
         return self._http
 
+
+def _available_memory() -> int:
+    return int(psutil.virtual_memory().available)

@@ -33,6 +33,7 @@ from heteroflow.core.engine_access import ENGINE_ADDRESS, door_port
 from heteroflow.core.engines.commands import CommandError, LaunchShape, build_command
 from heteroflow.core.engines.kv_offload import parse_version
 from heteroflow.core.engines.registry import DEFAULT_CONTAINER_PORT
+from heteroflow.core.engines.sleep import sleep_mode
 from heteroflow.core.ports import PortMapping
 from heteroflow.core.volumes import Volume, volumes_of
 
@@ -182,6 +183,7 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
                 kv_offload_gb=task.kv_offload_gb,
                 engine_version=task.engine_version,
                 max_loras=task.max_loras,
+                sleep_mode=sleep_mode(task.engine, vendor, task.engine_version).kept,
             )
         )
         entrypoint, args, engine_env = cmd.entrypoint, cmd.args, dict(cmd.env)

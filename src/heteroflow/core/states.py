@@ -110,14 +110,16 @@ TERMINAL = frozenset({T.STOPPED, T.FAILED, T.COMPLETED})
 
 # What an agent may report a task as (``TaskReport.status``): the report's target state.
 # ``starting`` is a note on a task still starting (a launch retried, and why; D5: how its
-# load goes), ``waking`` a note on a task still waking (D5: how its load goes); ``pending``
+# load goes), ``waking`` a note on a task still waking (D5: how its load goes),
+# ``sleeping`` a note on a sleeping task (F1: how its engine sleeps); ``pending``
 # gives a task back to the scheduler because host ports the pool chose are taken (P2);
 # ``scheduled`` gives it back to its own node because the engine stopped with the agent.
 ReportTarget = Literal[
-    T.RUNNING, T.FAILED, T.STOPPED, T.COMPLETED, T.STARTING, T.WAKING, T.PENDING, T.SCHEDULED
+    T.RUNNING, T.FAILED, T.STOPPED, T.COMPLETED, T.STARTING, T.WAKING, T.SLEEPING, T.PENDING,
+    T.SCHEDULED,
 ]
 # The report targets that are notes: the task keeps its state, its status message changes.
-NOTE_TARGETS = frozenset({T.STARTING, T.WAKING})
+NOTE_TARGETS = frozenset({T.STARTING, T.WAKING, T.SLEEPING})
 
 
 class FileRequestStatus(WireEnum):

@@ -153,8 +153,9 @@ class HeartbeatReply(BaseModel):
     tasks: list[TaskAssignment]
 
 
-#: What a note on a starting / waking task is about (D5); none: a launch retried.
-LoadNote = Literal["loading", "progress", "pull", "pulling", "adapter"]
+#: What a note on a starting / waking task is about (D5), on a running one (LoRA) or a
+#: sleeping one (F1: how its engine sleeps); none: a launch retried.
+LoadNote = Literal["loading", "progress", "pull", "pulling", "adapter", "asleep"]
 
 
 class TaskReport(Strict):
@@ -188,7 +189,9 @@ class TaskReport(Strict):
         if self.note == "adapter" and self.status != TaskStatus.RUNNING:
             raise ValueError("note 'adapter' (LoRA) goes with status 'running' only")
         if self.note not in (None, "adapter") and self.status not in NOTE_TARGETS:
-            raise ValueError("note goes with status 'starting' or 'waking' only")
+            raise ValueError("note goes with status 'starting', 'waking' or 'sleeping' only")
+        if (self.note == "asleep") != (self.status == TaskStatus.SLEEPING):
+            raise ValueError("note 'asleep' goes with status 'sleeping', and only with it")
         if self.status == TaskStatus.WAKING and self.note is None:
             raise ValueError("status 'waking' is a note: it needs a note")
         return self

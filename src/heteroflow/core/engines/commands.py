@@ -21,9 +21,11 @@ real CLI in ``flags.py`` by the tests.
   place of ``python3``. This is the one place the entrypoint is decided
   (``_vllm_entrypoint``). Moore Threads' image (MooreThreads/vllm-musa docker/README.md) is upstream
   vLLM 0.28 plus the MUSA plugin with the same ``vllm serve`` ENTRYPOINT and flags.
-  Sleep mode needs ``--enable-sleep-mode`` AND ``VLLM_SERVER_DEV_MODE=1`` (the /sleep and
-  /wake_up routes); that variable is set for the vLLM family only, and ``sleep_mode`` is
-  ignored for engines without sleep (the sleep flow skips them, F1). Pipeline stages use
+  ``VLLM_SERVER_DEV_MODE=1`` (the /sleep, /is_sleeping and /wake_up routes the agent
+  calls over the loopback; the door never lets them through) is set for the vLLM family
+  only, on every launch (the spec's rule); ``--enable-sleep-mode`` only where
+  ``core.engines.sleep`` says vLLM supports it (CUDA cards: the CPU build refuses it),
+  and ``sleep_mode`` is ignored for engines without sleep (the sleep flow skips them, F1). Pipeline stages use
   the multi-node MP executor (vllm#23691): ``--nnodes P --node-rank R --master-addr A``,
   ranks above 0 ``--headless`` (no API server, so no HTTP health on those stages).
   Without a GPU (``gpus=0``: vLLM's CPU build, placed only where a node reports it) the
@@ -66,6 +68,7 @@ from heteroflow.core.lora import lora_args
 
 __all__ = [
     "LLAMACPP_AGENT_FLAGS",
+    "SLEEP_MODE_FLAG",
     "CommandError",
     "EngineCommand",
     "LaunchShape",
@@ -103,6 +106,11 @@ _OWNED_FLAGS: Mapping[str, frozenset[str]] = {
 def owned_flag_in(args: list[str] | tuple[str, ...], owned: frozenset[str]) -> str | None:
     """The first argument that sets one of ``owned`` (also as ``--flag=value``)."""
     return next((a for a in args if a in owned or a.split("=", 1)[0] in owned), None)
+
+
+#: vLLM's flag for its sleep mode (``core.engines.sleep`` decides where it is set); the
+#: agent keeps an engine started with it up while it sleeps.
+SLEEP_MODE_FLAG = "--enable-sleep-mode"
 
 
 @dataclass(frozen=True)
@@ -240,10 +248,12 @@ def _vllm(s: LaunchShape) -> EngineCommand:
         defaults["HF_HUB_OFFLINE"] = "1"
     if not (s.parallelism == "pipeline" and s.pipeline_rank > 0):  # headless: no API server
         args += _tool_args(s)
-    env: dict[str, str] = {}
+    # the development routes (/sleep, /is_sleeping, /wake_up) for the agent, on every vLLM:
+    # only the node reaches them (the door answers 404 from the network, C14); the sleep
+    # mode that keeps an engine asleep only where vLLM supports it (core.engines.sleep)
+    env: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1"}
     if s.sleep_mode:
-        args.append("--enable-sleep-mode")
-        env["VLLM_SERVER_DEV_MODE"] = "1"
+        args.append(SLEEP_MODE_FLAG)
     if s.kv_offload_gb:
         tp = s.tensor_parallel_size
         args += kv_offload_args(s.engine_version, s.kv_offload_gb, tensor_parallel_size=tp)

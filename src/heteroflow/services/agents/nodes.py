@@ -306,6 +306,7 @@ _NOTE_EVENT: dict[str | None, EventKind | None] = {
     "progress": None,  # D5: how far the load is, every few seconds: no event
     "pull": EventKind.IMAGE_PULL,  # H7: an image pull began or ended on the node
     "pulling": None,  # H7: how far the pull is (summed over layers): no event
+    "asleep": None,  # F1: how its engine sleeps (kept, or stopped and why)
 }
 
 
