@@ -262,6 +262,10 @@ class RoutableHold:
         self._monotonic = monotonic
         self._now = now  # wall clock (epoch s): how long replicas have been starting
         self._holds: dict[tuple[str, str], _Shared] = {}
+        # one refresh of the snapshot at a time, at most one per poll_s for all the
+        # models held together (fifty services starting at once make one, not fifty)
+        self._refreshing: asyncio.Future[None] | None = None
+        self._refreshed_at = float("-inf")
 
     @property
     def holds_in_progress(self) -> int:
@@ -478,14 +482,27 @@ class RoutableHold:
                 )
                 return
             await asyncio.sleep(self._poll_s)
-            if self.link is not None:  # else the gateway's own poller follows the server
-                with contextlib.suppress(Exception):
-                    await self.link.refresh()
+            await self._refresh()
+
+    async def _refresh(self) -> None:
+        """Ask the server for a fresh snapshot, shared by every hold (see ``__init__``);
+        without a server the gateway's own poller follows it."""
+        if self.link is None:
+            return
+        if self._refreshing is None or self._refreshing.done():
+            if self._monotonic() - self._refreshed_at < self._poll_s:
+                return  # another model's hold just asked
+            self._refreshed_at = self._monotonic()
+            self._refreshing = asyncio.ensure_future(self.link.refresh())
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._refreshing)
 
     async def aclose(self) -> None:
         for w in list(self._holds.values()):
             if w.task is not None:
                 w.task.cancel()
         self._holds.clear()
+        if self._refreshing is not None:
+            self._refreshing.cancel()
         if self.link is not None:
             await self.link.aclose()
