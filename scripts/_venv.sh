@@ -126,6 +126,21 @@ _vllm_build() {  # $1: temp dir, $2: final dir (each step checked: errexit is of
   "$tmp/bin/python" -c 'import vllm.entrypoints.openai.api_server, transformers, tokenizers'
 }
 
+_vllm_prune() {  # $1: the build just made: older ones (another requirements hash) go, 2.5 GB each
+  local keep="$1" old
+  for old in "$(dirname "$keep")"/vllm-cpu-*; do
+    case "$old" in
+      "$keep"|*.lock|*.tmp-*|*.log) continue ;;
+    esac
+    [ -d "$old" ] || continue
+    # one being built right now (another checkout's run) holds its lock: leave it
+    if flock -n "$old.lock" true 2>/dev/null; then
+      say "  removing an older vLLM build: $old"
+      rm -rf "$old" "$old.lock"
+    fi
+  done
+}
+
 ensure_vllm() {
   local dir tmp started size
   dir="$(vllm_dir)"
@@ -145,6 +160,7 @@ ensure_vllm() {
         rm -f "$tmp.log"
         size="$(du -sh "$dir" | cut -f1)"
         say "  done in $((SECONDS - started)) s ($size)"
+        _vllm_prune "$dir"
       else
         say "  vLLM's CPU build did not install (log: $tmp.log):" \
             "tests that need vLLM will be skipped (they fail under CI)"
