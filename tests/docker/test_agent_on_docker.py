@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,9 @@ from tests.e2e.conftest import (
 
 pytestmark = pytest.mark.e2e
 
-NODE = "docker-node"
+# unique per run: an agent reaps containers carrying its node's label, so two runs of this
+# module on one machine (a developer's and CI's) must not share a node name
+NODE = f"docker-node-{uuid.uuid4().hex[:8]}"
 CARDS = [
     {
         "index": i,
@@ -93,14 +96,14 @@ def dstack(
     }
     try:
         st.procs.append(spawn("server", ["server", "--port", str(port)], server_env, tmp))
-        wait_for(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 30, "server")
+        wait_for(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 60, "server")
         st.procs.append(spawn("agent", ["agent"], agent_env, tmp))
-        wait_for(lambda: "docker runtime" in st.procs[-1].log.read_text(), 30, "agent start")
+        wait_for(lambda: "docker runtime" in st.procs[-1].log.read_text(), 60, "agent start")
         r = httpx.post(
             url + "/api/v1/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}
         )
         st.token = r.json()["access_token"]
-        wait_for(lambda: st.api("GET", "/api/v1/nodes").json(), 10, "node registered")
+        wait_for(lambda: st.api("GET", "/api/v1/nodes").json(), 30, "node registered")
         yield st
     finally:
         for p in reversed(st.procs):
