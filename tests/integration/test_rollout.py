@@ -17,7 +17,7 @@ import pytest
 from heteroflow import cli
 from heteroflow.core.rollout import CANDIDATE
 
-from .conftest import Api, service_body
+from .conftest import NODE_TOKEN, Api, service_body
 from .test_fault_events import create, events, report, start
 from .test_group_start_stop import logged_in  # noqa: F401 - a fixture
 from .test_recovery import fail, group, recovery_round, task
@@ -236,6 +236,7 @@ def test_recreate_stops_every_replica_then_creates_every_one(api: Api) -> None:
     group_id, node_id, olds = two_replicas(api, admin)
     code, g = put_update(api, admin, group_id, image=NEW_IMAGE, strategy="recreate")
     assert code == 200 and g["rolling_update_state"] == "recreating", g
+    prepull_all(api, node_id, olds)  # the new image on their node first (H7)
     drive(api)  # every old replica drains first
     assert all(task(api, admin, o)["draining"] for o in olds)
     drive(api, 31)  # then stops (the drain timeout, no gateway report)
@@ -566,3 +567,85 @@ def test_a_new_replica_that_loads_for_longer_than_the_ready_timeout_is_waited_fo
     st, message = state(api, admin, group_id)
     assert "attempt 1 of 4 failed" in message and "said nothing of it for" in message, message
     assert task(api, admin, old0)["status"] == "running"
+
+
+# --- recreate pre-pulls the new image on the old replicas' nodes (J2, H7) ---
+
+
+def prepull_asks(api: Api, node_id: str) -> list[dict[str, Any]]:
+    r = api.client.get("/api/v1/agent/prepulls", headers={
+        "Authorization": f"Bearer {NODE_TOKEN}", "X-Heteroflow-Node": node_id,
+    })
+    assert r.status_code == 200, r.text
+    return list(r.json())
+
+
+def answer(api: Api, node_id: str, task_id: str, outcome: str, message: str = "",
+           image: str = NEW_IMAGE) -> Any:
+    return api.agent_post(node_id, f"/api/v1/agent/tasks/{task_id}/prepull",
+                          {"image": image, "outcome": outcome, "message": message})
+
+
+def prepull_all(api: Api, node_id: str, olds: list[str]) -> None:
+    """As the node's agent does: the server asks, it pulls and says so; two rounds."""
+    drive(api)
+    asked = prepull_asks(api, node_id)
+    assert sorted(a["task_id"] for a in asked) == sorted(olds)
+    for a in asked:
+        assert a["image"] == NEW_IMAGE
+        assert answer(api, node_id, a["task_id"], "pulled").status_code == 200
+    assert prepull_asks(api, node_id) == []  # answered for good: not asked again
+    drive(api)
+
+
+@pytest.mark.feature("J2", "H7")
+def test_recreate_pulls_the_new_image_on_the_old_nodes_before_anything_stops(
+    api: Api,
+) -> None:
+    admin = api.login()
+    group_id, node_id, olds = two_replicas(api, admin)
+    assert put_update(api, admin, group_id, image=NEW_IMAGE, strategy="recreate")[0] == 200
+    drive(api)
+    st, message = state(api, admin, group_id)
+    assert st == "recreating" and "being pulled on the old replicas' nodes" in message
+    asked = prepull_asks(api, node_id)
+    assert {a["task_id"] for a in asked} == set(olds) and asked[0]["registry_auth"] is None
+    # a pull that may heal: noted, asked again; nothing stops meanwhile
+    assert answer(api, node_id, olds[0], "failed", "image pull failed (timeout)").status_code \
+        == 200
+    assert answer(api, node_id, olds[1], "pulled").status_code == 200
+    drive(api, 5)
+    assert "last failure on" in state(api, admin, group_id)[1]
+    assert [a["task_id"] for a in prepull_asks(api, node_id)] == [olds[0]]
+    assert all(task(api, admin, o)["draining"] is False for o in olds)
+    assert answer(api, node_id, olds[0], "pulled").status_code == 200
+    drive(api)
+    assert "present on the nodes of every old replica (2)" in state(api, admin, group_id)[1]
+    drive(api)  # now the old generation drains, as before
+    assert all(task(api, admin, o)["draining"] for o in olds)
+    # an answer nobody asks for any more, or for another image, is refused
+    assert answer(api, node_id, olds[0], "pulled").status_code == 409
+    assert answer(api, "node-elsewhere", olds[0], "pulled").status_code in (401, 403, 404)
+
+
+@pytest.mark.feature("J2", "H7")
+def test_recreate_to_an_image_no_node_can_pull_fails_with_the_old_generation_serving(
+    api: Api,
+) -> None:
+    admin = api.login()
+    group_id, node_id, olds = two_replicas(api, admin)
+    assert put_update(api, admin, group_id, image=NEW_IMAGE, strategy="recreate")[0] == 200
+    drive(api)
+    why = f"image pull failed (not found): {NEW_IMAGE}; manifest unknown"
+    assert answer(api, node_id, olds[0], "unavailable", why).status_code == 200
+    drive(api)
+    st, message = state(api, admin, group_id)
+    assert st == "failed" and "cannot be pulled" in message and "not found" in message
+    assert "nothing was stopped" in message
+    for o in olds:
+        t = task(api, admin, o)
+        assert (t["status"], t["draining"], t["replaced_by"]) == ("running", False, "")
+    assert candidates(api, admin, group_id) == []
+    assert prepull_asks(api, node_id) == []  # the update is over: nothing asked
+    kinds = [e["kind"] for e in events(api, admin, group_id)]
+    assert "rollout.prepull" in kinds and kinds[-1] == "rollout.failed"

@@ -203,6 +203,10 @@ def operations(a: World, b: World) -> dict[str, tuple[str, dict[str, Any]]]:
         "POST /api/v1/agent/tasks/{task_id}/claim": (OBJECT, {"json": {}}),
         "POST /api/v1/agent/tasks/{task_id}/report": (OBJECT, {"json": {"status": "failed"}}),
         "POST /api/v1/agent/tasks/{task_id}/logs": (OBJECT, {"json": {"text": "forged"}}),
+        # J2, H7: a recreate's pre-pull, asked of and answered by the node's agent
+        "GET /api/v1/agent/prepulls": (OBJECT, {}),
+        "POST /api/v1/agent/tasks/{task_id}/prepull": (OBJECT, {"json": {
+            "image": "ghcr.io/ggml-org/llama.cpp:server-b2", "outcome": "pulled"}}),
         "POST /api/v1/file-requests": (BODY_REF, {"json": {
             "task_id": a.task_id, "request_type": "list", "target_path": "/data/models"}}),
         "GET /api/v1/file-requests/{request_id}": (OBJECT, {}),

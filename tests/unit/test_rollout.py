@@ -571,3 +571,62 @@ def test_a_restore_that_loads_is_not_given_up() -> None:
     st = w.tick(100)  # quiet: the restore is late
     assert st.stop == (c,) and list(w.p.given_up) == [0]
     assert "did not come back on rank 0 (not running and healthy within 100 s" in st.message
+
+
+# --- recreate pre-pulls the new image before anything drains (J2, H7) ---
+
+NEW = "reg:5000/engine:v2"
+
+
+def recreate_with_prepull(ranks: int = 2) -> World:
+    w = World(ranks=ranks, strategy=Strategy.RECREATE)
+    w.p = replace(w.p, prepull_image=NEW)
+    return w
+
+
+def prepull(w: World, tid: str, outcome: str, why: str = "") -> None:
+    w.reps[tid] = replace(w.reps[tid], prepull=outcome, prepull_message=why)
+
+
+@pytest.mark.feature("J2", "H7")
+def test_recreate_drains_nothing_until_the_new_image_is_on_every_old_node() -> None:
+    w = recreate_with_prepull()
+    olds = [r.id for r in w.current()]
+    st = w.tick()
+    assert st.state == RolloutState.RECREATING and not st.drain and not st.stop
+    assert "being pulled on the old replicas' nodes (0 of 2 ready)" in st.message
+    prepull(w, olds[0], "pulled")
+    prepull(w, olds[1], "failed", "image pull failed (unreachable): reg:5000; refused")
+    st = w.tick(30)
+    assert not st.drain and "1 of 2 ready" in st.message and "unreachable" in st.message
+    prepull(w, olds[1], "pulled")  # its agent tried again
+    st = w.tick(5)
+    assert w.p.prepulled and "present on the nodes of every old replica (2)" in st.message
+    assert not st.drain and not st.stop
+    st = w.tick()  # then recreate as before: drain, stop, create
+    assert sorted(st.drain) == sorted(olds)
+
+
+@pytest.mark.feature("J2", "H7")
+def test_recreate_to_an_image_that_cannot_be_pulled_fails_with_nothing_stopped() -> None:
+    w = recreate_with_prepull()
+    olds = [r.id for r in w.current()]
+    w.tick()
+    prepull(w, olds[1], "unavailable", "image pull failed (not found): reg:5000/engine:v2")
+    st = w.tick(1)
+    assert st.state == RolloutState.FAILED and st.finished
+    assert "cannot be pulled" in st.message and "not found" in st.message
+    assert "nothing was stopped: generation 1 serves" in st.message
+    assert not st.stop and not st.drain and not st.create
+    assert all(w.reps[o].status == T.RUNNING and not w.reps[o].draining for o in olds)
+
+
+@pytest.mark.feature("J2", "H7")
+def test_a_recreate_pre_pull_that_never_finishes_fails_at_the_deadline() -> None:
+    w = recreate_with_prepull()
+    w.tick()
+    st = w.tick(POLICY.progress_deadline_s - 1)
+    assert st.state == RolloutState.RECREATING
+    st = w.tick(1)
+    assert st.state == RolloutState.FAILED and "within 600 s" in st.message
+    assert "no word from its agent yet" in st.message and not st.stop

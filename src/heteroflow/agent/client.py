@@ -15,6 +15,7 @@ import httpx
 
 from heteroflow.schemas.files import AgentFileRequest, ListResult
 from heteroflow.schemas.nodes import Heartbeat, HeartbeatReply, TaskAssignment
+from heteroflow.schemas.prepull import PrepullAsk
 from heteroflow.schemas.sleep import NodeTaskLife
 
 
@@ -156,6 +157,17 @@ class ServerClient:
     # -- logs (C6) and file requests (C7) ------------------------------------------
     async def post_logs(self, task_id: str, text: str) -> None:
         await self._post(f"/api/v1/agent/tasks/{task_id}/logs", {"text": text})
+
+    async def prepulls(self) -> list[PrepullAsk]:
+        """The images a recreate asks this node to pull before anything stops (J2, H7)."""
+        data = await self._get("/api/v1/agent/prepulls")
+        return [PrepullAsk.model_validate(d) for d in data]
+
+    async def prepulled(self, task_id: str, image: str, outcome: str, message: str) -> None:
+        await self._post(
+            f"/api/v1/agent/tasks/{task_id}/prepull",
+            {"image": image, "outcome": outcome, "message": message},
+        )
 
     async def file_requests(self) -> list[AgentFileRequest]:
         """Pending file requests for this node's tasks, claimed by this call."""

@@ -29,6 +29,7 @@ from heteroflow.agent.host_ports import listening_ports
 from heteroflow.agent.inventory import NodeInventory, collect_inventory
 from heteroflow.agent.launch import host_port_for
 from heteroflow.agent.metrics import engine_counts, serve_metrics
+from heteroflow.agent.prepull import Prepulls
 from heteroflow.agent.runtime.protocol import LaunchFailed
 from heteroflow.agent.sleep_wake import SleepWake
 from heteroflow.agent.starting import Starting
@@ -245,17 +246,26 @@ class Agent(SleepWake, Watching, Starting, Adapters):
         return self.metrics.render(engine_counts(running, asleep))
 
     async def _aux_loop(self, stop: asyncio.Event) -> None:
-        """Log shipping (C6) and file requests (C7), apart from the heartbeat."""
-        while not stop.is_set():
-            try:
-                await self.shipper.ship_once(list(self.local))
-                await serve_file_requests(
-                    self.client, self._file_roots, self.settings.file_chunk_bytes
-                )
-            except Exception:
-                log.exception("log / file-request round failed")
-            if await interruptible_sleep(stop, self.settings.log_ship_interval_s):
-                return
+        """Log shipping (C6), file requests (C7) and a recreate's pre-pulls (J2, H7),
+        apart from the heartbeat."""
+        prepulls = Prepulls()
+        try:
+            while not stop.is_set():
+                try:
+                    await self.shipper.ship_once(list(self.local))
+                    await serve_file_requests(
+                        self.client, self._file_roots, self.settings.file_chunk_bytes
+                    )
+                except Exception:
+                    log.exception("log / file-request round failed")
+                try:
+                    await prepulls.round(self)
+                except Exception as exc:  # the server away: its heartbeat says so already
+                    log.debug("pre-pull round failed: %s", exc)
+                if await interruptible_sleep(stop, self.settings.log_ship_interval_s):
+                    return
+        finally:
+            prepulls.cancel()
 
     def _file_roots(self, task_id: str) -> list[str]:
         loc = self.local.get(task_id)

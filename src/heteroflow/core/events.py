@@ -78,6 +78,9 @@ class EventKind(WireEnum):
     ROLLOUT_ROLLBACK = "rollout.rollback"
     ROLLOUT_DONE = "rollout.done"
     ROLLOUT_FAILED = "rollout.failed"
+    # a recreate's new image made present on an old replica's node before anything drains:
+    # the agent's word on that replica (to_status pulled | failed (may heal) | unavailable)
+    ROLLOUT_PREPULL = "rollout.prepull"
     # --- end issue 14 (rollout) ---
     # --- issue 14: scaling (I1, I2; services/lifecycle/scaling.py): a replica count changed
     # (from_status -> to_status: the counts; by whom, the tasks added or leaving), and the

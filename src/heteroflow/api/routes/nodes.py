@@ -23,7 +23,9 @@ from heteroflow.schemas.nodes import (
     TaskReport,
     TemplateRead,
 )
+from heteroflow.schemas.prepull import PrepullAsk, PrepullReport
 from heteroflow.services.agents import nodes
+from heteroflow.services.lifecycle.rollout import prepull
 from heteroflow.services.tenancy import registry_credentials
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,25 @@ def claim(task_id: IdStr, ctx: Ctx, s: DB, node: AgentNode) -> TaskAssignment:
     # H7: the pull's login travels as the engine key does: to the claiming agent only
     t.registry_auth = registry_credentials.auth_for_task(s, ctx.sealer, t.id, t.image)
     return t
+
+
+@router.get("/agent/prepulls", response_model=list[PrepullAsk], tags=["agent"])
+def prepulls(ctx: Ctx, s: DB, node: AgentNode) -> list[PrepullAsk]:
+    """The images a recreate asks this node to pull before anything stops (J2, H7)."""
+    return [
+        # H7: the pull's login travels as a claim's: to this node's agent only
+        PrepullAsk(task_id=tid, image=image,
+                   registry_auth=registry_credentials.auth_for_task(s, ctx.sealer, tid, image))
+        for tid, image in prepull.asks(s, node)
+    ]
+
+
+@router.post("/agent/tasks/{task_id}/prepull", tags=["agent"])
+def prepulled(
+    task_id: IdStr, rep: PrepullReport, ctx: Ctx, s: DB, node: AgentNode
+) -> dict[str, str]:
+    prepull.record(s, ctx.clock, node, task_id, rep)
+    return {"outcome": rep.outcome}
 
 
 @router.post("/agent/tasks/{task_id}/report", tags=["agent"])

@@ -36,6 +36,8 @@ def progress_to_json(p: Progress) -> dict[str, Any]:
         "retiring": {k: v.isoformat() for k, v in p.retiring.items()},
         "batches_done": p.batches_done,
         "progress_at": _iso(p.progress_at),
+        "prepull_image": p.prepull_image,
+        "prepulled": p.prepulled,
     }
 
 
@@ -61,4 +63,6 @@ def progress_from_json(d: Mapping[str, Any]) -> Progress:
         },
         batches_done=int(d.get("batches_done", 0)),
         progress_at=_dt(d.get("progress_at")),
+        prepull_image=str(d.get("prepull_image", "")),
+        prepulled=bool(d.get("prepulled", False)),
     )

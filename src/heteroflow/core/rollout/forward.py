@@ -17,8 +17,14 @@ why in its status), so it never holds the group's update lock until ``max_hold_s
 (issue 26). A candidate whose image cannot be pulled (not found, unauthorised: H7) fails
 the update at once — no retry can change it — with nothing drained.
 
-**Recreate (J2):** drain every old replica, stop them all, create every candidate,
-switch them all once they all run (retries and rollback as above).
+**Recreate (J2):** make the new image present on the node of every old replica that
+has one (``prepull``: each replica's agent pulls it and says so, H7), then drain every
+old replica, stop them all, create every candidate, switch them all once they all run
+(retries and rollback as above). An image that cannot be pulled (not found,
+unauthorised) on any of those nodes, or a pre-pull not done within
+``progress_deadline_s``, fails the update before anything drained: the old generation
+serves on. Without it a new image that cannot be pulled, or pulls for ten minutes,
+would leave the service with nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from heteroflow.core.rollout.batch import (
     drained,
     first_line,
     ranks_text,
+    serving_text,
     state_of,
     switch,
     wait,
@@ -69,6 +76,8 @@ def forward(
     if p.progress_at is None:  # a rollout written before the deadline existed
         p = replace(p, progress_at=now)
     if p.strategy == Strategy.RECREATE and not p.old_stopped:
+        if p.prepull_image and not p.prepulled:
+            return _recreate_prepull(p, v, now, policy)
         return _recreate_stop_old(p, v, now, policy, in_flight)
     done = {rank for rank in v.ranks if all(r.generation == g for r in v.current_of(rank))}
     total = batches_total(len(v.ranks), p)
@@ -246,6 +255,58 @@ def _batch_failed(
     return Step(
         progress=nxt, state=RolloutState.ROLLING_BACK, message=text, stop=tuple(stop),
         undrain=tuple(undrain), events=((EventKind.ROLLOUT_ROLLBACK, text),),
+    )
+
+
+def _recreate_prepull(p: Progress, v: View, now: datetime, policy: RolloutPolicy) -> Step:
+    """Recreate's first phase: the new image on the node of every old replica placed on
+    one (pending ones have none), asked of their agents while ``prepull_image`` is set and
+    ``prepulled`` is not; their answers come back as the replicas' ``prepull``."""
+    g = p.generation
+    if p.batch_since is None:
+        p = replace(p, batch_since=now)
+    since = p.batch_since or now
+    olds = [
+        r for r in v.current
+        if r.live and r.generation != g and r.status != TaskStatus.PENDING
+    ]
+    image = p.prepull_image
+    refused = [r for r in olds if r.prepull == "unavailable"]
+    waiting = [r for r in olds if r.prepull != "pulled"]
+    failed = [r for r in waiting if r.prepull == "failed"]
+    late = bool(waiting) and (now - since).total_seconds() >= policy.progress_deadline_s
+    if refused or late:
+        r = (refused or failed or waiting)[0]
+        said = first_line(r.prepull_message) or "no word from its agent yet"
+        why = (
+            f"the new image {image} cannot be pulled on the node of {r.id}: {said}"
+            if refused else
+            f"the new image {image} was not on the nodes of every old replica within "
+            f"{policy.progress_deadline_s:g} s ({len(waiting)} of {len(olds)} not yet; "
+            f"{r.id}: {said})"
+        )
+        text = f"recreate: {why}; nothing was stopped: {serving_text(v)}"
+        return Step(
+            progress=replace(p, batch_since=None), state=RolloutState.FAILED, message=text,
+            finished=True,
+            events=((EventKind.ROLLOUT_FAILED, f"update to generation {g} failed: {text}"),),
+        )
+    if waiting:
+        extra = (
+            f"; last failure on {failed[0].id}: {first_line(failed[0].prepull_message)}"
+            if failed else ""
+        )
+        return wait(
+            p, f"recreate: new image {image} being pulled on the old replicas' nodes "
+            f"({len(olds) - len(waiting)} of {len(olds)} ready){extra}",
+        )
+    text = (
+        f"recreate: new image {image} present on the nodes of every old replica "
+        f"({len(olds)}); the old generation stops next"
+    )
+    return Step(
+        progress=replace(p, prepulled=True, batch_since=None), state=state_of(p),
+        message=text, events=((EventKind.ROLLOUT_BATCH, text),),
     )
 
 

@@ -82,6 +82,11 @@ class Replica:
     # about it; "" / None: nothing said (pending, or a launch with no load window)
     busy: str = ""
     news_at: datetime | None = None
+    # recreate: its agent's word on the new image on its node during this update —
+    # "pulled", "failed" (may heal: asked again) or "unavailable" (not found,
+    # unauthorised); "" = none yet — and the words that came with it
+    prepull: str = ""
+    prepull_message: str = ""
 
     @property
     def current(self) -> bool:
@@ -119,6 +124,10 @@ class Progress:
     retiring: Mapping[str, datetime] = field(default_factory=dict)  # task -> draining since
     batches_done: int = 0
     progress_at: datetime | None = None  # it started, or a batch last switched
+    # recreate (J2, H7): the new image, made present on the nodes of the old replicas
+    # before any of them drains ("" = nothing to pull: the image did not change)
+    prepull_image: str = ""
+    prepulled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

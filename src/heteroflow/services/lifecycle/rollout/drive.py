@@ -68,7 +68,7 @@ def drive_group(
     now = clock.now()
     g = _fence(s, group_id, holder, now)
     p = progress_from_json(g.rollout_spec)
-    tasks, reps = replicas(s, g.id)
+    tasks, reps = replicas(s, g.id, g.rollout_started_at)
     action = lease_action(g.rollout_started_at, g.rollout_expires_at, now, policy)
     if g.deleted_at is not None:
         st = abandon(p, reps, "the service was deleted during the update", hard=True)

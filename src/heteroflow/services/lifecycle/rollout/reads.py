@@ -46,7 +46,8 @@ def gateway_reports(clock: Clock, stale_s: float) -> InFlightReader:
 
 
 def replica(
-    t: Task, unpullable: bool = False, busy: tuple[str, datetime] | None = None
+    t: Task, unpullable: bool = False, busy: tuple[str, datetime] | None = None,
+    prepull: tuple[str, str] = ("", ""),
 ) -> Replica:
     """A task row as the machine sees it (``busy``: what its agent last said it does before
     it serves, and since when — see ``_busy``)."""
@@ -65,11 +66,16 @@ def replica(
         unpullable=unpullable,
         busy=busy[0] if busy is not None else "",
         news_at=news_at,
+        prepull=prepull[0],
+        prepull_message=prepull[1],
     )
 
 
-def replicas(s: Session, group_id: str) -> tuple[list[Task], list[Replica]]:
-    """Every task of the group (read afresh), and each as a replica."""
+def replicas(
+    s: Session, group_id: str, since: datetime | None = None
+) -> tuple[list[Task], list[Replica]]:
+    """Every task of the group (read afresh), and each as a replica (with what its agent
+    said of a recreate's pre-pull since ``since``, the update's start)."""
     tasks = list(
         s.scalars(
             select(Task)
@@ -84,7 +90,26 @@ def replicas(s: Session, group_id: str) -> tuple[list[Task], list[Replica]]:
         t.id for t in tasks if t.replaced_by == CANDIDATE and t.status == TaskStatus.STARTING
     ]
     busy = _busy(s, starting) if starting else {}
-    return tasks, [replica(t, t.id in unpullable, busy.get(t.id)) for t in tasks]
+    pulls = _prepulls(s, group_id, since) if since is not None else {}
+    return tasks, [
+        replica(t, t.id in unpullable, busy.get(t.id), pulls.get(t.id, ("", "")))
+        for t in tasks
+    ]
+
+
+def _prepulls(s: Session, group_id: str, since: datetime) -> dict[str, tuple[str, str]]:
+    """Per task, the newest word of its agent on a recreate's pre-pull since ``since``
+    (``rollout.prepull`` events: the outcome in ``to_status``, the words in the message)."""
+    rows = s.execute(
+        select(Event.task_id, Event.to_status, Event.message)
+        .where(
+            Event.group_id == group_id,
+            Event.kind == EventKind.ROLLOUT_PREPULL.value,
+            Event.created_at >= since,
+        )
+        .order_by(Event.created_at, Event.id)
+    )
+    return {str(tid): (str(outcome), str(msg)) for tid, outcome, msg in rows}
 
 
 # The agent's notes that open what a starting task does before it serves (D5, H7): its

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 from sqlalchemy import or_, update
@@ -110,6 +111,10 @@ def start_update(
     )
     state = RolloutState.ROLLING if p.strategy == Strategy.ROLLING else RolloutState.RECREATING
     head = max(current, key=lambda t: (t.generation, t.created_at))
+    image = changes.get("image")
+    if p.strategy == Strategy.RECREATE and image and image != head.image:
+        # H7: on the old replicas' nodes before anything stops (core/rollout/forward.py)
+        p = replace(p, prepull_image=image)
     if p.strategy == Strategy.ROLLING:
         # N2: a batch's new replicas run beside the old ones; they count meanwhile
         quotas.lock_tenant(s, g.tenant_id)
