@@ -65,7 +65,7 @@ class RouteTarget:
     weight: int
     backends: tuple[Backend, ...]
     # How a backend of this target is picked (M2): round_robin, random, least_connections,
-    # engine_aware (see gateway.balancing).
+    # engine_aware, prefix_affinity (M15; see gateway.balancing).
     algorithm: str = "round_robin"
     # Capability tags for model=auto (M10), e.g. ("code", "long-context").
     tags: tuple[str, ...] = ()

@@ -22,6 +22,20 @@ Policy, applied to the targets of one ``(tenant, model)`` route:
      ``/metrics`` (scraped by ``gateway.probes``: running, waiting, KV cache use, plus
      this gateway's in-flight change since the scrape); served as
      ``least_connections`` while any candidate has no fresh scrape.
+   * ``prefix_affinity`` (M15): the backend most likely to hold the request's prompt
+     prefix in its engine's cache, bounded by load. The body's prefix keys
+     (``prefix.prefix_keys``: chained hashes of 512-byte blocks) are looked up, longest
+     first, in a bounded, expiring view of which backend served which key on this route
+     (``prefix.PrefixView``); the longest key with a holder that has room wins (the
+     holder with fewest in flight). *Room* is consistent hashing with bounded loads: a
+     backend may take the request while its in-flight count stays within
+     ``ceil((1 + ε) · (in flight on the route's usable backends + 1) / n)``, ε =
+     ``prefix_load_factor`` (0.25), so a hot prefix spreads once its holder is above the
+     mean instead of piling onto it. A request no view entry matches goes by rendezvous
+     hashing of its first block's key over the base URLs (the first in rank with room),
+     so several gateways place a new prefix alike without sharing state; a body with no
+     full block (or none at all: a failover) goes by ``least_connections``. Every key of
+     the request is then recorded for the chosen backend.
 
 Usable backends. A *draining* backend (M11) is never chosen: in-flight requests finish,
 new ones go elsewhere, and a route whose backends all drain answers 503. The other
@@ -49,13 +63,22 @@ used from one event loop.
 
 from __future__ import annotations
 
+import math
 import random
+import time
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from hashlib import blake2b
+from typing import Any, NamedTuple
 
 from heteroflow.gateway.backend.engine_metrics import EngineLoad, engine_score
 from heteroflow.gateway.routing.health import PassiveHealth
+from heteroflow.gateway.routing.prefix import (
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_TTL_S,
+    PrefixView,
+    prefix_keys,
+)
 from heteroflow.schemas.routing import Backend, RouteTarget
 
 # Counters of routes that no longer exist are dropped wholesale past this size; resetting
@@ -68,6 +91,9 @@ ROUND_ROBIN = "round_robin"
 RANDOM = "random"
 LEAST_CONNECTIONS = "least_connections"
 ENGINE_AWARE = "engine_aware"
+PREFIX_AFFINITY = "prefix_affinity"
+DEFAULT_PREFIX_LOAD_FACTOR = 0.25
+_MASK64 = (1 << 64) - 1
 _LEAST = frozenset({LEAST_CONNECTIONS, ENGINE_AWARE})
 
 
@@ -96,6 +122,8 @@ class Balancer:
         "_loads",
         "_max_sessions",
         "_max_temp_c",
+        "_prefix",
+        "_prefix_load_factor",
         "_rng",
         "_rr",
         "_smooth",
@@ -110,6 +138,10 @@ class Balancer:
         rng: random.Random | None = None,
         max_temp_c: float | None = DEFAULT_MAX_TEMP_C,
         loads: Mapping[str, EngineLoad] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        prefix_entries: int = DEFAULT_MAX_ENTRIES,
+        prefix_ttl_s: float = DEFAULT_TTL_S,
+        prefix_load_factor: float = DEFAULT_PREFIX_LOAD_FACTOR,
     ) -> None:
         self._health = health if health is not None else PassiveHealth()
         self._smooth: dict[str, int] = {}  # route_id -> current smooth-WRR weight
@@ -121,10 +153,17 @@ class Balancer:
         self._max_temp_c = max_temp_c
         # base_url -> the latest engine scrape (kept current by gateway.probes)
         self._loads: Mapping[str, EngineLoad] = loads if loads is not None else {}
+        # prefix_affinity: which backend served which prompt prefix (bounded, expiring)
+        self._prefix = PrefixView(clock, max_entries=prefix_entries, ttl_s=prefix_ttl_s)
+        self._prefix_load_factor = prefix_load_factor
 
     @property
     def health(self) -> PassiveHealth:
         return self._health
+
+    @property
+    def prefix_view(self) -> PrefixView:
+        return self._prefix
 
     # -- in-flight accounting (least_connections) ---------------------------------------
 
@@ -157,11 +196,13 @@ class Balancer:
         session: Hashable | None = None,
         *,
         fail_open: bool = True,
+        body: Mapping[str, Any] | None = None,
     ) -> Backend | None:
         """The backend for the next request, or None when no target has a usable one.
 
         ``fail_open=False`` never relaxes ejection (a failover after a failed connection
-        wants a healthy backend or none; see ``gateway.retry``).
+        wants a healthy backend or none; see ``gateway.retry``). ``body``: the request's
+        JSON body, read (for its prompt prefix) only by a ``prefix_affinity`` target.
         """
         health = self._health if self._health.any_ejected() else None
         flt = _Filter(health, self._max_temp_c)
@@ -182,7 +223,7 @@ class Balancer:
                     self._sticky.move_to_end(session)
                     return current
         target = level[0] if len(level) == 1 else self._pick_weighted(level, level[0].weight > 0)
-        backend = self._next_backend(target, flt)
+        backend = self._next_backend(target, flt, body)
         if session is not None:
             sticky = self._sticky
             sticky[session] = backend.base_url
@@ -208,14 +249,22 @@ class Balancer:
         smooth[chosen.route_id] -= total
         return chosen
 
-    def _next_backend(self, target: RouteTarget, flt: _Filter) -> Backend:
+    def _next_backend(
+        self, target: RouteTarget, flt: _Filter, body: Mapping[str, Any] | None = None
+    ) -> Backend:
         backends = target.backends
         if not all(map(flt.ok, backends)):
             backends = tuple(filter(flt.ok, backends))
         n = len(backends)
+        algorithm = target.algorithm
+        if algorithm == PREFIX_AFFINITY and body is not None:
+            keys = prefix_keys(body)
+            if keys:
+                chosen = backends[0] if n == 1 else self._affinity(target.route_id, backends, keys)
+                self._prefix.record(target.route_id, keys, chosen.base_url)
+                return chosen
         if n == 1:
             return backends[0]
-        algorithm = target.algorithm
         if algorithm == RANDOM:
             return backends[self._rng.randrange(n)]
         rr = self._rr
@@ -223,7 +272,7 @@ class Balancer:
             rr.clear()
         i = rr.get(target.route_id, 0) % n
         rr[target.route_id] = (i + 1) % n
-        if algorithm not in _LEAST:
+        if algorithm not in _LEAST and algorithm != PREFIX_AFFINITY:
             return backends[i]
         if algorithm == ENGINE_AWARE and self._loads:
             best = self._least_loaded(backends, i)
@@ -242,6 +291,34 @@ class Balancer:
                 best, best_n = b, c
         return best
 
+    def _affinity(self, route_id: str, backends: Sequence[Backend], keys: Sequence[int]) -> Backend:
+        """prefix_affinity's choice among ≥ 2 usable backends (see the module doc)."""
+        inflight = self._inflight
+        loads = [inflight.get(b.base_url, 0) for b in backends]
+        # Bounded loads: the load a backend may reach by taking this request. The least
+        # loaded backend always has room (its load is at most the mean), so some backend
+        # is always chosen below.
+        bound = math.ceil((1.0 + self._prefix_load_factor) * (sum(loads) + 1) / len(backends))
+        index = {b.base_url: i for i, b in enumerate(backends)}
+        holders = self._prefix.holders
+        for key in reversed(keys):  # the longest prefix first
+            best = -1
+            for url in holders(route_id, key):
+                i = index.get(url, -1)
+                if i >= 0 and loads[i] < bound and (best < 0 or loads[i] < loads[best]):
+                    best = i
+            if best >= 0:
+                return backends[best]
+        # No backend with room holds any of it: rendezvous hashing of the first block.
+        first = keys[0]
+        ranked = sorted(
+            range(len(backends)), key=lambda i: _mix64(first ^ _url_hash(backends[i].base_url))
+        )
+        for i in ranked:
+            if loads[i] < bound:
+                return backends[i]
+        return backends[ranked[0]]  # unreachable (see above); keeps the type total
+
     def _least_loaded(self, backends: Sequence[Backend], start: int) -> Backend | None:
         """Lowest engine score, ties in turn from ``start``; None if a scrape is missing."""
         loads = self._loads
@@ -258,6 +335,27 @@ class Balancer:
             if best is None or score < best_score:
                 best, best_score = b, score
         return best
+
+
+_URL_HASHES: dict[str, int] = {}
+
+
+def _url_hash(base_url: str) -> int:
+    """A stable 64-bit hash of a base URL (the same in every gateway process)."""
+    h = _URL_HASHES.get(base_url)
+    if h is None:
+        if len(_URL_HASHES) > _MAX_COUNTERS:
+            _URL_HASHES.clear()
+        h = int.from_bytes(blake2b(base_url.encode(), digest_size=8).digest(), "little")
+        _URL_HASHES[base_url] = h
+    return h
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a well-spread, stable rank from a key and a URL hash."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
 def _eligible(targets: Sequence[RouteTarget], flt: _Filter) -> list[RouteTarget] | None:

@@ -87,7 +87,7 @@ class Router:
             if isinstance(user, str) and user:
                 sid = user
         call.pin = None if sid is None else (entry.tenant_id, model, sid)
-        backend = self._balancer.choose(targets, call.pin)
+        backend = self._balancer.choose(targets, call.pin, body=body)
         if backend is None and hold_reason(targets) is not None:
             # F6: the model sleeps (wake it), M17: its replicas are starting; hold the
             # request until it can be answered
@@ -101,7 +101,7 @@ class Router:
                 return False
             call.snap = held.snapshot
             targets = call.targets = held.snapshot.routes.get((entry.tenant_id, model), ())
-            backend = self._balancer.choose(targets, call.pin)
+            backend = self._balancer.choose(targets, call.pin, body=body)
         if backend is None:
             await errors.send_error(send, errors.no_healthy_backend(model))
             return False

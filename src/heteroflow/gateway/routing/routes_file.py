@@ -67,7 +67,7 @@ _PATTERN_HELP = {
 }
 Name = Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=_NAME)]
 Url = Annotated[str, StringConstraints(pattern=_URL)]
-Algorithm = Literal["round_robin", "random", "least_connections", "engine_aware"]
+Algorithm = Literal["round_robin", "random", "least_connections", "engine_aware", "prefix_affinity"]
 
 
 class RoutesFileError(Exception):

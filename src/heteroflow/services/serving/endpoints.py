@@ -40,7 +40,7 @@ from heteroflow.services.tenancy.sharing import SharingLookupFailed, sharing_pee
 from heteroflow.services.unique import taken_as
 from heteroflow.services.views import endpoint_read, route_read
 
-ALGORITHMS = ("round_robin", "random", "least_connections", "engine_aware")
+ALGORITHMS = ("round_robin", "random", "least_connections", "engine_aware", "prefix_affinity")
 # A key chosen by its owner (set_endpoint_key): long enough to be a secret, and only
 # characters a Bearer header carries as they are (RFC 6750's token68, without padding).
 CHOSEN_KEY = re.compile(r"[A-Za-z0-9._~+/-]{20,256}")
