@@ -33,7 +33,8 @@ from sqlalchemy import select
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.factory import RuntimeUnavailable, make_launcher
-from heteroflow.cmd import remote
+from heteroflow.cmd import instance_lock, remote
+from heteroflow.cmd.errors import CliError
 from heteroflow.core.errors import Conflict, Unauthorized
 from heteroflow.core.ids import new_api_key
 from heteroflow.core.ports import ephemeral_overlap, local_ephemeral_range
@@ -475,7 +476,7 @@ class _Run:
             say("Press Ctrl-C to stop (engines are stopped with it).")
 
 
-async def run_up(opts: UpOptions) -> int:
+async def run_up(opts: UpOptions, lock: instance_lock.InstanceLock | None = None) -> int:
     elapsed = Elapsed()
     if isinstance(sys.stdout, io.TextIOWrapper):  # "…" and "—" on any terminal
         sys.stdout.reconfigure(errors="replace")
@@ -503,6 +504,8 @@ async def run_up(opts: UpOptions) -> int:
     sock = bind(opts.host, opts.port)
     port = sock.getsockname()[1]
     base = f"http://{opts.host}:{port}"
+    if lock is not None:  # the port it really got (--port 0), for a refused second `up`
+        lock.describe(base)
     node_cfg = NodeConfig.load(opts.agent_config)
     node_cfg = dataclasses.replace(
         node_cfg,
@@ -547,9 +550,20 @@ async def run_up(opts: UpOptions) -> int:
 
 
 def run(a: argparse.Namespace) -> int:
-    """``heteroflow up``'s arguments -> ``UpOptions``; the models default to DATA_DIR/models."""
+    """``heteroflow up``'s arguments -> ``UpOptions``; the models default to DATA_DIR/models.
+
+    Refused in one line before anything is touched (issue 33): a data directory another
+    HeteroFlow runs on (``instance_lock``), and a ``--models-dir`` that is not an existing
+    folder (a typo would otherwise be made into an empty folder the demo downloads into,
+    and the user's models would silently not be there; the default one is made)."""
     data_dir = Path(a.data_dir).expanduser().resolve()
     models_dir = Path(a.models_dir).expanduser().resolve() if a.models_dir else data_dir / "models"
+    if a.models_dir and not models_dir.is_dir():
+        what = "is not a folder" if models_dir.exists() else "does not exist"
+        raise CliError(f"--models-dir {models_dir} {what}: make it first, or leave it out")
+    if a.agent_config and not Path(a.agent_config).is_file():
+        raise CliError(f"--agent-config {a.agent_config}: no such file")
+    lock = instance_lock.acquire(data_dir, "up", f"http://{a.host}:{a.port}")
     opts = UpOptions(
         data_dir=data_dir,
         models_dir=models_dir,
@@ -561,4 +575,7 @@ def run(a: argparse.Namespace) -> int:
         runtime=a.runtime,
         port_range=a.port_range,
     )
-    return asyncio.run(run_up(opts))
+    try:
+        return asyncio.run(run_up(opts, lock))
+    finally:
+        lock.release()
