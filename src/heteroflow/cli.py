@@ -18,6 +18,7 @@ from importlib import import_module
 
 from heteroflow.cmd.errors import CliError
 from heteroflow.cmd.parsers import NOUNS
+from heteroflow.cmd.parsers.common import Parser
 from heteroflow.private_files import PRIVATE_UMASK
 from heteroflow.serving import PortBusy
 
@@ -54,7 +55,7 @@ def _logging(verbose: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="heteroflow",
         description=DESCRIPTION,
         epilog=EPILOG,

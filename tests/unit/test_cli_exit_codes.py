@@ -228,6 +228,7 @@ def test_a_wait_that_ends_running_exits_0_with_progress_and_elapsed_seconds(
     assert code == 0 and err == ""
     assert out.splitlines() == [
         "created tg-1 (endpoint ep-1)",
+        "model name to call: m",  # issue 33: what clients put in "model"
         "API key (shown once): sk-1",
         "  [0s] pending — waiting for the scheduler",
         "  [0s] scheduling — loading model",

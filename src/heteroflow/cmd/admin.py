@@ -227,8 +227,12 @@ def _utc(t: datetime) -> str:
 def _read_new_password(a: argparse.Namespace) -> str | None:
     if a.password_stdin or not sys.stdin.isatty():
         return sys.stdin.readline().rstrip("\r\n")
-    password = getpass.getpass(f"new password for {a.username}: ")
-    if getpass.getpass("the same again: ") != password:
+    try:
+        password = getpass.getpass(f"new password for {a.username}: ")
+        again = getpass.getpass("the same again: ")
+    except EOFError:  # Ctrl-D at the prompt: no password, one line (issue 33)
+        return ""
+    if again != password:
         print("the two passwords differ", file=sys.stderr)
         return None
     return password

@@ -10,10 +10,19 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import sys
 from collections.abc import Callable
 
-from heteroflow.cmd import remote, remote_changes, remote_services, remote_tasks, status, tables
-from heteroflow.cmd.errors import CliError
+from heteroflow.cmd import (
+    remote,
+    remote_changes,
+    remote_keys,
+    remote_services,
+    remote_tasks,
+    status,
+    tables,
+)
+from heteroflow.cmd.errors import EXIT_INTERRUPTED, EXIT_UNREACHABLE, CliError
 
 Command = Callable[[argparse.Namespace], object]
 
@@ -25,9 +34,37 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
+NOTHING_TYPED = (
+    "no password given: type it at a terminal, or give --password, $HETEROFLOW_PASSWORD "
+    "or one line on stdin (--password-stdin)"
+)
+
+
 def _login(a: argparse.Namespace) -> None:
-    password = a.password or os.environ.get("HETEROFLOW_PASSWORD") or getpass.getpass()
-    remote.login(a.server, a.username, password)
+    """issue 33: the server is asked first (an unreachable one is one line, before any
+    prompt); the password comes from --password, $HETEROFLOW_PASSWORD, one line on stdin
+    (--password-stdin, or stdin is not a terminal) or a prompt."""
+    remote.check_reachable(a.server)
+    remote.login(a.server, a.username, login_password(a))
+
+
+def login_password(a: argparse.Namespace) -> str:
+    password = a.password or os.environ.get("HETEROFLOW_PASSWORD")
+    if password:
+        return password
+    try:
+        if a.password_stdin or not sys.stdin.isatty():
+            password = sys.stdin.readline().rstrip("\r\n")
+        else:
+            password = getpass.getpass(f"password for {a.username} at {a.server}: ")
+    except EOFError:
+        password = ""
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        raise CliError("interrupted: not logged in", EXIT_INTERRUPTED) from None
+    if not password:
+        raise CliError(NOTHING_TYPED, EXIT_UNREACHABLE)
+    return password
 
 
 def _create_body(a: argparse.Namespace) -> dict[str, object]:
@@ -63,8 +100,11 @@ def _update_body(a: argparse.Namespace) -> dict[str, object]:
 
 
 def _autoscale_body(a: argparse.Namespace) -> dict[str, object]:
-    """issue 14 (I1): what `services autoscale` sends; a flag left out keeps its value."""
-    body: dict[str, object] = {"enabled": not a.disable}
+    """issue 14 (I1): what `services autoscale` sends; a flag left out keeps its value.
+    ``--disable`` turns it off; ``--metric``/``--target``, or no flag at all, turn it on;
+    only ``--min``/``--max`` leave it as stored (issue 33: the range alone, no metric)."""
+    range_only = a.metric is None and a.target is None and (a.min, a.max) != (None, None)
+    body: dict[str, object] = {} if range_only and not a.disable else {"enabled": not a.disable}
     for key, value in (
         ("metric", a.metric), ("target", a.target), ("min_replicas", a.min),
         ("max_replicas", a.max),
@@ -203,8 +243,27 @@ def _sharing_groups(a: argparse.Namespace) -> None:
         remote.delete(f"{base}/{a.id}/tenants/{a.tenant_id}", block, a.json)
 
 
+def _keys(a: argparse.Namespace) -> None:
+    if a.action == "rotate":
+        remote_keys.rotate_key(a.id, as_json=a.json)
+    else:
+        remote_keys.list_keys(a.service, as_json=a.json)
+
+
+def _usage(a: argparse.Namespace) -> None:
+    params = {"group_by": a.group_by}
+    for name, value in (("start", a.start), ("end", a.end), ("service_id", a.service)):
+        if value:
+            params[name] = value
+    if a.gpu:
+        params["gpu"] = "true"
+    remote_keys.show_usage(params, as_json=a.json)
+
+
 COMMANDS: dict[str, Command] = {
     "login": _login,
+    "keys": _keys,  # issue 33
+    "usage": _usage,
     "services": lambda a: SERVICE_ACTIONS[a.action](a),
     "tasks": lambda a: TASK_ACTIONS[a.action](a),
     "tenants": _tenants,

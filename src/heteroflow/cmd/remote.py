@@ -109,6 +109,15 @@ def check(r: httpx.Response, *, relogin: bool = True) -> Any:
         ) from None
 
 
+def check_reachable(server: str) -> None:
+    """Ask the server's health route before asking for a password (issue 33): an address
+    nobody answers at is one line, exit 2, before anyone types a secret."""
+    try:
+        httpx.get(f"{server.rstrip('/')}/healthz", timeout=10)
+    except httpx.TransportError as exc:
+        raise _unreachable(server, exc) from None
+
+
 def login(server: str, username: str, password: str) -> None:
     server = server.rstrip("/")
     try:

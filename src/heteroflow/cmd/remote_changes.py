@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TextIO
+
+import httpx
 
 from heteroflow.cmd import tables
+from heteroflow.cmd.errors import CliError
 from heteroflow.cmd.remote import check, print_json, session
 from heteroflow.cmd.waiting import DONE, follow_group
 
@@ -33,13 +36,45 @@ def _replicas_outcome(n: int) -> Callable[[Mapping[str, Any]], str | None]:
     return outcome
 
 
+def autoscaling_on(g: Mapping[str, Any]) -> bool:
+    return bool((g.get("scale_policy") or {}).get("enabled"))
+
+
+def widen_to(
+    c: httpx.Client, g: Mapping[str, Any], replicas: int, out: TextIO
+) -> None:
+    """issue 33: ``services scale ID N`` means N replicas. With autoscaling off, the
+    bounds are only where a count may be, so an N outside them widens them to N first
+    (``PUT .../scale-policy``, the stored policy kept); with autoscaling on, the bounds
+    are the autoscaler's range and are not moved behind its back: refused in one line
+    that says how to move them."""
+    group_id, lo, hi = str(g.get("id")), int(g["min_replicas"]), int(g["max_replicas"])
+    if lo <= replicas <= hi:
+        return
+    if autoscaling_on(g):
+        flag = f"--max {replicas}" if replicas > hi else f"--min {replicas}"
+        raise CliError(
+            f"{replicas} replica(s) is outside the autoscaling range [{lo}, {hi}] of "
+            f"{group_id}: widen it with `heteroflow services autoscale {group_id} {flag}`, "
+            f"or turn autoscaling off with --disable"
+        )
+    lo, hi = min(lo, replicas), max(hi, replicas)
+    check(c.put(
+        f"/api/v1/task-groups/{group_id}/scale-policy",
+        json={"enabled": False, "min_replicas": lo, "max_replicas": hi},
+    ))
+    print(f"replica range of {group_id} widened to {lo}-{hi} (autoscaling is off)", file=out)
+
+
 def scale_service(
     group_id: str, replicas: int, wait: bool = False, timeout_s: float = 600,
     as_json: bool = False,
 ) -> None:
-    """``PUT .../scale``; with ``wait``, follow it until ``replicas`` replicas run."""
+    """``PUT .../scale`` (the bounds widened first when autoscaling is off: ``widen_to``);
+    with ``wait``, follow it until ``replicas`` replicas run."""
     progress = sys.stderr if as_json else sys.stdout
     with session() as c:
+        widen_to(c, check(c.get(f"/api/v1/task-groups/{group_id}")), replicas, progress)
         g = check(c.put(f"/api/v1/task-groups/{group_id}/scale", json={"replicas": replicas}))
         if as_json:
             print_json(g)
@@ -69,8 +104,13 @@ def policy_line(g: Mapping[str, Any]) -> str:
 
 
 def autoscale_service(group_id: str, body: dict[str, Any], as_json: bool = False) -> None:
-    """``PUT .../scale-policy``: the autoscaling policy and the replica bounds."""
+    """``PUT .../scale-policy``: the autoscaling policy and the replica bounds. A body
+    without ``enabled`` (only the bounds were given) keeps autoscaling as it is stored:
+    the API reads a missing ``enabled`` as "on", which demands a metric (issue 33)."""
     with session() as c:
+        if "enabled" not in body:
+            stored = check(c.get(f"/api/v1/task-groups/{group_id}"))
+            body = {**body, "enabled": autoscaling_on(stored)}
         g = check(c.put(f"/api/v1/task-groups/{group_id}/scale-policy", json=body))
     if as_json:
         print_json(g)

@@ -28,6 +28,8 @@ def create_service(
             print_json(g)
         else:
             print(f"created {g['id']} (endpoint {g.get('endpoint') or tables.EMPTY})")
+            if g.get("model_name"):  # issue 33: what clients put in "model"
+                print(f"model name to call: {g['model_name']}")
             if g.get("api_key"):
                 print(f"API key (shown once): {g['api_key']}")
         for w in g.get("warnings", []):

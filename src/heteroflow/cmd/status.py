@@ -83,6 +83,28 @@ def problems(
     return out
 
 
+def live_instances(
+    instances: Sequence[Mapping[str, Any]],
+) -> tuple[list[Mapping[str, Any]], int]:
+    """(the instances that can still be running, how many cannot) — issue 33.
+
+    The server lists every instance seen within three lease TTLs, so a server restarted
+    a moment ago was listed twice: the process that stopped and the one that replaced
+    it. One address (host, listen address, port) is held by one process at a time, so of
+    the instances at the same address only the one started last still runs."""
+    newest: dict[tuple[str, str, int], Mapping[str, Any]] = {}
+    for i in instances:
+        if not i.get("port"):  # not listening yet: nothing to compare
+            continue
+        where = (str(i.get("hostname")), str(i.get("address")), int(i["port"]))
+        seen = newest.get(where)
+        if seen is None or str(i.get("started_at") or "") > str(seen.get("started_at") or ""):
+            newest[where] = i
+    keep = {id(i) for i in newest.values()}
+    live = [i for i in instances if not i.get("port") or id(i) in keep]
+    return live, len(instances) - len(live)
+
+
 def summarize(raw: Mapping[str, Any]) -> dict[str, Any]:
     """The machine-readable summary (``status --json``) of what ``collect`` got."""
     health: Mapping[str, Any] = raw.get("health") or {}
@@ -91,7 +113,9 @@ def summarize(raw: Mapping[str, Any]) -> dict[str, Any]:
     servers: Mapping[str, Any] | None = raw.get("servers")
     nodes: list[Mapping[str, Any]] = list(raw.get("nodes") or [])
     groups: list[Mapping[str, Any]] = list(raw.get("groups") or [])
-    instances = list(servers.get("instances") or []) if servers is not None else []
+    instances, stopped = live_instances(
+        list(servers.get("instances") or []) if servers is not None else []
+    )
     versions = sorted({str(i.get("version")) for i in instances if i.get("version")})
     if health.get("version"):
         versions = [str(health["version"])]
@@ -126,6 +150,7 @@ def summarize(raw: Mapping[str, Any]) -> dict[str, Any]:
                 }
                 for i in instances
             ],
+            "stopped_instances": stopped,
         },
         "gateway": {"url": f"{url}/v1", "embedded": True, "health": health_text},
         "nodes": {"total": len(nodes), "online": online, "offline": len(nodes) - online},
@@ -149,6 +174,11 @@ def _servers_text(servers: Mapping[str, Any]) -> str:
     head = f"{len(instances)} instance{'s' if len(instances) != 1 else ''}, leader " + (
         servers["leader"] or "none"
     )
+    if servers.get("stopped_instances"):
+        head += (
+            f" ({servers['stopped_instances']} stopped one(s) not listed: an earlier "
+            "process at the same address)"
+        )
     rows = [
         (
             i["id"],

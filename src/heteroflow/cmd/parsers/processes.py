@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from heteroflow.cmd.parsers.common import count, port
 from heteroflow.settings import default_data_dir
 
 if TYPE_CHECKING:
@@ -38,10 +39,13 @@ def _up(sub: Subparsers) -> None:
         "--data-dir", default=str(default_data_dir()),
         help="database, logs, the demo's API key (default: %(default)s)",
     )
-    up.add_argument("--models-dir", default=None, help="default: DATA_DIR/models")
+    up.add_argument(
+        "--models-dir", default=None,
+        help="an existing folder of models (default: DATA_DIR/models, made when missing)",
+    )
     up.add_argument("--host", default="127.0.0.1", help="listen address (default: %(default)s)")
     up.add_argument(
-        "--port", type=int, default=3333, help="API and gateway port (default: %(default)s)"
+        "--port", type=port, default=3333, help="API and gateway port (default: %(default)s)"
     )
     up.add_argument(
         "--port-range", type=port_range, default=None, metavar="FIRST-LAST",
@@ -54,7 +58,9 @@ def _up(sub: Subparsers) -> None:
         "else a generated tiny model; none = no demo",
     )
     up.add_argument("--agent-config", default=None, help="node config JSON (declared cards)")
-    up.add_argument("--threads", type=int, default=2, help="CPU threads per llama.cpp engine")
+    up.add_argument(
+        "--threads", type=count(1, 1024), default=2, help="CPU threads per llama.cpp engine"
+    )
     up.add_argument(
         "--runtime",
         choices=["process", "docker"],
@@ -70,7 +76,8 @@ def _server(sub: Subparsers) -> None:
         "--host", default=None, help="listen address (default: $HETEROFLOW_HOST or 127.0.0.1)"
     )
     srv.add_argument(
-        "--port", type=int, default=None, help="listen port (default: $HETEROFLOW_PORT or 3333)"
+        "--port", type=port, default=None,
+        help="listen port (default: $HETEROFLOW_PORT or 3333)",
     )
     # issue 18: TLS on the server's own port (else put a TLS proxy in front of it)
     srv.add_argument(
@@ -112,5 +119,5 @@ def _gateway(sub: Subparsers) -> None:
         "--usage-log", default=None, help="standalone: append usage as JSON lines (else dropped)"
     )
     gw.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
-    gw.add_argument("--port", type=int, default=3333, help="listen port (default: 3333)")
+    gw.add_argument("--port", type=port, default=3333, help="listen port (default: 3333)")
     gw.set_defaults(root="heteroflow.cmd.gateway")

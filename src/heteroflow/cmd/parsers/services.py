@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from heteroflow.cmd.parsers.common import MANAGE, json_flag, json_progress_flag, wait_flags
+from heteroflow.cmd.parsers.common import (
+    MANAGE,
+    count,
+    json_flag,
+    json_progress_flag,
+    wait_flags,
+)
 
 if TYPE_CHECKING:
     from heteroflow.cmd.parsers.common import Subparsers
@@ -64,7 +70,9 @@ def _create(svs: Subparsers) -> None:
         help="absolute path on the node, or a name under the node's models directory",
     )
     c.add_argument("--model-name", default=None, help="the model name clients ask for")
-    c.add_argument("--gpus", type=int, default=1, help="GPUs per replica; 0 = CPU (default 1)")
+    c.add_argument(
+        "--gpus", type=count(0, 1024), default=1, help="GPUs per replica; 0 = CPU (default 1)"
+    )
     c.add_argument("--engine", default="", help="engine (e.g. llamacpp, vllm); default: chosen")
     c.add_argument(
         "--engine-arg",
@@ -74,7 +82,7 @@ def _create(svs: Subparsers) -> None:
     )
     c.add_argument(
         "--priority",
-        type=int,
+        type=count(0, 1000),
         default=None,
         help="0-1000, higher first (members: up to their tenant's priority ceiling)",
     )
@@ -153,7 +161,7 @@ def _update(svs: Subparsers) -> None:
         help="rolling (default): batch by batch, no downtime; recreate: stop all, start all",
     )
     su.add_argument(
-        "--batch-size", type=int, default=1, help="rolling: replicas replaced at a time (1)"
+        "--batch-size", type=count(1), default=1, help="rolling: replicas replaced at a time (1)"
     )
     wait_flags(su, "the update is done", default=False)
     json_progress_flag(su)
@@ -171,10 +179,11 @@ def _sleep_wake_scale(svs: Subparsers) -> None:
     json_flag(wk)
     # issue 14 (I2)
     sc = svs.add_parser(
-        "scale", help="set a service's replica count (within its min and max replicas)"
+        "scale",
+        help="set a service's replica count (autoscaling off: its min/max widen to it)",
     )
     sc.add_argument("id", help=SERVICE_ID)
-    sc.add_argument("replicas", type=int, help="the replica count")
+    sc.add_argument("replicas", type=count(1), help="the replica count")
     wait_flags(sc, "that many replicas run", default=False)
     json_flag(sc)
 
@@ -184,6 +193,9 @@ def _autoscale(svs: Subparsers) -> None:
     au = svs.add_parser(
         "autoscale",
         help="autoscale a service by a load metric, or --disable it; set min / max replicas",
+        description="--metric/--target (or no option) turn autoscaling on; --disable turns "
+        "it off; --min/--max alone change only the replica range and leave autoscaling as "
+        "it is.",
     )
     au.add_argument("id", help=SERVICE_ID)
     au.add_argument(
@@ -197,8 +209,8 @@ def _autoscale(svs: Subparsers) -> None:
     au.add_argument(
         "--target", type=float, default=None, help="the metric per replica to aim for"
     )
-    au.add_argument("--min", type=int, default=None, help="min replicas (default: as stored)")
-    au.add_argument("--max", type=int, default=None, help="max replicas (default: as stored)")
+    au.add_argument("--min", type=count(1), default=None, help="min replicas (default: as stored)")
+    au.add_argument("--max", type=count(1), default=None, help="max replicas (default: as stored)")
     au.add_argument(
         "--disable", action="store_true", help="turn autoscaling off (the policy is kept)"
     )
@@ -245,7 +257,7 @@ def _window(svs: Subparsers) -> None:
         help="outside the window (default pause)",
     )
     wn.add_argument(
-        "--replicas", type=int, default=None, help="scale: the replica count outside"
+        "--replicas", type=count(1), default=None, help="scale: the replica count outside"
     )
     wm = wn.add_mutually_exclusive_group()
     wm.add_argument(

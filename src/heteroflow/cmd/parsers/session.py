@@ -14,7 +14,15 @@ def add_parsers(sub: Subparsers) -> None:
     lg = sub.add_parser("login", help="sign in to a server's management API")
     lg.add_argument("--server", default="http://127.0.0.1:3333", help="the server's URL")
     lg.add_argument("--username", default="admin", help="default: admin")
-    lg.add_argument("--password", default=None, help="default: $HETEROFLOW_PASSWORD or prompt")
+    lg.add_argument(
+        "--password", default=None,
+        help="default: $HETEROFLOW_PASSWORD, else one line on stdin when it is not a "
+        "terminal, else a prompt",
+    )
+    lg.add_argument(
+        "--password-stdin", action="store_true",
+        help="read the password from one line on stdin (e.g. from a secrets file)",
+    )
     lg.set_defaults(root=MANAGE)
 
     st = sub.add_parser(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from heteroflow.cmd.parsers.common import MANAGE, json_flag
+from heteroflow.cmd.parsers.common import MANAGE, count, json_flag
 
 if TYPE_CHECKING:
     from heteroflow.cmd.parsers.common import Subparsers
@@ -27,7 +27,9 @@ def _tenants(sub: Subparsers) -> None:
     tu = tns.add_parser("update", help="operators: priority ceiling, sharing group, quotas")
     tu.add_argument("id", help="the tenant id")
     for t in (tc, tu):
-        t.add_argument("--priority-ceiling", type=int, default=None, help="0-1000 (default 100)")
+        t.add_argument(
+            "--priority-ceiling", type=count(0, 1000), default=None, help="0-1000 (default 100)"
+        )
         t.add_argument(
             "--sharing-group", default=None, metavar="ID", help="a sharing group id; none: no group"
         )
@@ -46,9 +48,9 @@ def _quota_flags(tu: argparse.ArgumentParser) -> None:
         ("--quota-replicas", "tasks of those services"),
         ("--quota-cpu-memory-mb", "MB booked by CPU work"),
     ):
-        tu.add_argument(flag, type=int, default=None, metavar="N", help=f"{text}; 0: no limit")
+        tu.add_argument(flag, type=count(0), default=None, metavar="N", help=f"{text}; 0: no limit")
     tu.add_argument(
-        "--quota-tokens", type=int, default=None, metavar="N",
+        "--quota-tokens", type=count(0, 10**15), default=None, metavar="N",
         help="gateway tokens per --quota-token-period, all keys together; 0: no limit",
     )
     tu.add_argument("--quota-token-period", choices=("day", "month"), default=None,
