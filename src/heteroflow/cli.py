@@ -15,12 +15,16 @@ import logging
 import os
 import sys
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from heteroflow.cmd.errors import CliError
 from heteroflow.cmd.parsers import NOUNS
 from heteroflow.cmd.parsers.common import Parser
 from heteroflow.private_files import PRIVATE_UMASK
 from heteroflow.serving import PortBusy
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 DESCRIPTION = """\
 HeteroFlow runs LLM inference services on your GPU and CPU machines and serves them
@@ -68,13 +72,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def settings_problem(exc: ValidationError) -> str | None:
+    """One line for a setting that does not parse (``HETEROFLOW_PORT=abc``), naming the
+    environment variable; None when the error is not a settings class's (a bug: let its
+    traceback show)."""
+    settings = getattr(import_module("heteroflow.settings"), exc.title, None)
+    if not exc.title.endswith("Settings") or settings is None or not exc.errors():
+        return None
+    first = exc.errors()[0]
+    name = ".".join(str(part) for part in first["loc"])
+    prefix = str(settings.model_config.get("env_prefix") or "")
+    got = f" (got {first['input']!r})" if isinstance(first.get("input"), str | int) else ""
+    return f"setting {prefix}{name.upper()} (or its flag): {first['msg']}{got}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from pydantic import ValidationError
+
     args = build_parser().parse_args(argv)
     _logging(args.verbose)
     # everything a HeteroFlow process writes (database, logs, tokens) is owner-only
     os.umask(PRIVATE_UMASK)
     try:
         return int(import_module(args.root).run(args))
+    except ValidationError as exc:  # issue 33: a bad HETEROFLOW_* value is one line too
+        line = settings_problem(exc)
+        if line is None:
+            raise
+        print(f"heteroflow {args.cmd}: {line}", file=sys.stderr)
+        return 2
     except PortBusy as exc:  # one clear line, not a traceback (issue 12)
         print(f"heteroflow {args.cmd}: {exc.strerror}", file=sys.stderr)
         return 2

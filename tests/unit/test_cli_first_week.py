@@ -318,3 +318,13 @@ def test_usage_prints_the_report_as_a_table(
     assert lines[2].split() == ["tg-1", "chat", "3", "10", "20", "30"]
     assert lines[3].split()[0] == "total" and lines[3].split()[-4:] == ["3", "10", "20", "30"]
     assert asked[0][:2] == ("GET", "/api/v1/usage")
+
+
+def test_a_setting_that_does_not_parse_is_one_line_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HETEROFLOW_PORT", "abc")
+    code, out, err = run(["server"], capsys)
+    line = one_line(err)
+    assert code == 2 and out == ""
+    assert line.startswith("heteroflow server: setting HETEROFLOW_PORT") and "'abc'" in line

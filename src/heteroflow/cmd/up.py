@@ -480,8 +480,8 @@ async def run_up(opts: UpOptions, lock: instance_lock.InstanceLock | None = None
     elapsed = Elapsed()
     if isinstance(sys.stdout, io.TextIOWrapper):  # "…" and "—" on any terminal
         sys.stdout.reconfigure(errors="replace")
-    opts.models_dir.mkdir(parents=True, exist_ok=True)
-    picked = _pick_model(opts)
+    # the settings first: a HETEROFLOW_* value that does not parse is refused before
+    # the demo model is made or downloaded
     if opts.port_range is None:
         settings = ServerSettings(data_dir=opts.data_dir, host=opts.host, port=opts.port)
     else:
@@ -489,6 +489,8 @@ async def run_up(opts: UpOptions, lock: instance_lock.InstanceLock | None = None
             data_dir=opts.data_dir, host=opts.host, port=opts.port,
             port_pool_start=opts.port_range[0], port_pool_end=opts.port_range[1],
         )
+    opts.models_dir.mkdir(parents=True, exist_ok=True)
+    picked = _pick_model(opts)
     overlap = ephemeral_overlap(settings.port_pool(), local_ephemeral_range())
     if overlap is not None:
         say(
