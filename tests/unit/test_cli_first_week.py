@@ -107,6 +107,11 @@ def test_a_mistyped_flag_is_named_before_a_missing_required_one(
     assert code == 2 and "the following arguments are required: --name" in one_line(err)
     code, _, err = run(["services", "show"], capsys)
     assert code == 2 and "required: id" in one_line(err)
+    # a command without required arguments: its own parser names it, and the nearest flag
+    code, _, err = run(["login", "--pasword", "x"], capsys)
+    assert code == 2 and one_line(err) == (
+        "heteroflow login: error: unrecognized arguments: --pasword x (did you mean --password?)"
+    )
 
 
 # ---- login ----

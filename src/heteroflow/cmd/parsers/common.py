@@ -30,7 +30,8 @@ class Parser(argparse.ArgumentParser):
     ``services create --nmae x`` said ``--name`` is required. Here a missing required
     argument is looked at again without the requirement: when something on the command
     line is not known, that is the error (with the nearest known flag); else the missing
-    one is. Sub-commands get this class too (``add_subparsers`` uses the parent's).
+    one is. An unknown argument is reported by the command's own parser, with the
+    nearest flag. Sub-commands get this class too (``add_subparsers`` uses the parent's).
     """
 
     _probing = False
@@ -46,7 +47,7 @@ class Parser(argparse.ArgumentParser):
         argv = list(sys.argv[1:] if args is None else args)
         before = copy.copy(namespace)
         try:
-            return super().parse_known_args(argv, namespace)
+            parsed, extras = super().parse_known_args(argv, namespace)
         except _MissingRequired as missing:
             unknown = self._unknown_without_requirements(argv, before)
             if unknown:
@@ -54,6 +55,10 @@ class Parser(argparse.ArgumentParser):
                     f"unrecognized arguments: {' '.join(unknown)}{self._nearest(unknown)}"
                 )
             super().error(str(missing))
+        if extras and not self._probing and self._subparsers is None:
+            # a command's own parser names it (`heteroflow login: ...`), not the top one
+            super().error(f"unrecognized arguments: {' '.join(extras)}{self._nearest(extras)}")
+        return parsed, extras
 
     def _unknown_without_requirements(
         self, argv: list[str], namespace: argparse.Namespace | None
