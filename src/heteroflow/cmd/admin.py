@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from alembic.util.exc import CommandError
 from sqlalchemy.exc import SQLAlchemyError
 
 from heteroflow.core import clock
@@ -50,7 +51,11 @@ def _migrate(a: argparse.Namespace) -> int:
     engine = make_engine(settings.resolved_database_url())
     try:
         if a.down_to:
-            downgrade(engine, a.down_to)
+            try:
+                downgrade(engine, a.down_to)
+            except CommandError as exc:  # issue 33: "Can't locate revision ...", one line
+                print(f"heteroflow migrate: --down-to {a.down_to}: {exc}", file=sys.stderr)
+                return 2
             print(f"database schema is at revision {a.down_to}")
         else:
             migrate(engine)
