@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tracemalloc
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,7 @@ def _target(n: int = 3, *, draining: int = -1) -> RouteTarget:
     return RouteTarget("route", "g", 0, 1, backends, "prefix_affinity")
 
 
-def _body(group: int, question: str = "What is it about?") -> dict[str, object]:
+def _body(group: int, question: str = "What is it about?") -> dict[str, Any]:
     doc = f"Document {group}. " + "".join(f"Fact {group}.{i} is true. " for i in range(100))
     return {
         "model": "m",
@@ -42,7 +43,7 @@ def _body(group: int, question: str = "What is it about?") -> dict[str, object]:
     }
 
 
-def _serve(balancer: Balancer, t: RouteTarget, body: dict[str, object]) -> Backend:
+def _serve(balancer: Balancer, t: RouteTarget, body: dict[str, Any]) -> Backend:
     """One request start to end: chosen, in flight, finished."""
     b = balancer.choose([t], body=body)
     assert b is not None
@@ -63,7 +64,7 @@ def test_the_replica_with_the_longest_matching_prefix_wins() -> None:
     view.record("route", keys[:4], "http://r2:8080")  # holds four: the longest
     assert _serve(balancer, t, body).task_id == "t2"
     # The same conversation, one turn on: still where its history is.
-    longer = {"messages": [*body["messages"], {"role": "assistant", "content": "x" * 900}]}  # type: ignore[list-item]
+    longer = {"messages": [*body["messages"], {"role": "assistant", "content": "x" * 900}]}
     assert _serve(balancer, t, longer).task_id == "t2"
     # A holder that drains is never chosen: the next longest holder is.
     assert _serve(balancer, _target(draining=2), body).task_id == "t0"
