@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from heteroflow.core.containers import DEFAULT_ENV_ALLOW
@@ -44,6 +44,14 @@ class ServerSettings(BaseSettings):
     # (platform_settings), so every server instance agrees; `heteroflow rotate-jwt-secret`.
     jwt_secret: str = ""
     jwt_ttl_s: float = 12 * 3600
+    # Issue 29 (H9): a model source (hf://, modelscope://, https://) is resolved at create
+    # and dry run against these hubs (the operator's mirror); hub_token (the platform's,
+    # for every tenant: per-tenant tokens are not built yet) is sent to the hubs only.
+    # The agents have their own (HETEROFLOW_AGENT_HF_ENDPOINT ...): they fetch.
+    hf_endpoint: str = "https://huggingface.co"
+    modelscope_endpoint: str = "https://www.modelscope.cn"
+    hub_token: SecretStr = SecretStr("")
+    model_resolve_timeout_s: float = Field(default=15.0, gt=0.0)
     admin_password: str = ""
     # Shared secret an agent presents to register and heartbeat (the node token); empty =
     # generated once and kept in the database, rotated by `heteroflow rotate-node-token`.
@@ -391,6 +399,19 @@ class AgentSettings(BaseSettings):
     # image_pull_report_interval_s (the status message; events at its start and end)
     image_pull_timeout_s: float = Field(default=1800.0, gt=0.0)
     image_pull_report_interval_s: float = Field(default=2.0, gt=0.0)
+    # Issue 29 (H9): a task whose model_path is a source (hf://, modelscope://, https://)
+    # has its model fetched into this node's cache first (agent/fetching.py): one copy per
+    # resolved revision in model_cache_dir (empty = <work_dir>/models), least recently used
+    # models no task uses evicted to stay within model_cache_budget_gb (0 = no budget).
+    # The hubs are the operator's (a mirror); hub_token is sent to the Hugging Face
+    # endpoint (or ModelScope's, as its cookie) for every task of this node — per-tenant
+    # tokens are not built yet. Progress is noted like an image pull's.
+    model_cache_dir: Path | None = None
+    model_cache_budget_gb: float = Field(default=0.0, ge=0.0)
+    hf_endpoint: str = "https://huggingface.co"
+    modelscope_endpoint: str = "https://www.modelscope.cn"
+    hub_token: SecretStr = SecretStr("")
+    model_resolve_timeout_s: float = Field(default=30.0, gt=0.0)
     # Engine threads for CPU llama.cpp; 0 = let the launcher choose.
     cpu_threads: int = 0
     # The process runtime runs vLLM only on a Python that has it (a venv with vLLM's CPU

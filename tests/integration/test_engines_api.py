@@ -135,7 +135,9 @@ def test_dry_run_tensor_parallel_vllm_container(api: Api) -> None:
     args = c["command"]
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
     assert args[args.index("--gpu-memory-utilization") + 1] == "0.9"
-    assert "VLLM_SERVER_DEV_MODE" not in c["env"]
+    # F1: vLLM on CUDA cards starts with its own sleep mode, and the preview says so; its
+    # development routes are on for the agent (the door keeps them from the network)
+    assert "--enable-sleep-mode" in args and c["env"]["VLLM_SERVER_DEV_MODE"] == "1"
 
 
 def test_dry_run_says_why_nothing_fits_and_still_validates(api: Api) -> None:

@@ -29,7 +29,13 @@ from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.engine_door import DoorKeeper
 from heteroflow.agent.engine_probe import VERSION_LABEL, kv_offload_check
 from heteroflow.agent.inventory import GpuCard, NodeInventory
-from heteroflow.agent.models import DATA_MODELS, THIS_NODE, ModelPathError, check_allowed
+from heteroflow.agent.models import (
+    DATA_MODELS,
+    THIS_NODE,
+    ModelPathError,
+    check_allowed,
+    model_prefixes,
+)
 from heteroflow.agent.runtime.protocol import LaunchFailed
 from heteroflow.core.containers import MODEL_IN_IMAGE, ContainerPlan
 from heteroflow.core.engine_access import key_env
@@ -46,7 +52,10 @@ from heteroflow.schemas.nodes import TaskAssignment
 def _check_model(t: TaskAssignment, config: NodeConfig) -> None:
     """C4 on the node: first the rule create and dry run applied (``model_path_refusal``,
     one function), then what needs this node's files."""
-    rule = VolumeRule(config.allowed_volume_prefixes, config.denied_volume_prefixes)
+    rule = VolumeRule(*model_prefixes(
+        t.model_path, t.model_fetched, config.allowed_volume_prefixes,
+        config.denied_volume_prefixes,
+    ))
     problem = model_path_refusal(
         t.model_path, engine=t.engine, custom_command=bool(t.command), rules=[rule],
         scope=THIS_NODE,

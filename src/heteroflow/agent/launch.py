@@ -30,7 +30,12 @@ from heteroflow.agent.file_requests import process_roots
 from heteroflow.agent.inventory import NodeInventory
 from heteroflow.agent.local_engines import local_engines
 from heteroflow.agent.log_shipper import file_source
-from heteroflow.agent.models import ModelPathError, resolve_model_dir, resolve_model_file
+from heteroflow.agent.models import (
+    ModelPathError,
+    model_prefixes,
+    resolve_model_dir,
+    resolve_model_file,
+)
 from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec, Runtime
 from heteroflow.core.containers import AGENT_OWNED_ENV
@@ -180,9 +185,10 @@ def build_launch(
 
 def _model_file(t: TaskAssignment, config: NodeConfig) -> Path:
     try:
-        return resolve_model_file(
-            t.model_path, config.allowed_volume_prefixes, config.denied_volume_prefixes
-        )
+        return resolve_model_file(t.model_path, *model_prefixes(
+            t.model_path, t.model_fetched, config.allowed_volume_prefixes,
+            config.denied_volume_prefixes,
+        ))
     except ModelPathError as exc:
         raise LaunchFailed(str(exc)) from exc
 
@@ -194,10 +200,11 @@ def _vllm_model(t: TaskAssignment, config: NodeConfig, build: str) -> Path:
             f"{t.gpu_required} GPU(s)"
         )
     try:
-        return resolve_model_dir(
-            t.model_path, config.allowed_volume_prefixes, config.denied_volume_prefixes,
-            engine=t.engine,
+        allowed, denied = model_prefixes(
+            t.model_path, t.model_fetched, config.allowed_volume_prefixes,
+            config.denied_volume_prefixes,
         )
+        return resolve_model_dir(t.model_path, allowed, denied, engine=t.engine)
     except ModelPathError as exc:
         raise LaunchFailed(str(exc)) from exc
 

@@ -41,6 +41,16 @@ def check_allowed(
     return real
 
 
+def model_prefixes(
+    model_path: str, fetched: bool, allowed: tuple[str, ...], denied: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The allow- and deny-lists a task's model path is held to: the node's own, plus —
+    for a model the agent fetched into its cache (issue 29) — exactly that entry, which a
+    user could never name (the cache is not an allowed prefix: another tenant's download
+    may lie there)."""
+    return ((*allowed, model_path), denied) if fetched else (allowed, denied)
+
+
 def _gguf_in(directory: Path) -> Path:
     ggufs = sorted(directory.glob("*.gguf"))
     if not ggufs:

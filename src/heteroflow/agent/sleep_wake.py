@@ -29,6 +29,7 @@ import asyncio
 import logging
 
 from heteroflow.agent.engine_sleep import EngineSleepError, VllmSleep
+from heteroflow.agent.fetching import for_launch
 from heteroflow.agent.launch import host_port_for
 from heteroflow.agent.load_progress import model_size
 from heteroflow.agent.loading import Loading
@@ -180,11 +181,12 @@ class SleepWake(Loading):
                 up = False
             argv: tuple[str, ...] = ()
             if not up:
+                given = await for_launch(self, t)  # issue 29: its fetched model's entry
                 if self.runtime.name == "process":
                     # in the loop's own thread: a child's death signal follows its parent thread
-                    argv = self.launcher.resume(t)
+                    argv = self.launcher.resume(given)
                 else:
-                    argv = await asyncio.to_thread(self.launcher.resume, t)
+                    argv = await asyncio.to_thread(self.launcher.resume, given)
         except ContainerGone:
             await self._report(t.id, "failed", "container gone at wake", fault="container_lost")
             return
@@ -218,6 +220,7 @@ class SleepWake(Loading):
     async def _stop_asleep(self, task_id: str) -> None:
         """A task stopped or deleted while asleep: remove what was kept for its wake."""
         self.asleep.pop(task_id, None)
+        self._release_model(task_id)
         self.stopping.add(task_id)
         try:
             self.shipper.forget(task_id)

@@ -9,6 +9,7 @@ import asyncio
 import logging
 
 from heteroflow.agent.client import ServerError
+from heteroflow.agent.fetching import fetch_model, needs_fetch
 from heteroflow.agent.launch import host_port_for
 from heteroflow.agent.loading import Loading
 from heteroflow.agent.pulling import PullsImages, pull_image
@@ -47,7 +48,8 @@ class Starting(Loading):
             return
         await self._free_cards(t)
         first = self.clock.monotonic()
-        if isinstance(self.launcher, PullsImages):  # H7: its pull may take minutes
+        # H7: its pull may take minutes; issue 29: its model's download too
+        if isinstance(self.launcher, PullsImages) or needs_fetch(t):
             self.launching[t.id] = asyncio.create_task(self._launch_beside(t, first))
             return
         await self._launch(t, attempt=1, first_try=first)
@@ -88,6 +90,7 @@ class Starting(Loading):
         try:
             health = HealthCheckConfig.from_api(t.health_check)
             port = host_port_for(t, health.port)
+            t = await fetch_model(self, t)  # issue 29: a model source comes to the node first
             if self.launcher.runtime.name == "process":
                 # in the loop's own thread: a child's death signal follows its parent thread
                 argv = self.launcher.launch(t)

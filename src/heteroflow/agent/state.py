@@ -15,6 +15,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,6 +33,7 @@ from heteroflow.agent.load_progress import (
 )
 from heteroflow.agent.log_shipper import LogShipper
 from heteroflow.agent.metrics import AgentMetrics, nvml_utilisation
+from heteroflow.agent.model_cache import ModelCache
 from heteroflow.agent.model_scan import ModelScanner, default_cache_dir, scan_dirs
 from heteroflow.core.clock import Clock
 from heteroflow.core.health import HealthCheckConfig, HealthTracker
@@ -141,6 +143,11 @@ class AgentState:
         self._http: aiohttp.ClientSession | None = None
         # F1: the host's free memory now (whether a kept sleep can hold an engine's weights)
         self.host_memory: Callable[[], int] = _available_memory
+        # issue 29: the node's model cache (made on first use) and, per task, the cache
+        # entry its launch was given (key, path): pinned until the task stops here
+        self._model_cache: ModelCache | None = None
+        self.fetched: dict[str, tuple[str, Path]] = {}
+        self._notes: set[asyncio.Task[None]] = set()
         self.host_ports: list[int] = []  # listening on this host at the last look
         # D5: how loads are sampled and judged, and this node's read rate for them
         self.progress: ProgressSource = EngineProgress(self.runtime)
@@ -162,6 +169,7 @@ class AgentState:
         loc = self.local.pop(task_id, None)
         if loc is not None:
             self._release_ports(loc.task)
+        self._release_model(task_id)
         self.stopping.add(task_id)
         try:
             try:  # its last output first; a shipping error must never block the stop
@@ -227,6 +235,29 @@ class AgentState:
                 log.warning("report %s for %s not delivered: %s", status, task_id, exc)
                 continue
             self.outbox.pop(task_id, None)
+
+    @property
+    def model_cache(self) -> ModelCache:
+        if self._model_cache is None:
+            root = self.settings.model_cache_dir or self.settings.work_dir / "models"
+            budget = int(self.settings.model_cache_budget_gb * 1024**3) or None
+            self._model_cache = ModelCache(root, clock=self.clock, budget_bytes=budget)
+        return self._model_cache
+
+    def _release_model(self, task_id: str) -> None:
+        """The model cache entry a stopped task was given may be evicted again."""
+        held = self.fetched.pop(task_id, None)
+        if held is not None:
+            self.model_cache.release(held[0])
+
+    def note_later(self, task_id: str, text: str, kind: str) -> None:
+        """A note on a starting task from a callback that cannot await (a download's
+        progress): sent beside the caller, in this loop."""
+        note = asyncio.get_running_loop().create_task(
+            self._report(task_id, "starting", text, note=kind)
+        )
+        self._notes.add(note)
+        note.add_done_callback(self._notes.discard)
 
     def _session(self) -> aiohttp.ClientSession:
         """The HTTP session this agent talks to its engines with (health probes, /sleep)."""

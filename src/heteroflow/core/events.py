@@ -25,6 +25,9 @@ class EventKind(WireEnum):
     PORT_CONFLICT = "task.port_conflict"
     # H7: the task's image is being pulled on its node (its start, its end: size, time)
     IMAGE_PULL = "task.image_pull"
+    # issue 29 (H9): the task's model source is being fetched into its node's cache (its
+    # start: size, files, revision; its end: size, time)
+    MODEL_FETCH = "task.model_fetch"
     # D5: an engine's load window opened (a launch or a wake): the model's size and the
     # expected load time on its node
     LOADING = "task.loading"

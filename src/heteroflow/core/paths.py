@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from heteroflow.core.containers import DATA_MODELS, MODEL_IN_IMAGE, model_mount
+from heteroflow.core.errors import ValidationFailed
 
 MAX_PATH_BYTES = 4096
 MAX_SEGMENT_BYTES = 255  # NAME_MAX: a longer name is an OS error on every Linux filesystem
@@ -189,6 +190,8 @@ def model_path_refusal(
                 "(or a custom task.command)"
             )
         return None
+    if _URL.match(path):  # issue 29: a model source, fetched by the node (agent/fetching)
+        return model_source_refusal(path, engine=engine, custom_command=custom_command)
     problem = model_path_problem(path)
     if problem:
         return problem
@@ -206,6 +209,33 @@ def model_path_refusal(
         )
     if on_host(path, engine):
         return volume_refusal(path, rules, scope)
+    return None
+
+
+def model_source_refusal(path: str, *, engine: str, custom_command: bool) -> str | None:
+    """Why a model source (``core.model_sources``) cannot run, or None. Its form is the
+    parser's; an engine whose model lies in its image takes none; a GGUF-only engine
+    (llama.cpp) takes the URL of one GGUF file or an archive, not a hub repository (which
+    holds every quantisation of a model: the node would fetch them all); ``fleet://`` is
+    not built yet."""
+    from heteroflow.core.model_sources import SourceKind, parse_model_source
+
+    try:
+        source = parse_model_source(path)
+    except ValidationFailed as exc:
+        return str(exc)
+    if source.kind is SourceKind.FLEET:
+        return (
+            "model_path: fleet:// sources (a copy another node holds) are not built yet; "
+            "use hf://, modelscope:// or https://"
+        )
+    if engine in MODEL_IN_IMAGE:
+        return f"engine {engine} serves the engine directory inside its image: no model source"
+    if engine in GGUF_ONLY and not custom_command and source.kind is not SourceKind.URL:
+        return (
+            f"engine {engine} loads one GGUF file: name its URL (e.g. https://huggingface.co/"
+            "org/name/resolve/main/model-q4_k_m.gguf), not a whole hub repository"
+        )
     return None
 
 

@@ -146,6 +146,10 @@ class TaskAssignment(BaseModel):
     # H7: the login for pulling ``image`` (the tenant's own for its registry, else the
     # platform's), only in the claim reply to this node's agent; never in a repr or a log
     registry_auth: RegistryAuth | None = Field(default=None, repr=False)
+    # issue 29: set by the agent alone, once it fetched a model source into its cache and
+    # put the cache's path in ``model_path`` (agent/fetching.py): that path, and only it,
+    # passes the node's allow-list; never sent by the server, never serialised
+    model_fetched: bool = Field(default=False, exclude=True, repr=False)
 
 
 class HeartbeatReply(BaseModel):
@@ -155,7 +159,9 @@ class HeartbeatReply(BaseModel):
 
 #: What a note on a starting / waking task is about (D5), on a running one (LoRA) or a
 #: sleeping one (F1: how its engine sleeps); none: a launch retried.
-LoadNote = Literal["loading", "progress", "pull", "pulling", "adapter", "asleep"]
+LoadNote = Literal[
+    "loading", "progress", "pull", "pulling", "fetch", "fetching", "adapter", "asleep"
+]
 
 
 class TaskReport(Strict):

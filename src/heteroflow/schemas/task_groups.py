@@ -498,6 +498,17 @@ class ContainerPlanRead(BaseModel):
     )
 
 
+class ModelSourceRead(BaseModel):
+    """Issue 29: what a model source named at create time (the dry run shows it)."""
+
+    source: str
+    kind: str = Field(description="hf, modelscope or url")
+    revision: str = Field(description="the resolved revision (a hub's commit); '' if none")
+    bytes: int | None = Field(description="the files' total size; null if a size is unknown")
+    file_count: int
+    files: list[dict[str, Any]] = Field(description="path, bytes, sha256 (the first 50)")
+
+
 class PlannedTask(BaseModel):
     rank: int
     gpu_required: int
@@ -523,3 +534,5 @@ class DryRunPlan(BaseModel):
     warnings: list[str]
     # issue 16 (L2): what the create would reuse (then nothing would be placed: no tasks)
     dedup: DedupRead | None = None
+    # issue 29: the model source's files as the source names them now (null: a path)
+    model_source: ModelSourceRead | None = None

@@ -25,9 +25,10 @@ real CLI in ``flags.py`` by the tests.
   calls over the loopback; the door never lets them through) is set for the vLLM family
   only, on every launch (the spec's rule); ``--enable-sleep-mode`` only where
   ``core.engines.sleep`` says vLLM supports it (CUDA cards: the CPU build refuses it),
-  and ``sleep_mode`` is ignored for engines without sleep (the sleep flow skips them, F1). Pipeline stages use
-  the multi-node MP executor (vllm#23691): ``--nnodes P --node-rank R --master-addr A``,
-  ranks above 0 ``--headless`` (no API server, so no HTTP health on those stages).
+  and ``sleep_mode`` is ignored for engines without sleep (the sleep flow skips them, F1).
+  Pipeline stages use the multi-node MP executor (vllm#23691): ``--nnodes P --node-rank R
+  --master-addr A``, ranks above 0 ``--headless`` (no API server, so no HTTP health on
+  those stages).
   Without a GPU (``gpus=0``: vLLM's CPU build, placed only where a node reports it) the
   recipe leaves out ``--gpu-memory-utilization`` (the CPU build sizes its KV cache from
   ``VLLM_CPU_KVCACHE_SPACE`` instead) and gives that variable a default of 1 GiB

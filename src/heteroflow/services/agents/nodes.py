@@ -306,6 +306,8 @@ _NOTE_EVENT: dict[str | None, EventKind | None] = {
     "progress": None,  # D5: how far the load is, every few seconds: no event
     "pull": EventKind.IMAGE_PULL,  # H7: an image pull began or ended on the node
     "pulling": None,  # H7: how far the pull is (summed over layers): no event
+    "fetch": EventKind.MODEL_FETCH,  # issue 29: a model source's fetch began or ended
+    "fetching": None,  # issue 29: how far the fetch is: no event
     "asleep": None,  # F1: how its engine sleeps (kept, or stopped and why)
 }
 

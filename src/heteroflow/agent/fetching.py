@@ -1,0 +1,129 @@
+"""Models that come to the node (issue 29, FEATURES H9): a source fetched before a launch.
+
+A task whose ``model_path`` is written as a source (``hf://``, ``modelscope://``,
+``https://``; ``core.model_sources``) is resolved on the node (``models.fetch``: the
+files, their sizes and checksums, the revision) and fetched into the node's cache
+(``agent.model_cache``: one copy per resolved revision, shared by every task that asks,
+resumed and checked) before the engine starts; the launch then gets the cache entry's
+path (``TaskAssignment.model_fetched``: that path alone passes the node's allow-list).
+
+The task's status says how it goes, as an image pull's does: a ``fetch`` note when the
+fetch begins and ends (an event, ``task.model_fetch``), ``fetching`` notes at most every
+``image_pull_report_interval_s`` ("fetching model …: 1.2 of 4.5 GB at 80 MB/s, ~45 s
+left", the status message alone). A source that cannot be resolved or fetched fails the
+launch with the source's reason (not found, unauthorised, unreachable, timeout, checksum,
+budget, disk). The entry stays pinned (never evicted) while the task runs or sleeps here,
+and is released when its task stops. The hub token is the node's (``hub_token``), sent
+only to the hub it was given for; it never reaches a log, a note or an event.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from heteroflow.agent.model_cache.download import Progress
+from heteroflow.agent.runtime.protocol import LaunchFailed
+from heteroflow.agent.state import AgentState
+from heteroflow.core.errors import ValidationFailed
+from heteroflow.core.images import size_text
+from heteroflow.core.model_sources import SourceKind, is_source_url, parse_model_source
+from heteroflow.models.fetch.manifest import SourceFailed
+from heteroflow.models.fetch.resolve import SourceResolver
+from heteroflow.schemas.nodes import TaskAssignment
+
+log = logging.getLogger(__name__)
+
+__all__ = ["fetch_model", "for_launch", "needs_fetch"]
+
+
+def needs_fetch(t: TaskAssignment) -> bool:
+    """Whether ``t``'s model is a source to fetch (not a path on the node)."""
+    return bool(t.model_path) and not t.model_fetched and is_source_url(t.model_path)
+
+
+def progress_text(source: str, p: Progress) -> str:
+    total = f" of {size_text(p.total_bytes)}" if p.total_bytes else ""
+    rate = f" at {size_text(int(p.rate_bps))}/s" if p.rate_bps > 0 else ""
+    eta = f", ~{_duration(p.eta_s)} left" if p.eta_s is not None else ""
+    return f"fetching model {source}: {size_text(p.done_bytes)}{total}{rate}{eta}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+async def fetch_model(agent: AgentState, t: TaskAssignment) -> TaskAssignment:
+    """``t`` with ``model_path`` the cache entry of its fetched source (the same ``t`` when
+    its model is a path). Raises ``LaunchFailed`` with the source's reason."""
+    if not needs_fetch(t):
+        return t
+    try:
+        source = parse_model_source(t.model_path)
+    except ValidationFailed as exc:
+        raise LaunchFailed(f"model source refused: {exc}") from exc
+    token = agent.settings.hub_token.get_secret_value() or None
+    if source.kind is SourceKind.URL:
+        token = None  # the node's hub token is for the hubs, never for any web server
+    resolver = SourceResolver(
+        hf_endpoint=agent.settings.hf_endpoint,
+        modelscope_endpoint=agent.settings.modelscope_endpoint,
+        timeout_s=agent.settings.model_resolve_timeout_s,
+        session=agent._session(),
+    )
+    started = agent.clock.monotonic()
+    every = agent.settings.image_pull_report_interval_s
+    shown = source.text
+    try:
+        manifest = await resolver.resolve(source, token)
+        key = manifest.cache_key
+        cache = agent.model_cache
+        fresh = not cache.is_complete(key)
+        if fresh:
+            size = size_text(manifest.total_bytes) if manifest.sizes_known else "size unknown"
+            await agent._report(
+                t.id, "starting", f"fetching model {shown} ({size}, "
+                f"{len(manifest.files)} file(s), revision {manifest.revision})", note="fetch",
+            )
+        last = [agent.clock.monotonic()]
+
+        def noted(p: Progress) -> None:
+            now = agent.clock.monotonic()
+            if now - last[0] >= every:
+                last[0] = now
+                agent.note_later(t.id, progress_text(shown, p), "fetching")
+
+        cache.acquire(key)
+        try:
+            await cache.ensure(manifest, token=token, progress=noted)
+        except BaseException:
+            cache.release(key)
+            raise
+    except SourceFailed as exc:
+        raise LaunchFailed(f"model {shown} not fetched ({exc.reason}): {exc}") from exc
+    previous = agent.fetched.pop(t.id, None)
+    if previous is not None:  # a relaunch on this node: the earlier pin is replaced
+        agent.model_cache.release(previous[0])
+    entry = cache.entry_path(manifest)
+    agent.fetched[t.id] = (key, entry)
+    if fresh:
+        took = agent.clock.monotonic() - started
+        log.info("task %s: model %s fetched in %.1f s", t.id, shown, took)
+        await agent._report(
+            t.id, "starting", f"fetched model {shown}: {size_text(manifest.total_bytes)} "
+            f"in {took:.0f} s", note="fetch",
+        )
+    return with_fetched(t, entry)
+
+
+def with_fetched(t: TaskAssignment, entry: Path) -> TaskAssignment:
+    return t.model_copy(update={"model_path": str(entry), "model_fetched": True})
+
+
+async def for_launch(agent: AgentState, t: TaskAssignment) -> TaskAssignment:
+    """What a relaunch (a wake) is given: the entry fetched for ``t`` on this node, or a
+    fetch now (after an agent restart: from the cache, when it is still there)."""
+    held = agent.fetched.get(t.id)
+    if held is not None and needs_fetch(t):
+        return with_fetched(t, held[1])
+    return await fetch_model(agent, t)

@@ -1,0 +1,66 @@
+"""A model source resolved before anything is placed (issue 29, FEATURES H9).
+
+``resolve_source(model_path, settings)``: None for a path on the node; for a source
+(``core.model_sources``) the files, sizes and revision the source names right now, asked
+of the source itself (``models.fetch``: the hub, its mirror, a web server) — or
+``SourceFailed``, a 400 naming ``task.model_path`` with the reason (not found,
+unauthorised, unreachable, timeout). Create and dry run call it first, before the
+database is read, so a network wait holds no transaction; the dry run shows what it found.
+The agent resolves again when it fetches (a branch may have moved since): the revision
+shown here is what the source said at create.
+
+A route runs in a worker thread (FastAPI's sync routes), where no event loop runs: the
+resolver's coroutine gets its own loop there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from heteroflow.core.engines import resolve_engine
+from heteroflow.core.errors import ValidationFailed
+from heteroflow.core.model_sources import FIELD, SourceKind, is_source_url, parse_model_source
+from heteroflow.core.paths import model_source_refusal
+from heteroflow.models.fetch.resolve import SourceResolver
+from heteroflow.schemas.task_groups import ModelSourceRead, TaskGroupCreate
+from heteroflow.settings import ServerSettings
+
+__all__ = ["SHOWN_FILES", "resolve_source"]
+
+#: Files listed in the dry run (a hub repository may hold hundreds); the sums count all.
+SHOWN_FILES = 50
+
+
+def resolve_source(req: TaskGroupCreate, settings: ServerSettings) -> ModelSourceRead | None:
+    model_path = req.task.model_path
+    if not model_path or not is_source_url(model_path):
+        return None
+    # what its form and engine refuse is said first, without asking the network
+    engine, _ = resolve_engine(req.task.engine, req.labels.get("heteroflow.engine", ""),
+                               req.task.image)
+    refused = model_source_refusal(
+        model_path, engine=engine, custom_command=bool(req.task.command)
+    )
+    if refused:
+        raise ValidationFailed(refused, field=FIELD)
+    source = parse_model_source(model_path)
+    token = settings.hub_token.get_secret_value() or None
+    if source.kind is SourceKind.URL:
+        token = None  # the hub token is for the hubs, never for any web server
+    resolver = SourceResolver(
+        hf_endpoint=settings.hf_endpoint,
+        modelscope_endpoint=settings.modelscope_endpoint,
+        timeout_s=settings.model_resolve_timeout_s,
+    )
+    manifest = asyncio.run(resolver.resolve(source, token))
+    return ModelSourceRead(
+        source=source.text,
+        kind=source.kind.value,
+        revision=manifest.revision,
+        bytes=manifest.total_bytes if manifest.sizes_known else None,
+        file_count=len(manifest.files),
+        files=[
+            {"path": f.path, "bytes": f.size, "sha256": f.sha256}
+            for f in manifest.files[:SHOWN_FILES]
+        ],
+    )
