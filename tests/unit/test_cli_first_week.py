@@ -263,7 +263,7 @@ def test_autoscale_max_alone_changes_only_the_range(
 def instance(iid: str, started: str, port: int = 3333) -> dict[str, Any]:
     return {"id": iid, "hostname": "h1", "address": "127.0.0.1", "port": port, "pid": 9,
             "version": "0.2.0", "is_leader": iid == "srv-new", "started_at": started,
-            "last_seen_at": started}
+            "last_seen_at": "2026-01-01T10:05:00Z"}
 
 
 def test_status_does_not_list_the_process_a_restart_replaced() -> None:
@@ -284,11 +284,35 @@ def test_status_does_not_list_the_process_a_restart_replaced() -> None:
     assert "srv-old" not in text
 
 
+def test_status_does_not_list_an_instance_silent_for_over_a_lease_ttl() -> None:
+    """A restart on another port (``up --port 0``): the old process's address is not
+    reused, but it stopped heartbeating; the TTL is the leader's (lease end - its last
+    heartbeat), here 10 s."""
+    raw = {
+        "url": "http://hf.test", "health_code": 200, "health": {"status": "ok"},
+        "servers": {
+            "leader": "srv-new", "lease_expires_at": "2026-01-01T10:05:10+00:00",
+            "instances": [
+                {**instance("srv-old", "2026-01-01T10:00:00Z", port=40001),
+                 "last_seen_at": "2026-01-01T10:04:49Z"},  # 11 s before the newest
+                {**instance("srv-slow", "2026-01-01T10:00:00Z", port=40003),
+                 "last_seen_at": "2026-01-01T10:04:52Z"},  # 8 s: late, still running
+                {**instance("srv-new", "2026-01-01T10:04:00Z", port=40002),
+                 "last_seen_at": "2026-01-01T10:05:00Z"},
+            ],
+        },
+        "nodes": [], "groups": [],
+    }
+    summary = status.summarize(raw)
+    assert [i["id"] for i in summary["servers"]["instances"]] == ["srv-slow", "srv-new"]
+    assert summary["servers"]["stopped_instances"] == 1
+
+
 # ---- keys and usage ----
 
 
 ENDPOINT = {"id": "ep-1", "tenant_id": "tn-1", "group_id": "tg-1", "name": "chat", "port": 0,
-            "external_port": 0, "key_prefix": "sk-ab12", "rpm_limit": 60, "tpm_limit": 0,
+            "external_port": 0, "key_prefix": "sk-ab12…", "rpm_limit": 60, "tpm_limit": 0,
             "quota_tokens": 0, "quota_period": "", "created_at": "2026-01-01T10:00:00Z",
             "updated_at": "2026-01-01T10:00:00Z"}
 

@@ -42,7 +42,7 @@ def keys_table(endpoints: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         (
             e.get("id"), e.get("name"), e.get("group_id") or tables.EMPTY,
-            f"{e.get('key_prefix')}…", _limits(e), tables.when(e.get("updated_at")),
+            e.get("key_prefix"), _limits(e), tables.when(e.get("updated_at")),
         )
         for e in endpoints
     ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -16,6 +17,8 @@ import httpx
 from heteroflow.cmd import remote, tables
 from heteroflow.cmd.errors import EXIT_PROBLEM, EXIT_UNREACHABLE, CliError
 
+# the server's default lease TTL (leader_lease_ttl_s), when no leader shows the real one
+DEFAULT_LEASE_TTL_S = 15.0
 REASON_WIDTH = 80  # a problem's reason on screen (--json has it whole)
 SERVICE_ORDER = ("running", "scheduling", "pending", "stopping", "failed", "stopped", "completed")
 
@@ -83,15 +86,44 @@ def problems(
     return out
 
 
+def _time(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+
+
+def lease_ttl_s(servers: Mapping[str, Any]) -> float:
+    """The lease TTL the servers run with: the leader renews its lease and heartbeats
+    in the same round, so its lease ends one TTL after it was last seen."""
+    expires = _time(servers.get("lease_expires_at"))
+    for i in servers.get("instances") or []:
+        seen = _time(i.get("last_seen_at"))
+        if i.get("is_leader") and expires is not None and seen is not None:
+            ttl = (expires - seen).total_seconds()
+            if ttl > 0:
+                return ttl
+    return DEFAULT_LEASE_TTL_S
+
+
 def live_instances(
-    instances: Sequence[Mapping[str, Any]],
+    instances: Sequence[Mapping[str, Any]], ttl_s: float = DEFAULT_LEASE_TTL_S
 ) -> tuple[list[Mapping[str, Any]], int]:
     """(the instances that can still be running, how many cannot) — issue 33.
 
     The server lists every instance seen within three lease TTLs, so a server restarted
     a moment ago was listed twice: the process that stopped and the one that replaced
-    it. One address (host, listen address, port) is held by one process at a time, so of
-    the instances at the same address only the one started last still runs."""
+    it. Not listed: an instance at an address (host, listen address, port) where
+    another one started later (one process holds an address at a time), and one last
+    seen more than a lease TTL before the newest heartbeat (a running instance
+    heartbeats several times per TTL: it missed them all, it has stopped)."""
+    heard = [t for t in (_time(i.get("last_seen_at")) for i in instances) if t is not None]
+    latest = max(heard, default=None)
+
+    def silent(i: Mapping[str, Any]) -> bool:
+        t = _time(i.get("last_seen_at"))
+        return latest is not None and t is not None and (latest - t).total_seconds() > ttl_s
+
     newest: dict[tuple[str, str, int], Mapping[str, Any]] = {}
     for i in instances:
         if not i.get("port"):  # not listening yet: nothing to compare
@@ -101,7 +133,7 @@ def live_instances(
         if seen is None or str(i.get("started_at") or "") > str(seen.get("started_at") or ""):
             newest[where] = i
     keep = {id(i) for i in newest.values()}
-    live = [i for i in instances if not i.get("port") or id(i) in keep]
+    live = [i for i in instances if (not i.get("port") or id(i) in keep) and not silent(i)]
     return live, len(instances) - len(live)
 
 
@@ -114,7 +146,8 @@ def summarize(raw: Mapping[str, Any]) -> dict[str, Any]:
     nodes: list[Mapping[str, Any]] = list(raw.get("nodes") or [])
     groups: list[Mapping[str, Any]] = list(raw.get("groups") or [])
     instances, stopped = live_instances(
-        list(servers.get("instances") or []) if servers is not None else []
+        list(servers.get("instances") or []) if servers is not None else [],
+        lease_ttl_s(servers) if servers is not None else DEFAULT_LEASE_TTL_S,
     )
     versions = sorted({str(i.get("version")) for i in instances if i.get("version")})
     if health.get("version"):
@@ -176,8 +209,8 @@ def _servers_text(servers: Mapping[str, Any]) -> str:
     )
     if servers.get("stopped_instances"):
         head += (
-            f" ({servers['stopped_instances']} stopped one(s) not listed: an earlier "
-            "process at the same address)"
+            f" ({servers['stopped_instances']} stopped one(s) not listed: replaced at "
+            "the same address, or silent for over a lease TTL)"
         )
     rows = [
         (
