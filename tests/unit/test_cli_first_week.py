@@ -80,6 +80,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[dict[str, Any]], 
         (["services", "scale", "tg-1", "0"], "replicas"),
         (["services", "autoscale", "tg-1", "--max", "0"], "--max"),
         (["tenants", "update", "tn-1", "--quota-cards", "-2"], "--quota-cards"),
+        (["services", "start", "tg-1", "--wait", "--timeout", "nan"], "--timeout"),
     ],
 )
 def test_bad_numbers_are_one_line_naming_the_argument(

@@ -87,6 +87,17 @@ class Parser(argparse.ArgumentParser):
         return ""
 
 
+def seconds(text: str) -> float:
+    """A wait's length in seconds: more than 0, at most 30 days (``--timeout``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 30 * 86400.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
 def port(text: str) -> int:
     """A TCP port, 1-65535, or 0: any free port (the OS picks; the process says which)."""
     try:
@@ -141,7 +152,7 @@ def wait_flags(p: argparse.ArgumentParser, what: str, *, default: bool) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=600,
         metavar="SECONDS",
         help="give up waiting after this long, exit 1 (default: 600)",
