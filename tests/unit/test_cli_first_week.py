@@ -331,6 +331,9 @@ def test_keys_list_and_rotate(
     code, out, _ = run(["keys", "rotate", "tg-1"], capsys)
     assert code == 0 and "shown once: sk-new" in out
     assert asked[-1] == ("PATCH", "/api/v1/gateway/endpoints/ep-1", {"rotate_key": True})
+    code, out, _ = run(["keys", "revoke", "ep-1"], capsys)  # no key works: none printed
+    assert code == 0 and "revoked the API key of chat" in out and "sk-new" not in out
+    assert asked[-1] == ("PATCH", "/api/v1/gateway/endpoints/ep-1", {"rotate_key": True})
 
 
 def test_usage_prints_the_report_as_a_table(

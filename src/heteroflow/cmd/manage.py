@@ -244,8 +244,8 @@ def _sharing_groups(a: argparse.Namespace) -> None:
 
 
 def _keys(a: argparse.Namespace) -> None:
-    if a.action == "rotate":
-        remote_keys.rotate_key(a.id, as_json=a.json)
+    if a.action in ("rotate", "revoke"):
+        remote_keys.rotate_key(a.id, as_json=a.json, show=a.action == "rotate")
     else:
         remote_keys.list_keys(a.service, as_json=a.json)
 

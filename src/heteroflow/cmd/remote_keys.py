@@ -2,9 +2,10 @@
 usage table, from the CLI, over the API's own routes (docs/api.md).
 
 A service has one key, its endpoint's (``GET /api/v1/gateway/endpoints`` lists them with
-their display prefix). ``keys rotate`` is how a key is revoked and a new one made in one
-step (``PATCH .../gateway/endpoints/{id} {"rotate_key": true}``): the old key stops
-working within the gateways' snapshot period, the new one is printed once.
+their display prefix). ``keys rotate`` revokes it and makes a new one in one step
+(``PATCH .../gateway/endpoints/{id} {"rotate_key": true}``): the old key stops working
+within the gateways' snapshot period, the new one is printed once; ``keys revoke`` does
+the same without printing the new one, so no key works until a rotate.
 ``usage`` prints ``GET /api/v1/usage`` as a table.
 """
 
@@ -57,8 +58,10 @@ def list_keys(service_id: str | None = None, as_json: bool = False) -> None:
     show_list(answer, keys_table, as_json, "keys")
 
 
-def rotate_key(target: str, as_json: bool = False) -> None:
-    """A new key for an endpoint (``ep-...``) or a service's endpoint (``tg-...``)."""
+def rotate_key(target: str, as_json: bool = False, show: bool = True) -> None:
+    """A new key for an endpoint (``ep-...``) or a service's endpoint (``tg-...``).
+    ``show`` False is ``keys revoke``: the old key stops working and the new one is not
+    printed, so no key works until ``keys rotate`` makes one."""
     with session() as c:
         endpoint_id = target
         if target.startswith("tg-"):
@@ -67,6 +70,12 @@ def rotate_key(target: str, as_json: bool = False) -> None:
             if not endpoint_id:
                 raise CliError(f"service {target} has no endpoint (it serves no API)")
         answer = check(c.patch(f"{ENDPOINTS}/{endpoint_id}", json={"rotate_key": True}))
+    if not show:
+        answer = {k: v for k, v in answer.items() if k != "api_key"}
+        if not as_json:
+            print(f"revoked the API key of {answer.get('name')} ({endpoint_id}): it stops "
+                  "working within a few seconds; `heteroflow keys rotate` makes a new one")
+            return
     if as_json:
         print_json(answer)
         return

@@ -13,9 +13,10 @@ if TYPE_CHECKING:
 def add_parsers(sub: Subparsers) -> None:
     ky = sub.add_parser(
         "keys",
-        help="services' API keys: list them (prefix, limits), rotate one",
+        help="services' API keys: list them (prefix, limits), rotate or revoke one",
         description="A service has one API key, its endpoint's. `rotate` revokes it and "
-        "prints a new one (once); the old key stops working within seconds.",
+        "prints a new one (once); `revoke` prints none (no key works until a rotate); the "
+        "old key stops working within seconds.",
     )
     kys = ky.add_subparsers(dest="action", required=True, metavar="ACTION")
     kl = kys.add_parser("list", help="every key you may see (only its prefix)")
@@ -24,6 +25,9 @@ def add_parsers(sub: Subparsers) -> None:
     kr = kys.add_parser("rotate", help="revoke a key and print a new one (once)")
     kr.add_argument("id", help="the service (tg-...) or its endpoint (ep-...)")
     json_flag(kr)
+    kv = kys.add_parser("revoke", help="revoke a key: no key works until `keys rotate`")
+    kv.add_argument("id", help="the service (tg-...) or its endpoint (ep-...)")
+    json_flag(kv)
     ky.set_defaults(root=MANAGE)
 
     us = sub.add_parser(
