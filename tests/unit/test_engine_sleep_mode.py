@@ -11,7 +11,9 @@ from heteroflow.core.ports import PortMapping
 from heteroflow.core.recipe import NodeShape, TaskShape, container_plan
 
 
-def plan_of(engine: str, image: str, vendor: str, gpus: int = 1, version: str = "") -> tuple:
+def plan_of(
+    engine: str, image: str, vendor: str, gpus: int = 1, version: str = ""
+) -> tuple[tuple[str, ...], dict[str, str]]:
     task = TaskShape(
         id="task-1", group_id="tg-1", name="svc-0", image=image, engine=engine,
         model_path="/data/models/m", model_name="m", ports=(PortMapping(8000, 21000),),
