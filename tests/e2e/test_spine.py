@@ -86,6 +86,15 @@ def test_a_model_file_becomes_an_endpoint_the_openai_sdk_calls(stack: Stack) -> 
     )
     assert same.choices[0].message.content == chat.choices[0].message.content
 
+    # issue 33: a max_tokens no context can hold is refused at once, as OpenAI does (the
+    # engine's -c 1024 is the group's context), not generated until the client leaves
+    with pytest.raises(openai.BadRequestError) as too_many:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=10**9
+        )
+    assert (too_many.value.param, too_many.value.code) == ("max_tokens", "invalid_value")
+    assert "maximum context length is 1024 tokens" in too_many.value.message
+
     with pytest.raises(openai.AuthenticationError) as bad_key:
         sdk(stack.gateway_url, "sk-00000000-0000-0000-0000-000000000000").models.list()
     assert bad_key.value.status_code == 401

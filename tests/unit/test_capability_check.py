@@ -79,6 +79,34 @@ def test_prompt_longer_than_the_context() -> None:
                   targets(TEXT_ONLY)) is None  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CHAT, chat(max_tokens=1_000_000_000), "max_tokens"),
+        (CHAT, chat(max_completion_tokens=101), "max_completion_tokens"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 5000}, "max_tokens"),
+        ("/v1/responses", to_chat({"model": "m", "input": "x", "max_output_tokens": 500}),
+         "max_output_tokens"),
+    ],
+)  # fmt: skip
+def test_max_tokens_above_the_context_is_refused_as_openai_answers_it(
+    path: str, body: dict[str, Any], param: str
+) -> None:
+    """Issue 33: max_tokens 1e9 on a 4,096-token model generated for minutes."""
+    err = refuse(path, body, "m", targets(TEXT_ONLY))
+    assert err is not None
+    assert (err.status, err.type, err.code, err.param) == (
+        400, "invalid_request_error", "invalid_value", param
+    )
+    assert err.message.startswith(f"{param} is too large: ")
+    assert "maximum context length is 100 tokens" in err.message
+    assert refuse(CHAT, chat(max_tokens=100), "m", targets(TEXT_ONLY)) is None
+    assert refuse(CHAT, chat(max_tokens=10**9), "m", targets(UNKNOWN_CONTEXT)) is None
+
+
+UNKNOWN_CONTEXT = Capabilities(chat=True, tools=True)
+
+
 def test_what_the_model_can_do_passes() -> None:
     everything = Capabilities(True, True, True, True, True, None, None)
     body = chat(messages=[{"role": "user", "content": [IMAGE]}], tools=[TOOL],

@@ -14,7 +14,11 @@ known absent refuses; unknown never does. Checks, cheapest first:
   ``response_format``;
 * a prompt clearly longer than the context (characters / 4, which undercounts tokens for
   almost every tokenizer, so a refused prompt really is too long) -> code
-  ``context_length_exceeded``, as OpenAI answers it.
+  ``context_length_exceeded``, as OpenAI answers it;
+* ``max_tokens`` (``max_completion_tokens``; ``max_output_tokens`` of a response) above
+  the context -> ``param`` that field, code ``invalid_value``: no answer can be that long,
+  and an engine that shifts its context (llama.cpp) would otherwise generate until the
+  client leaves (issue 33: ``max_tokens: 1000000000`` ran for minutes).
 
 A ``/v1/responses`` request arrives here already translated to its chat body
 (``responses.to_chat``); only the ``param`` named follows the caller's path (``input``).
@@ -97,8 +101,27 @@ def _check(
     else:
         return None
     if caps.context_length is not None:
-        return _too_long(path, body, model, caps.context_length)
+        return _too_long(path, body, model, caps.context_length) or _too_many(
+            path, body, caps.context_length
+        )
     return None
+
+
+def _too_many(path: str, body: Mapping[str, Any], limit: int) -> OpenAIError | None:
+    """``max_tokens`` above the context, as OpenAI answers a value out of range."""
+    field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    wanted = body.get(field)
+    if type(wanted) is not int or wanted <= limit:
+        return None
+    param = "max_output_tokens" if path == "/v1/responses" else field
+    return OpenAIError(
+        400,
+        f"{param} is too large: {wanted}. This model's maximum context length is {limit} "
+        "tokens, prompt included.",
+        "invalid_request_error",
+        param,
+        "invalid_value",
+    )
 
 
 def refuse(
