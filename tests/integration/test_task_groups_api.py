@@ -152,7 +152,13 @@ def test_duplicate_endpoint_name_is_409_before_anything_is_written(api: Api) -> 
     r = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin)
     assert r.status_code == 409
     assert r.json()["error"]["field"] == "name"
+    # issue 33: the user named a service, and the message says so
+    assert r.json()["error"]["message"].startswith("a service named 'svc' already exists")
     assert [count(api, t) for t in (TaskGroup, Task, ModelRoute, InferenceEndpoint)] == before
+    named = service_body(name="other", endpoint_name="svc")
+    r = api.client.post("/api/v1/task-groups", json=named, headers=admin)
+    assert r.status_code == 409 and r.json()["error"]["field"] == "endpoint_name"
+    assert r.json()["error"]["message"].startswith("an endpoint named 'svc' already exists")
 
 
 @pytest.mark.feature("A3")

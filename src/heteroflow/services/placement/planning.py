@@ -553,9 +553,16 @@ def endpoint_taken(plan: GroupPlan) -> Conflict:
     """The 409 for a plan whose endpoint name the tenant already has: at planning (the
     read) and at the write (the database's unique constraint, when a concurrent create
     of the name committed in between; services/unique.py)."""
-    return Conflict(
-        f"an endpoint named {plan.endpoint_name!r} already exists in this tenant",
-        field="endpoint_name" if plan.req.endpoint_name else "name",
+    if plan.req.endpoint_name:
+        return Conflict(
+            f"an endpoint named {plan.endpoint_name!r} already exists in this tenant: "
+            "choose another endpoint_name",
+            field="endpoint_name",
+        )
+    return Conflict(  # issue 33: the user named a service, so the message says service
+        f"a service named {plan.endpoint_name!r} already exists in this tenant: choose "
+        "another name (or give endpoint_name)",
+        field="name",
     )
 
 
