@@ -24,6 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from heteroflow.core.engine_access import KEY_ENV
+from heteroflow.core.gang import GANG_ENV
 
 DATA_MODELS = "/data/models"
 # engines whose model_path names a directory inside their image, never a host path
@@ -47,7 +48,7 @@ AGENT_OWNED_ENV = frozenset(
         "HETEROFLOW_TASK_NAME",
         "VLLM_SERVER_DEV_MODE",
     }
-) | frozenset(KEY_ENV.values())  # C14: the engine's key, which only the agent sets
+) | frozenset(KEY_ENV.values()) | GANG_ENV  # C14: the engine's key; G1: a gang's ranks
 
 # Never settable by a user, whatever an operator adds to the allow-list: the dynamic
 # loader, interpreter start-up hooks (a Python, Perl, Ruby, Node, JVM or shell that
@@ -309,11 +310,14 @@ def container_env(
     engine_env: Mapping[str, str],
     gpu: GpuRequest | None,
     engine_defaults: Mapping[str, str] | None = None,
+    gang: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """C3: bare names dropped, agent-owned names dropped, vLLM dev mode for vLLM only; and
     never a denied name (the server refuses them at create; this is the node's own line
     for anything that got past it, e.g. a row written before the rule existed). The
-    recipe's ``engine_defaults`` come first, so the task's variables change them."""
+    recipe's ``engine_defaults`` come first, so the task's variables change them;
+    ``gang`` (``core.gang.gang_env``: a pipeline stage's rank, world size and
+    rendezvous, G1) last, as the agent's own."""
     env: dict[str, str] = dict(engine_defaults or {})
     for item in user_env:
         if "=" not in item:
@@ -330,6 +334,7 @@ def container_env(
     env["HETEROFLOW_TASK_ID"] = task_id
     env["HETEROFLOW_GROUP_ID"] = group_id
     env["HETEROFLOW_TASK_NAME"] = task_name
+    env.update(gang or {})
     return env
 
 

@@ -24,6 +24,7 @@ from heteroflow.core.engines.commands import (
     owned_flag_in,
     process_command,
 )
+from heteroflow.core.gang import gang_env
 from heteroflow.core.recipe import TaskShape
 
 #: The dry run's stand-ins for what only the node knows.
@@ -89,6 +90,7 @@ def process_env(task: TaskShape, cmd: EngineCommand | None = None) -> dict[str, 
         engine_env=dict(cmd.env) if cmd else {},
         gpu=None,
         engine_defaults=dict(cmd.env_defaults) if cmd else {},
+        gang=gang_env(task.gang, task.gpu_ids, task.ports),  # G1: as core.recipe's
     )
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in task.gpu_ids)
     return env

@@ -34,6 +34,7 @@ from heteroflow.core.engines.commands import CommandError, LaunchShape, build_co
 from heteroflow.core.engines.kv_offload import parse_version
 from heteroflow.core.engines.registry import DEFAULT_CONTAINER_PORT
 from heteroflow.core.engines.sleep import sleep_mode
+from heteroflow.core.gang import GangPlace, gang_env
 from heteroflow.core.ports import PortMapping
 from heteroflow.core.volumes import Volume, volumes_of
 
@@ -74,9 +75,13 @@ class TaskShape:
     max_loras: int = 0  # LoRA adapter slots (core.lora): the engine's flags
     # A2: the task's own bind mounts (rows and wire models hold dicts: made Volumes here)
     volumes: tuple[Volume, ...] = ()
+    # G1: a pipeline stage's rank, world size and rendezvous (core.gang; the wire's dict
+    # is made a GangPlace here); None outside a gang
+    gang: GangPlace | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "volumes", volumes_of(self.volumes))
+        object.__setattr__(self, "gang", GangPlace.of(self.gang))
 
     @classmethod
     def of(cls, task: object, **given: Any) -> TaskShape:
@@ -210,12 +215,14 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
             engine_env=engine_env,
             gpu=gpu,
             engine_defaults=env_defaults,
+            gang=gang_env(task.gang, task.gpu_ids, task.ports),
         ),
-        ports={
+        ports={  # a gang's rendezvous (no container port) is bound on the host network
             p.container_port: (
                 node.engine_address if p.host_port == behind else node.address, p.host_port
             )
             for p in task.ports
+            if p.container_port
         },
         mounts=tuple(mounts),
         ipc_mode=ipc,

@@ -146,6 +146,9 @@ class TaskAssignment(BaseModel):
     # H7: the login for pulling ``image`` (the tenant's own for its registry, else the
     # platform's), only in the claim reply to this node's agent; never in a repr or a log
     registry_auth: RegistryAuth | None = Field(default=None, repr=False)
+    # G1: a pipeline stage's place in its gang (core.gang.GangPlace as a dict: rank,
+    # world_size, master_addr, master_port), in the claim reply only; None elsewhere
+    gang: dict[str, Any] | None = None
     # issue 29: set by the agent alone, once it fetched a model source into its cache and
     # put the cache's path in ``model_path`` (agent/fetching.py): that path, and only it,
     # passes the node's allow-list; never sent by the server, never serialised

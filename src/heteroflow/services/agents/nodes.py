@@ -48,6 +48,7 @@ from heteroflow.schemas.nodes import (
 from heteroflow.services.identity.access import task_on_node
 from heteroflow.services.lifecycle import faults
 from heteroflow.services.lifecycle.transitions import KEEP, TaskUpdate, note, transition
+from heteroflow.services.placement.gangs import gang_place
 
 # What an agent is told about: tasks placed on it that it should be starting or running,
 # and the ones asleep there (their engines stay stopped, their containers kept) or waking.
@@ -278,7 +279,11 @@ def claim(s: Session, clock: Clock, node_id: str, task_id: str) -> TaskAssignmen
         raise Conflict(f"task {task_id} is {t.status}, not scheduled")
     s.refresh(t)
     group = s.get(TaskGroup, t.group_id)
-    return assignment(t, group.parallelism if group else "single")
+    read = assignment(t, group.parallelism if group else "single")
+    if read.parallelism == "pipeline":  # G1: where its gang meets (services/placement/gangs)
+        place = gang_place(s, t)
+        read = read.model_copy(update={"gang": place.to_dict() if place else None})
+    return read
 
 
 # Which reported outcome moves a task from which state.

@@ -148,7 +148,7 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
             command=list(spec.command),
             engine_args=list(spec.engine_args),
             env=list(spec.env),
-            ports=ports_to_dicts(plan.ports),
+            ports=ports_to_dicts(plan.task_ports(rank)),  # G1: a gang's rank 0: + rendezvous
             estimated_gpu_memory_mb=plan.estimated_gpu_memory_mb,
             estimate_detail=plan.estimate.detail if plan.estimate else "",
             memory_mb=plan.memory_mb,

@@ -21,7 +21,9 @@ from heteroflow.core.containers import DEFAULT_ENV_ALLOW, ContainerPlan
 from heteroflow.core.engine_access import ENGINE_ADDRESS
 from heteroflow.core.engines.commands import CommandError
 from heteroflow.core.engines.selection import NoEngineAvailable, select_engine
+from heteroflow.core.gang import GangPlace, Stage, gang_places
 from heteroflow.core.placement import NodeView, Placement, Policy, Reservation
+from heteroflow.core.placement.scoring import cached_on, download_estimate_s
 from heteroflow.core.ports import host_ports, with_host_ports
 from heteroflow.core.process_recipe import ProcessNode, process_env, process_launch
 from heteroflow.core.recipe import (
@@ -34,6 +36,7 @@ from heteroflow.core.recipe import (
 from heteroflow.schemas.task_groups import (
     ContainerPlanRead,
     DryRunPlan,
+    ModelSourceRead,
     PlannedTask,
     TaskGroupCreate,
 )
@@ -61,6 +64,7 @@ def dry_run(
     port_pool: range,
     policy: Policy | None = None,
     env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
+    model_source: ModelSourceRead | None = None,
 ) -> DryRunPlan:
     """What a create would do, written nowhere: the plan and where each task would go
     now — the scheduler's own decision (``services.placer``: its index, ranked order,
@@ -75,14 +79,15 @@ def dry_run(
         check_quota(s, who, plan)  # issue 16 (N2): the create's own question
     share_key = fleet.share_key(who.tenant_id)
     demands = [
-        plan.demand(share_key, task_id=f"planned-{rank}", tenant_id=who.tenant_id)
+        plan.demand(share_key, task_id=f"planned-{rank}", tenant_id=who.tenant_id, rank=rank)
         for rank in range(0 if found.group is not None else plan.replicas)
     ]
     # the round's own calls on the round's own index, order and sampling (issue 27)
     placer = Placer(fleet, reservation, port_pool, policy or Policy())
     intent = Intent(image=plan.req.task.image, named=bool(plan.engine or plan.req.task.command))
     outcomes = placer.preview(demands, intent, gang=plan.req.parallelism == "pipeline")
-    tasks = [_planned(plan, rank, o) for rank, o in enumerate(outcomes)]
+    places = planned_gang(plan, outcomes)
+    tasks = [_planned(plan, rank, o, places[rank]) for rank, o in enumerate(outcomes)]
     est = plan.estimate
     return DryRunPlan(
         name=req.name,
@@ -98,10 +103,31 @@ def dry_run(
         tasks=tasks,
         warnings=plan.warnings,
         dedup=found.preview(plan.model_name),
+        model_source=with_copies(model_source, fleet.nodes, policy or Policy()),
     )
 
 
-def _planned(plan: GroupPlan, rank: int, o: Outcome) -> PlannedTask:
+def planned_gang(plan: GroupPlan, outcomes: Sequence[Outcome]) -> list[GangPlace | None]:
+    """Each task's place in its gang (G1, ``core.gang``), as each stage's agent gets it
+    at its claim: rank 0's node address and booked rendezvous port once the whole gang
+    is placed; the placeholder address and port 0 while it is not (all or nothing). None
+    for every task of a group that is not a gang."""
+    if plan.req.parallelism != "pipeline":
+        return [None] * len(outcomes)
+    stages = [
+        Stage(rank, o.node.address, with_host_ports(plan.task_ports(rank), o.placement.host_ports))
+        for rank, o in enumerate(outcomes)
+        if o.placement is not None and o.node is not None
+    ]
+    if outcomes and len(stages) == len(outcomes):
+        return list(gang_places(stages))
+    n = len(outcomes)
+    return [GangPlace(rank, n, UNPLACED_ADDRESS, 0) for rank in range(n)]
+
+
+def _planned(
+    plan: GroupPlan, rank: int, o: Outcome, gang: GangPlace | None = None
+) -> PlannedTask:
     p, node = o.placement, o.node
     where = None
     if p is not None and node is not None:
@@ -115,9 +141,11 @@ def _planned(plan: GroupPlan, rank: int, o: Outcome) -> PlannedTask:
     engine = o.choice.engine if o.choice is not None else ""
     try:
         if node is not None and p is not None and node.runtime == "process":
-            container = planned_process(plan, rank, p, node, engine=engine)
+            container = planned_process(plan, rank, p, node, engine=engine, gang=gang)
         else:
-            container = plan_read(planned_recipe(plan, rank, p, node, address, engine=engine))
+            container = plan_read(
+                planned_recipe(plan, rank, p, node, address, engine=engine, gang=gang)
+            )
         error = None
     except (ValueError, NoEngineAvailable) as exc:  # CommandError is a ValueError
         container, error = None, str(exc)
@@ -139,18 +167,20 @@ def planned_recipe(
     address: str | None,
     *,
     engine: str = "",
+    gang: GangPlace | None = None,
 ) -> RecipeResult:
     """The container the agent would build for task ``rank`` of ``plan`` on ``node``: the
     one recipe (``core.recipe``) with placeholder ids and the agent's inputs as far as
     the server knows them (the image's vLLM version from its tag, for kv offload; the
     node's engine chain for a task that names no engine, as the round picks it, H1;
-    ``engine``: the one the placement chose there, when the caller has it)."""
+    ``engine``: the one the placement chose there, when the caller has it; ``gang``: the
+    stage's place in its gang, ``planned_gang``)."""
     spec = plan.req.task
     engine = engine or plan.engine
     if not engine and not spec.command and node is not None:
         chain = engines_of(node)
         engine = select_engine(explicit="", label="", image=spec.image, node=chain).engine
-    task = _task_shape(plan, rank, placement, engine)
+    task = _task_shape(plan, rank, placement, engine, gang)
     where = NodeShape(
         address=address or UNPLACED_ADDRESS,
         card_vendors={c.index: c.vendor for c in node.cards} if node else {},
@@ -159,11 +189,16 @@ def planned_recipe(
 
 
 def _task_shape(
-    plan: GroupPlan, rank: int, placement: Placement | None, engine: str
+    plan: GroupPlan,
+    rank: int,
+    placement: Placement | None,
+    engine: str,
+    gang: GangPlace | None = None,
 ) -> TaskShape:
     """Task ``rank`` of ``plan`` as the create will write it (placeholder ids)."""
     spec = plan.req.task
-    chosen = placement.host_ports if placement else host_ports(plan.ports)
+    ports = plan.task_ports(rank)
+    chosen = placement.host_ports if placement else host_ports(ports)
     return TaskShape.of(
         spec,  # its image, model path, command, engine args, env and kv offload
         id=PLANNED_ID,
@@ -171,7 +206,7 @@ def _task_shape(
         name=spec.name or f"{plan.req.name}-{rank}",
         engine=engine,
         model_name=plan.model_name,
-        ports=with_host_ports(plan.ports, chosen),
+        ports=with_host_ports(ports, chosen),
         parallelism=plan.req.parallelism,
         gpu_required=plan.gpus_per_task,
         gpu_ids=tuple(placement.gpu_ids) if placement else (),
@@ -179,11 +214,18 @@ def _task_shape(
         engine_version=image_tag_version(spec.image) if spec.kv_offload_gb else "",
         generation=1,
         task_type=plan.task_type,
+        gang=gang,
     )
 
 
 def planned_process(
-    plan: GroupPlan, rank: int, placement: Placement, node: NodeView, *, engine: str = ""
+    plan: GroupPlan,
+    rank: int,
+    placement: Placement,
+    node: NodeView,
+    *,
+    engine: str = "",
+    gang: GangPlace | None = None,
 ) -> ContainerPlanRead:
     """What the process runtime of ``node`` would start for task ``rank``: the agent's own
     recipe (``core.process_recipe.process_launch``, ``runtime`` "process"), with the
@@ -198,7 +240,7 @@ def planned_process(
     if not engine:  # the round's chain on this node (H1)
         chain = engines_of(node)
         engine = select_engine(explicit="", label="", image=spec.image, node=chain).engine
-    task = _task_shape(plan, rank, placement, engine)
+    task = _task_shape(plan, rank, placement, engine, gang)
     model = spec.model_path if spec.model_path.startswith("/") else (
         f"<{spec.model_path} under the node's model folders>"
     )
@@ -250,3 +292,16 @@ def plan_read(result: RecipeResult | ContainerPlan) -> ContainerPlanRead:
         security=asdict(c.security),
         config_files=targets,
     )
+
+
+def with_copies(
+    source: ModelSourceRead | None, nodes: list[NodeView], policy: Policy
+) -> ModelSourceRead | None:
+    """Issue 29: the resolved source (``services.placement.sources``) with the nodes whose
+    cache holds it at the resolved revision, and the download a start elsewhere adds."""
+    if source is None:
+        return None
+    return source.model_copy(update={
+        "cached_on": cached_on(nodes, source.source, source.revision),
+        "download_s": download_estimate_s(source.bytes or 0, policy.download_mb_s),
+    })

@@ -43,6 +43,7 @@ from heteroflow.core.engines.selection import NodeEngines
 from heteroflow.core.engines.templates import Template, inference_templates
 from heteroflow.core.errors import Conflict, ValidationFailed
 from heteroflow.core.estimate import MemoryEstimate
+from heteroflow.core.gang import stage_ports
 from heteroflow.core.lora import lora_refusal
 from heteroflow.core.paths import VolumeRule, model_path_refusal
 from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
@@ -93,10 +94,17 @@ class GroupPlan:
         # ranks, not cards: a CPU service (0 GPUs) is one rank, as it was asked
         return self.replicas * max(1, self.gpus_per_task)
 
+    def task_ports(self, rank: int) -> tuple[PortMapping, ...]:
+        """Task ``rank``'s ports as the create writes them: a gang's rank 0 books one more
+        host port, its rendezvous (``core.gang``, G1)."""
+        if self.req.parallelism == "pipeline":
+            return stage_ports(self.ports, rank)
+        return self.ports
+
     def demand(
-        self, share_key: str = "", task_id: str = "", tenant_id: str = ""
+        self, share_key: str = "", task_id: str = "", tenant_id: str = "", rank: int = 0
     ) -> TaskDemand:
-        """What one task of the group asks the scheduler for (as a round would see it)."""
+        """What task ``rank`` of the group asks the scheduler for (as a round would see it)."""
         return TaskDemand(
             task_id=task_id,
             gpu_required=self.gpus_per_task,
@@ -104,7 +112,7 @@ class GroupPlan:
             gpu_memory_utilization=self.req.gpu_memory_utilization,
             estimated_gpu_memory_mb=self.estimated_gpu_memory_mb,
             memory_mb=self.memory_mb,
-            host_ports=host_ports(self.ports),
+            host_ports=host_ports(self.task_ports(rank)),
             task_type=self.task_type,
             model_path=self.req.task.model_path,
             engine=self.engine,
@@ -205,6 +213,16 @@ def _check_fields(spec: TaskSpec, parallelism: str, engine: str, task_type: str,
             f"engine {engine} does not support parallelism {parallelism!r}; use one of "
             f"{shapes}",
             field="parallelism",
+        )
+    if parallelism == "pipeline" and not spec.command:
+        # issue 32 item 4: no engine builds a stage's command for a container or training
+        # gang (vLLM's and SGLang's multi-node flags are an inference gang's, refused
+        # above): every stage would fail at the agent
+        raise ValidationFailed(
+            f"a {task_type} pipeline group runs task.command in every stage (each stage "
+            "gets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE to find the others, and "
+            "listens on HETEROFLOW_STAGE_PORT); without one no stage's command can be built",
+            field="task.command",
         )
     if engine == "llamacpp":
         clash = owned_flag_in(spec.engine_args, LLAMACPP_AGENT_FLAGS)
