@@ -156,6 +156,9 @@ class ServerSettings(BaseSettings):
     scheduler_scorers: str = "binpack:1,topology:1,rdma:1"
     scheduler_sample: int = Field(default=4, ge=1)
     scheduler_preemption: bool = True
+    # issue 29: the nominal rate (MB/s) a node downloads a model source at: the dry run's
+    # estimate of what a start on a node without a copy adds (placement prefers a holder)
+    model_download_mb_s: float = Field(default=100.0, gt=0, allow_inf_nan=False)
     scheduler_workers: int = Field(default=1, ge=1, le=32)
     # Host ports given to tasks whose mapping says host_port 0.
     port_pool_start: int = 20000
@@ -310,6 +313,7 @@ class ServerSettings(BaseSettings):
             scorers=parse_scorers(self.scheduler_scorers),
             sample=self.scheduler_sample,
             preemption=self.scheduler_preemption,
+            download_mb_s=self.model_download_mb_s,
         )
 
     def port_pool(self) -> range:

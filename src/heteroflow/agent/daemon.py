@@ -24,6 +24,7 @@ import random
 from collections.abc import Callable
 
 from heteroflow.agent.adapters import Adapters
+from heteroflow.agent.cache_report import cache_report
 from heteroflow.agent.file_requests import serve_file_requests
 from heteroflow.agent.host_ports import listening_ports
 from heteroflow.agent.inventory import NodeInventory, collect_inventory
@@ -87,6 +88,7 @@ class Agent(SleepWake, Watching, Starting, Adapters):
             labels=self.labels,
             engines=self.launcher.engines(),
             models=[ModelWire.model_validate(m) for m in self.models],
+            model_cache=cache_report(self),  # issue 29: the scheduler prefers a holder
             # C4: the server refuses at create a model path this node would refuse
             allowed_volume_prefixes=list(self.config.allowed_volume_prefixes),
             denied_volume_prefixes=list(self.config.denied_volume_prefixes),

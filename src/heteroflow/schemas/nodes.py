@@ -7,7 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, StringConstraints, model_validator
 
+from heteroflow.core.errors import ValidationFailed
 from heteroflow.core.events import ReportedFault
+from heteroflow.core.model_sources import parse_model_source
 from heteroflow.core.states import NOTE_TARGETS, ReportTarget, TaskStatus
 from heteroflow.schemas.common import (
     LABEL_KEY_PATTERN,
@@ -88,6 +90,39 @@ class ModelWire(BaseModel):
     mtime: float = Field(default=0.0, ge=-1e12, le=1e12, allow_inf_nan=False, strict=True)
 
 
+# issue 29: what a heartbeat says of the node's model cache (complete models and downloads
+# in progress, ``agent.cache_report``): a bounded list, each entry a source the platform
+# parsed (never a URL with user info or a query: no credential can ride in one)
+MAX_CACHED_MODELS = 256
+CacheKey = Annotated[
+    str, StringConstraints(max_length=120, pattern=r"^[A-Za-z0-9._-]{1,120}$"),
+    AfterValidator(no_nul),
+]
+
+
+def _model_source(value: str) -> str:
+    try:
+        remote = parse_model_source(value).remote
+    except ValidationFailed as e:
+        raise ValueError(str(e)) from None
+    if not remote:
+        raise ValueError("a cached model's source is a URL (hf://, modelscope://, https://)")
+    return value
+
+
+class CachedModelWire(BaseModel):
+    """One model revision in the node's cache (``agent.model_cache.CachedModel``)."""
+
+    key: CacheKey
+    source: Annotated[
+        str, StringConstraints(max_length=2048), AfterValidator(no_nul),
+        AfterValidator(_model_source),
+    ]
+    revision: ShortText = ""
+    size_bytes: int = Field(default=0, ge=0, le=MAX_INT64, strict=True)  # so far, downloading
+    state: Literal["complete", "downloading"] = "complete"
+
+
 class Heartbeat(Strict):
     name: SafeStr = Field(max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
     address: ShortText = Field(min_length=1, max_length=255)
@@ -95,6 +130,8 @@ class Heartbeat(Strict):
     inventory: InventoryWire
     labels: dict[NodeLabelKey, NodeLabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
     models: list[ModelWire] = Field(default_factory=list, max_length=10_000)
+    # issue 29: the node's model cache (stored with ``models``: services/agents/nodes.py)
+    model_cache: list[CachedModelWire] = Field(default_factory=list, max_length=MAX_CACHED_MODELS)
     # engine -> exact image ref ("" for an engine the process runtime runs itself)
     engines: dict[ShortText, ImageRef] = Field(default_factory=dict, max_length=64)
     # the agent's volume rules (C4): create refuses an absolute model_path that no node

@@ -507,6 +507,14 @@ class ModelSourceRead(BaseModel):
     bytes: int | None = Field(description="the files' total size; null if a size is unknown")
     file_count: int
     files: list[dict[str, Any]] = Field(description="path, bytes, sha256 (the first 50)")
+    cached_on: list[str] = Field(
+        default_factory=list, description="nodes whose cache holds this revision complete"
+    )
+    download_s: float | None = Field(
+        default=None,
+        description="what a start on a node without a copy adds: the size over the nominal "
+        "rate (model_download_mb_s); null if the size is unknown",
+    )
 
 
 class PlannedTask(BaseModel):

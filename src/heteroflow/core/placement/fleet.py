@@ -4,7 +4,8 @@ Scanning every node for every task costs O(nodes) per decision (10,000 nodes x 1
 tasks = 10^8 checks). The index hands ``place`` the nodes most likely to win first, and
 ``place`` stops after ``Policy.sample`` of them passed:
 
-1. nodes that hold the task's model (locality is the strongest preference);
+1. nodes that hold the task's model (locality is the strongest preference): its path,
+   or its source in their cache (issue 29);
 2. for a shared-card inference task, nodes with a partly booked card of the task's
    tenant / sharing group (stacking there is what binpack wants) — skipping, for now,
    those where no card has both the commitment and the memory left (they would only
@@ -95,6 +96,10 @@ class FleetIndex:
         for n in nodes:
             for m in n.models:
                 self._models.setdefault(m, []).append(n)
+            # issue 29: a source in its cache, by its text and its pinned text (a path
+            # never holds "://", so the two never meet in this map)
+            for text in {t for c in n.cached_models if c.complete for t in (c.source, c.pinned)}:
+                self._models.setdefault(text, []).append(n)
             kinds = tuple(sorted({c.model for c in n.cards}))
             for c in n.cards:
                 self._card_mb[c.model] = max(self._card_mb.get(c.model, 0), c.memory_total_mb)
@@ -258,6 +263,8 @@ class FleetIndex:
 
         if t.model_path:
             yield from fresh(self._models.get(t.model_path, ()))
+        if t.model_source:
+            yield from fresh(self._models.get(t.model_source, ()))
         if t.gpu_required == 0:
             yield from fresh(self._cpu)
             return

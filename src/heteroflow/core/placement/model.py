@@ -11,11 +11,26 @@ across schedulers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 from heteroflow.core.engines.registry import is_cpu_build
+from heteroflow.core.errors import ValidationFailed
+from heteroflow.core.model_sources import is_source_url, parse_model_source
 
 DEFAULT_CPU_TASK_MEMORY_MB = 1024
+
+
+@functools.lru_cache(maxsize=4096)
+def source_text(model_path: str) -> str:
+    """The canonical text of a model source (``core.model_sources``), "" for a path or
+    text that does not parse (a create refuses it; an old row may hold it)."""
+    if not is_source_url(model_path):
+        return ""
+    try:
+        return parse_model_source(model_path).text
+    except ValidationFailed:
+        return ""
 CPU_TASK_MEMORY_SHARE = 0.9  # CPU tasks may book up to 90% of a node's memory
 
 
@@ -28,6 +43,21 @@ class Reservation:
 
     def of(self, total_mb: int) -> int:
         return self.fixed_mb + int(total_mb * self.ratio)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedCopy:
+    """A model revision in a node's cache, as its heartbeat reported it (issue 29):
+    ``source`` the canonical source text it was fetched for (``hf://org/name@main``),
+    ``pinned`` the same at its resolved revision (``hf://org/name@<commit>``; the source
+    itself when it has no revision), ``bytes`` on disk, or fetched so far while
+    ``complete`` is False (a download in progress)."""
+
+    source: str
+    pinned: str
+    revision: str
+    bytes: int
+    complete: bool
 
 
 @dataclass(slots=True)
@@ -106,6 +136,7 @@ class NodeView:
     memory_percent: float = 0.0
     inference_tasks: int = 0  # placed inference containers (sleeping ones count too)
     models: frozenset[str] = frozenset()  # paths and names of the models it holds
+    cached_models: tuple[CachedCopy, ...] = ()  # its model cache (issue 29: sources)
     engines: frozenset[str] = frozenset()  # engines its probe reports available
     labels: dict[str, str] = field(default_factory=dict)
     occupants: list[Occupant] = field(default_factory=list)
@@ -181,6 +212,11 @@ class TaskDemand:
     # A2: the host side of its volumes, each under the node's volume rule (as model_path)
     host_paths: tuple[str, ...] = ()
     preemptible: bool = True  # False: never a preemption's victim (B4)
+    # issue 29: the model's size in bytes when known (a create's resolve): what a node
+    # without a copy downloads before the start (``scoring.download_s``)
+    model_bytes: int = 0
+    # derived once: the canonical text of ``model_path`` when it names a source, else ""
+    model_source: str = field(init=False, repr=False, compare=False)
     # derived once (the pipeline reads them for every card it looks at)
     inference: bool = field(init=False, repr=False, compare=False)
     # Takes whole cards outside the percentage protocol (B6): TP replicas and all
@@ -191,6 +227,7 @@ class TaskDemand:
         inference = self.task_type == "inference"
         object.__setattr__(self, "inference", inference)
         object.__setattr__(self, "whole", self.gpu_required > 1 or not inference)
+        object.__setattr__(self, "model_source", source_text(self.model_path))
 
     @property
     def per_card_pct(self) -> int:

@@ -2,7 +2,8 @@
 
 Order: online → GPU type → sharing rules and VRAM (with the B3 reservation) → load
 threshold → inference container cap → commitment admission; among the nodes that pass,
-model locality, then engine availability, then the weighted scoring plugins. The
+model locality (a path the node reports or a source in its cache, then a download in
+progress), then engine availability, then the weighted scoring plugins. The
 caller gives the nodes in the order it wants them tried (``fleet.FleetIndex`` puts the
 likely winners first, then a ``None`` mark after which no node can win); the scan stops
 once ``Policy.sample`` nodes passed, or at the mark with a candidate in hand, so a
@@ -28,7 +29,7 @@ from heteroflow.core.placement.model import (
     book,
 )
 from heteroflow.core.placement.reasons import explain
-from heteroflow.core.placement.scoring import SCORERS, pick_cards, qos, spread
+from heteroflow.core.placement.scoring import SCORERS, locality, pick_cards, qos, spread
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,9 @@ class Policy:
     scorers: tuple[tuple[str, float], ...] = (("binpack", 1.0), ("topology", 1.0), ("rdma", 1.0))
     sample: int = 4  # stop scanning once this many nodes passed every filter
     preemption: bool = True
+    # issue 29: the nominal rate a node downloads a model at (MB/s): a start estimate
+    # (``scoring.download_s``), not a weight
+    download_mb_s: float = 100.0
 
     @property
     def packs(self) -> bool:
@@ -113,7 +117,7 @@ def place(
 ) -> Placement | Unplaced:
     """Choose a node (and cards) for one task, or say precisely why none fits."""
     counts: dict[str, int] = {}
-    best: tuple[tuple[int, int, float, int], Placement] | None = None
+    best: tuple[tuple[int, int, int, float, int], Placement] | None = None
     passed = seen = 0
     for node in nodes:
         if node is None:  # the index's mark: what follows cannot win
@@ -134,9 +138,9 @@ def place(
             score = spread(node, chosen, t)
         else:
             score = sum(w * SCORERS[name](node, chosen, t) for name, w in policy.scorers)
-        local = int(bool(t.model_path) and t.model_path in node.models)
+        held, fetched = locality(node, t)  # issue 29: a cached source counts as held
         engine = int(bool(t.engine) and t.engine in node.engines)
-        key = (local, engine, score, -passed)  # ties: the first found (the index's order)
+        key = (held, fetched, engine, score, -passed)  # ties: the first found (index order)
         if best is None or key > best[0]:
             best = (key, p)
         passed += 1

@@ -9,13 +9,22 @@ a node that holds the model wins, then one that reports the task's engine.
   opposite. CPU tasks always spread by memory (CPU inference contends for cores).
 - topology: for multi-card tasks, the share of chosen card pairs linked by NVLink.
 - rdma: a stage of a multi-node (pipeline) group prefers nodes labelled ``rdma``.
+
+Model locality (``locality``, issue 29 item 3) is the first preference: a node holds
+the task's model when it reports its path (the C10 scan) or, for a source
+(``hf://…``, ``modelscope://…``, ``https://…``), a complete copy in its cache; among
+the nodes that do not, one with a download of it in progress (more bytes fetched) comes
+first. The start-time difference is the download: ``download_s`` is the model's size
+(less what the node already fetched) over a nominal rate (``Policy.download_mb_s``, the
+``model_download_mb_s`` setting) — an estimate shown by the dry run, not weighed against
+the scorers: a download of minutes outweighs any packing preference.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from heteroflow.core.placement.model import CardView, NodeView, TaskDemand
+from heteroflow.core.placement.model import CachedCopy, CardView, NodeView, TaskDemand
 
 Scorer = Callable[[NodeView, list[CardView], TaskDemand], float]
 
@@ -66,6 +75,62 @@ SCORERS: dict[str, Scorer] = {
     "topology": topology,
     "rdma": rdma,
 }
+
+
+def copy_matches(c: CachedCopy, source: str, revision: str = "") -> bool:
+    """Whether a cached copy is the model of ``source`` (canonical text): fetched for it,
+    or pinned at the revision it names (``@<commit>``); with ``revision`` (what a create
+    resolved) only a copy at that revision. A round knows no revision (a task row keeps
+    the text as given), so any revision of the named source counts there."""
+    return bool(source) and source in (c.source, c.pinned) and (
+        not revision or c.revision == revision
+    )
+
+
+def locality(node: NodeView, t: TaskDemand) -> tuple[int, int]:
+    """(1 when the node holds the task's model, else 0; bytes of it a download in
+    progress there has fetched so far): the first part of the ranking key."""
+    if t.model_path and t.model_path in node.models:
+        return 1, 0
+    src = t.model_source
+    if not src or not node.cached_models:
+        return 0, 0
+    fetched = 0
+    for c in node.cached_models:
+        if copy_matches(c, src):
+            if c.complete:
+                return 1, 0
+            fetched = max(fetched, c.bytes)
+    return 0, fetched
+
+
+def download_s(node: NodeView, t: TaskDemand, rate_mb_s: float) -> float | None:
+    """Seconds of download before ``t`` could start on ``node`` at the nominal rate: 0
+    where it holds the model; None when the size is unknown (``t.model_bytes`` 0) or
+    the rate is not positive."""
+    held, fetched = locality(node, t)
+    if held:
+        return 0.0
+    if t.model_bytes <= 0 or rate_mb_s <= 0:
+        return None
+    return download_estimate_s(max(t.model_bytes - fetched, 0), rate_mb_s) or 0.0
+
+
+def download_estimate_s(size_bytes: int, rate_mb_s: float) -> float | None:
+    """``size_bytes`` over the nominal rate (MB/s, 10^6 bytes), in seconds rounded to
+    0.1; None when the size is unknown (0) or the rate is not positive."""
+    if size_bytes <= 0 or rate_mb_s <= 0:
+        return None
+    return round(size_bytes / (rate_mb_s * 1e6), 1)
+
+
+def cached_on(nodes: list[NodeView], source: str, revision: str = "") -> list[str]:
+    """The names of the nodes whose cache holds a complete copy of ``source`` (at
+    ``revision`` when given), in the order given."""
+    return [
+        n.name for n in nodes
+        if any(c.complete and copy_matches(c, source, revision) for c in n.cached_models)
+    ]
 
 
 def parse_scorers(spec: str) -> tuple[tuple[str, float], ...]:

@@ -37,6 +37,7 @@ from heteroflow.core.ports import ports_from_dicts
 from heteroflow.core.states import NOTE_TARGETS, RESTARTED_WITH_AGENT, TaskStatus
 from heteroflow.db.tables import Event, Node, Task, TaskGroup
 from heteroflow.schemas.nodes import (
+    CachedModelWire,
     GpuCardWire,
     Heartbeat,
     HeartbeatReply,
@@ -124,7 +125,9 @@ def reported_columns(hb: Heartbeat) -> dict[str, Any]:
         "cpu_percent": inv.cpu_percent,
         "memory_percent": inv.memory_percent,
         "labels": dict(hb.labels),
-        "models": [m.model_dump() for m in hb.models],
+        # issue 29: the cache's models beside the scan's, marked by "source" (the path a
+        # console deploy fills in is the source: services/placement/fleet.py reads them)
+        "models": [m.model_dump() for m in hb.models] + [cached_entry(c) for c in hb.model_cache],
         "engines": dict(hb.engines),
         # C4 volume rules: create refuses an absolute model_path no node the caller may use
         # allows
@@ -132,6 +135,15 @@ def reported_columns(hb: Heartbeat) -> dict[str, Any]:
         "denied_volume_prefixes": list(hb.denied_volume_prefixes),
         "host_ports_in_use": sorted(set(hb.host_ports_in_use)),  # the pool skips them (P2)
     }
+
+
+def cached_entry(c: CachedModelWire) -> dict[str, Any]:
+    """A cache entry as the ``models`` column keeps it: the scan's shape (name, path,
+    format, size) so a model list shows it, and ``source``, ``revision``, ``key``,
+    ``state`` for placement (``services.placement.fleet``)."""
+    return {"name": c.source, "path": c.source, "format": "cache", "size_bytes": c.size_bytes,
+            "files": [], "mtime": 0.0, "source": c.source, "revision": c.revision,
+            "key": c.key, "state": c.state}
 
 
 def changed_columns(
