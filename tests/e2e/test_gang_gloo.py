@@ -65,6 +65,7 @@ def assignment(rank: int, ports: tuple[PortMapping, ...], gang: dict[str, object
 
 @pytest.mark.feature("G1")
 @pytest.mark.feature("C1")
+@pytest.mark.feature("G3")
 def test_two_stages_all_reduce_from_the_platforms_environment(tmp_path: Path) -> None:
     python = vllm_python()
     booked = iter(free_ports(3))  # the pool's choice on this one node

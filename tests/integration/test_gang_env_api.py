@@ -63,6 +63,7 @@ def gang(**task: Any) -> dict[str, Any]:
 
 @pytest.mark.feature("G1")
 @pytest.mark.feature("C1")
+@pytest.mark.feature("G3")
 def test_a_two_stage_gang_gets_its_rank_world_and_master(api: Api, tmp_path: Path) -> None:
     admin = api.login()
     ids = {name: node(api, name) for name in ADDRESSES}

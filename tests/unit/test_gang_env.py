@@ -148,6 +148,7 @@ def placed_gangs(draw: st.DrawFn) -> tuple[GroupPlan, list[NodeView], list[Outco
 
 @pytest.mark.feature("G1")
 @pytest.mark.feature("C1")
+@pytest.mark.feature("G3")
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -215,6 +216,7 @@ def test_rank_0_books_the_rendezvous_and_the_others_do_not() -> None:
 
 
 @pytest.mark.feature("C1")
+@pytest.mark.feature("G3")
 def test_gang_places_name_rank_0s_node_and_port() -> None:
     stages = [
         Stage(1, "10.0.0.2", (PortMapping(8000, 21000, True),)),
@@ -232,6 +234,7 @@ def test_a_gang_that_is_not_whole_has_no_places(ranks: list[int]) -> None:
 
 
 @pytest.mark.feature("C1")
+@pytest.mark.feature("G3")
 def test_the_env_names_are_the_launchers_and_the_agents_own() -> None:
     env = gang_env(GangPlace(2, 4, "10.0.0.1", 21001), (3, 5), (PortMapping(8000, 21007),))
     assert env == {
