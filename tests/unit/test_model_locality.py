@@ -12,13 +12,15 @@ from heteroflow.core.placement import (
     FleetIndex,
     NodeView,
     Placement,
+    Policy,
     Reservation,
     TaskDemand,
     place,
 )
 from heteroflow.core.placement.model import CachedCopy
 from heteroflow.core.placement.scoring import cached_on, download_s, locality
-from heteroflow.services.placement.fleet import cached_copies
+from heteroflow.services.placement.fleet import Fleet, cached_copies
+from heteroflow.services.placement.placer import Intent, Placer
 
 pytestmark = pytest.mark.feature("H9")
 
@@ -132,3 +134,15 @@ def test_the_fleet_reads_the_cache_entries_a_heartbeat_stored() -> None:
         CachedCopy(SRC, f"hf://org/tiny@{COMMIT}", COMMIT, 7, True),
         CachedCopy("https://host/y.gguf", "https://host/y.gguf", "", 3, False),
     )
+
+
+def test_a_task_naming_no_engine_finds_a_holder_beyond_the_sample() -> None:
+    """The engine chain's candidates come in fleet order; the holders go first, so a
+    holder at the end of a large fleet is not missed when ``place`` stops sampling."""
+    fleet = Fleet({n.id: n for n in [node(f"n{i}") for i in range(8)]
+                   + [node("z-holder", copy())]}, {}, 20.0)
+    placer = Placer(fleet, RES, POOL, Policy())
+    d = demand()
+    assert d.engine == ""
+    o = placer.decide(d, Intent(image="vllm/vllm-openai:v0.11.2", named=False))
+    assert o.placement is not None and o.placement.node_id == "z-holder", o.reason

@@ -113,6 +113,14 @@ class FleetIndex:
                 self._gpu_nodes.append(n)
             self._file(n)
 
+    def holders(self, t: TaskDemand) -> list[NodeView]:
+        """The nodes that hold the task's model: its path, or its source in their cache."""
+        found = list(self._models.get(t.model_path, ())) if t.model_path else []
+        if t.model_source:
+            ids = {n.id for n in found}
+            found += [n for n in self._models.get(t.model_source, ()) if n.id not in ids]
+        return found
+
     def _file(self, n: NodeView) -> None:
         capped = n.inference_tasks >= self.cap
         if capped:

@@ -115,7 +115,8 @@ class Placer:
             if not candidates:
                 self.failed.record(d, Unplaced(why), 1001, extra)
                 return Outcome(None, reason=why)
-            r = place(d, candidates, self.res, self.pool, self.policy)
+            r = place(d, self._holders_first(d, candidates, choices), self.res, self.pool,
+                      self.policy)
         else:
             r = place(d, self.index.order(d), self.res, self.pool, self.policy)
         if isinstance(r, Placement):
@@ -124,6 +125,19 @@ class Placer:
         # a found preemption books nothing yet: the next such task may preempt too
         self.failed.record(d, r, -1 if preempting else d.priority, extra)
         return Outcome(None, reason=preempting or r.reason, preemption=plan)
+
+    def _holders_first(
+        self, d: TaskDemand, candidates: list[NodeView], choices: dict[str, EngineChoice]
+    ) -> list[NodeView]:
+        """The engine chain's candidates (fleet order) with the nodes that hold the task's
+        model first, as the index walks them for a task that names its engine: ``place``
+        stops after ``Policy.sample`` nodes passed, and a holder further on must not be
+        missed for it (issue 29)."""
+        first = [n for n in self.index.holders(d) if n.id in choices]
+        if not first:
+            return candidates
+        ids = {n.id for n in first}
+        return first + [n for n in candidates if n.id not in ids]
 
     def book(self, d: TaskDemand, p: Placement) -> NodeView:
         node = self.views[p.node_id]
