@@ -15,6 +15,7 @@ import pytest
 
 from heteroflow.agent.client import ServerClient
 from heteroflow.agent.file_requests import process_roots, serve_file_requests
+from heteroflow.models.tiny_gguf import write_tiny_gguf
 
 from .conftest import NODE_TOKEN, Api, service_body
 
@@ -35,7 +36,7 @@ def placed_task(api: Api, admin: dict[str, str], model: Path, node_id: str) -> s
 def models(tmp_path: Path) -> Path:
     d = tmp_path / "models"
     d.mkdir()
-    (d / "tiny.gguf").write_bytes(os.urandom(2500))
+    write_tiny_gguf(d / "tiny.gguf")  # a real GGUF: create refuses one no engine loads
     (d / "sub").mkdir()
     (d / "README.md").write_text("hello")
     return d
@@ -89,14 +90,15 @@ async def test_list_and_download_through_the_agent(api: Api, models: Path) -> No
     assert got["status"] == "done" and got["error"] == ""
     entries = {e["name"]: e for e in got["entries"]}
     assert set(entries) == {"tiny.gguf", "sub", "README.md"}
-    assert entries["tiny.gguf"]["size"] == 2500 and not entries["tiny.gguf"]["is_dir"]
+    size = (models / "tiny.gguf").stat().st_size
+    assert entries["tiny.gguf"]["size"] == size and not entries["tiny.gguf"]["is_dir"]
     assert entries["sub"]["is_dir"] and entries["README.md"]["mtime"] > 0
     got = api.client.get(f"/api/v1/file-requests/{download['id']}", headers=admin).json()
-    assert got["status"] == "done" and got["size_bytes"] == 2500
+    assert got["status"] == "done" and got["size_bytes"] == size
     r = api.client.get(f"/api/v1/file-requests/{download['id']}/content", headers=admin)
     assert r.status_code == 200
     assert r.content == (models / "tiny.gguf").read_bytes()
-    assert r.headers["content-length"] == "2500"
+    assert r.headers["content-length"] == str(size)
     assert "tiny.gguf" in r.headers["content-disposition"]
     r = api.client.get(f"/api/v1/file-requests/{listing.json()['id']}/content", headers=admin)
     assert r.status_code == 409

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from heteroflow.agent.health_probe import probe
 from heteroflow.agent.loading import Loading
@@ -94,10 +95,14 @@ class Watching(Loading):
         elif code == 0 and loc.task.task_type != "inference":
             await self._report(task_id, "completed", "exited with code 0")
         else:
+            said = last_words(tail)
             await self._report(
                 task_id,
                 "failed",
-                f"engine exited with code {code}; last output:\n{tail}",
+                # issue 33: its last words on the first line, which is what lists and the
+                # console's header show; the tail below it
+                f"engine exited with code {code}{f': {said}' if said else ''}; "
+                f"last output:\n{tail}",
                 list(loc.argv),
                 # a negative code is a signal: killed behind the agent's back
                 fault="engine_exited" if code >= 0 else "container_lost",
@@ -126,4 +131,27 @@ class Watching(Loading):
                 log.exception("watch round failed")
             if await interruptible_sleep(stop, self.settings.watch_interval_s):
                 return
+
+
+_TIMESTAMP = re.compile(r"^[\d.:T\-]+\s+(?:[EWIDF]\s+)?(?:\S+\s+)?")
+_ERROR = re.compile(
+    r"error|exception|fatal|failed|traceback|refused|denied|not found|out of memory|abort",
+    re.IGNORECASE,
+)
+
+
+def last_words(tail: str, limit: int = 300) -> str:
+    """The line of an engine's last output that says why it stopped: a launcher's own
+    ``error:`` summary, else the last line that reads like an error, else the last
+    non-empty one; without its log prefix, shortened."""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    own = [ln for ln in lines if ln.lower().startswith("error:")]  # a launcher's summary
+    if own:
+        text = own[-1]
+    else:
+        pick = next((ln for ln in reversed(lines) if _ERROR.search(ln)), lines[-1])
+        text = _TIMESTAMP.sub("", pick, count=1) or pick
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 

@@ -22,6 +22,7 @@ import json
 import logging
 import mmap
 import re
+import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,25 @@ def read_gguf_meta(path: Path) -> dict[str, Any]:
         except struct.error as exc:
             raise ValueError(f"{path}: truncated GGUF header ({exc})") from exc
     return meta
+
+
+def gguf_problem(path: Path) -> str | None:
+    """Why the GGUF file at ``path`` cannot be loaded, as far as its header tells (empty,
+    not GGUF, truncated); None when it reads, or when there is no regular file here to
+    read (a path only the nodes have)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    if st.st_size == 0:
+        return f"{path} is empty (0 bytes): not a GGUF model"
+    try:
+        read_gguf_meta(path)
+    except (ValueError, OSError) as exc:
+        return f"{path} is not a loadable GGUF model: {exc}"
+    return None
 
 
 def gguf_shards(path: Path) -> list[Path]:
