@@ -253,7 +253,9 @@ def test_wire_values_are_unchanged() -> None:
     with pytest.raises(ValueError, match="Input should be 'done' or 'failed'"):
         FileRequestDone.model_validate({"status": "running"})
     with pytest.raises(ValueError, match="Input should be 'running', 'failed', 'stopped'"):
-        TaskReport.model_validate({"status": "sleeping"})  # only the server puts one to sleep
+        TaskReport.model_validate({"status": "stopping"})  # only the server stops one
+    with pytest.raises(ValueError, match="note 'asleep' goes with status 'sleeping'"):
+        TaskReport.model_validate({"status": "sleeping"})  # a note on one, never a move
     assert [k.value for k in EventKind if k.value.startswith("fault.node")] == [
         "fault.node_lost",
         "fault.node_back",
