@@ -17,6 +17,7 @@ from datetime import datetime
 
 from heteroflow.controllers.base import FencedController, Round
 from heteroflow.core.recovery import RecoveryPolicy
+from heteroflow.services.lifecycle.gangs import recover_gangs
 from heteroflow.services.lifecycle.recovery import RecoveryResult, recover
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class Recovery(FencedController[RecoveryResult]):
                 migrate_after_s=self.migrate_after_s,
                 calm_since=max(calm) if calm else None,
             )
+            recover_gangs(s, r.clock, self.policy, result)  # issue 32: gangs as one
         if result.held:
             self._disrupted_at = now
         if result.held != self._held:

@@ -54,6 +54,9 @@ class EventKind(WireEnum):
     # training / container task stopped by its run timeout (A10)
     REBUILT = "fault.rebuilt"
     REBUILD_GAVE_UP = "fault.rebuild_gave_up"
+    # issue 32 (G3): a gang whose stage failed with its own result (a training stage's
+    # exit): its other stages stopped with it, nothing rebuilt (services/lifecycle/gangs.py)
+    GANG_STOPPED = "fault.gang_stopped"
     EVACUATED = "fault.evacuated"
     # a lost node's work kept where it is: too many nodes lost at once (a control-plane
     # fault, core.recovery.evacuation_paused); once per group and loss

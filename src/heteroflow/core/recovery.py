@@ -12,7 +12,8 @@ container removed or killed from outside): its own failure — a non-zero exit, 
 failing health check, its run timeout — is its result, and running it again would
 repeat the work (or the bug) up to five times. Pipeline groups (training / container
 stages placed as one gang) are never rebuilt rank by rank: one stage alone cannot
-rejoin the others; a gang restart is not built. A completed task is never rebuilt.
+rejoin the others; the gang is rebuilt as one by ``services/lifecycle/gangs.py``, which
+judges its failed stage by these same rules. A completed task is never rebuilt.
 
 **The counter (E1).** The original task of a rank has ``rebuild_count`` 0; each
 rebuild in a row adds one; the task that replaces one that had run stably (from
