@@ -28,14 +28,20 @@ Policy, applied to the targets of one ``(tenant, model)`` route:
      first, in a bounded, expiring view of which backend served which key on this route
      (``prefix.PrefixView``); the longest key with a holder that has room wins (the
      holder with fewest in flight). *Room* is consistent hashing with bounded loads: a
-     backend may take the request while its in-flight count stays within
-     ``ceil((1 + ε) · (in flight on the route's usable backends + 1) / n)``, ε =
-     ``prefix_load_factor`` (0.25), so a hot prefix spreads once its holder is above the
-     mean instead of piling onto it. A request no view entry matches goes by rendezvous
-     hashing of its first block's key over the base URLs (the first in rank with room),
-     so several gateways place a new prefix alike without sharing state; a body with no
-     full block (or none at all: a failover) goes by ``least_connections``. Every key of
-     the request is then recorded for the chosen backend.
+     backend may take the request while its in-flight count stays below
+     ``max(ceil((1 + ε) · (in flight on the route's usable backends + 1) / n),
+     least in flight + slack)``, ε = ``prefix_load_factor`` (0.25), slack =
+     ``prefix_slack`` (2), so a hot prefix spreads once its holder is above the mean
+     instead of piling onto it. The additive slack is for small counts, where
+     ``(1 + ε) · mean`` alone spills a prefix as soon as its holder has one request more
+     than the others, and a spill costs a whole prefill on a replica holding none of it
+     (about 10x a hit in ``bench/prefix_routing.py``) and evicts what that replica held;
+     SGLang's cache-aware router has the same kind of absolute threshold. A request no
+     view entry matches goes by rendezvous hashing of its first block's key over the base
+     URLs (the first in rank with room), so several gateways place a new prefix alike
+     without sharing state; a body with no full block (or none at all: a failover) goes
+     by ``least_connections``. Every key of the request is then recorded for the chosen
+     backend.
 
 Usable backends. A *draining* backend (M11) is never chosen: in-flight requests finish,
 new ones go elsewhere, and a route whose backends all drain answers 503. The other
@@ -93,6 +99,7 @@ LEAST_CONNECTIONS = "least_connections"
 ENGINE_AWARE = "engine_aware"
 PREFIX_AFFINITY = "prefix_affinity"
 DEFAULT_PREFIX_LOAD_FACTOR = 0.25
+DEFAULT_PREFIX_SLACK = 2
 _MASK64 = (1 << 64) - 1
 _LEAST = frozenset({LEAST_CONNECTIONS, ENGINE_AWARE})
 
@@ -124,6 +131,7 @@ class Balancer:
         "_max_temp_c",
         "_prefix",
         "_prefix_load_factor",
+        "_prefix_slack",
         "_rng",
         "_rr",
         "_smooth",
@@ -142,6 +150,7 @@ class Balancer:
         prefix_entries: int = DEFAULT_MAX_ENTRIES,
         prefix_ttl_s: float = DEFAULT_TTL_S,
         prefix_load_factor: float = DEFAULT_PREFIX_LOAD_FACTOR,
+        prefix_slack: int = DEFAULT_PREFIX_SLACK,
     ) -> None:
         self._health = health if health is not None else PassiveHealth()
         self._smooth: dict[str, int] = {}  # route_id -> current smooth-WRR weight
@@ -156,6 +165,7 @@ class Balancer:
         # prefix_affinity: which backend served which prompt prefix (bounded, expiring)
         self._prefix = PrefixView(clock, max_entries=prefix_entries, ttl_s=prefix_ttl_s)
         self._prefix_load_factor = prefix_load_factor
+        self._prefix_slack = max(1, prefix_slack)
 
     @property
     def health(self) -> PassiveHealth:
@@ -296,9 +306,11 @@ class Balancer:
         inflight = self._inflight
         loads = [inflight.get(b.base_url, 0) for b in backends]
         # Bounded loads: the load a backend may reach by taking this request. The least
-        # loaded backend always has room (its load is at most the mean), so some backend
-        # is always chosen below.
-        bound = math.ceil((1.0 + self._prefix_load_factor) * (sum(loads) + 1) / len(backends))
+        # loaded backend always has room (slack ≥ 1), so some backend is chosen below.
+        bound = max(
+            math.ceil((1.0 + self._prefix_load_factor) * (sum(loads) + 1) / len(backends)),
+            min(loads) + self._prefix_slack,
+        )
         index = {b.base_url: i for i, b in enumerate(backends)}
         holders = self._prefix.holders
         for key in reversed(keys):  # the longest prefix first
