@@ -136,6 +136,11 @@ def test_shared_memory_by_shape() -> None:
     # a private IPC namespace with a 16 GB /dev/shm: never the host's (issue 10)
     assert shared_memory("tensor_parallel", 2) == (None, "16g", None)
     assert shared_memory("pipeline", 1) == (None, "16g", "host")
+    # vLLM's engine core and worker share a 160 MiB ring: more than Docker's 64 MB
+    for engine in ("vllm", "vllm-mtt"):
+        assert shared_memory("single", 1, engine) == (None, "16g", None)
+        assert shared_memory("split", 0, engine) == (None, "16g", None)
+    assert shared_memory("single", 1, "llamacpp") == (None, None, None)
 
 
 # --- environment rules (C3 extended, issue 10) --------------------------------------------

@@ -350,18 +350,24 @@ def model_mount(model_path: str, engine: str) -> tuple[Mount | None, str]:
     return Mount(path, path), path
 
 
-def shared_memory(parallelism: str, gpus: int) -> tuple[str | None, str | None, str | None]:
+def shared_memory(
+    parallelism: str, gpus: int, engine: str = ""
+) -> tuple[str | None, str | None, str | None]:
     """(ipc_mode, shm_size, network_mode) — C5, confined.
 
     Docker's default 64 MB /dev/shm deadlocks multi-process GPU executors (seen on A10
     x2 with TP=2): a multi-GPU container gets a 16 GB /dev/shm in its OWN IPC namespace
     — every process of the engine is in the one container, so that is all NCCL needs,
     and the host's IPC namespace (other tenants' shared memory) stays out of reach. The
-    spec's ``--ipc=host`` is deliberately not used. Pipeline stages need the host
-    network for their rendezvous across nodes; only operators may create them.
+    spec's ``--ipc=host`` is deliberately not used. A vLLM-family engine gets it with one
+    card or none too: its engine core talks to its worker process through a shared-memory
+    ring of 160 MiB and refuses to start in 64 MB ("Insufficient space in /dev/shm",
+    found running vLLM's CPU build in a container, tests/docker/test_vllm_docker.py); the
+    size is a tmpfs limit, not memory taken. Pipeline stages need the host network for
+    their rendezvous across nodes; only operators may create them.
     """
     if parallelism == "pipeline":
         return None, SHM_SIZE, "host"
-    if gpus > 1:
+    if gpus > 1 or engine in VLLM_FAMILY:
         return None, SHM_SIZE, None
     return None, None, None

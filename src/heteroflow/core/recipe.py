@@ -197,7 +197,7 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
             source = posixpath.join(work_dir_config, task.id, target.lstrip("/"))
             files.append(ConfigFile(source, target, content))
             mounts.append(Mount(source, target))
-    ipc, shm, network = shared_memory(task.parallelism, task.gpu_required)
+    ipc, shm, network = shared_memory(task.parallelism, task.gpu_required, task.engine)
     behind = door_port(
         task.task_type, task.parallelism, task.ports[0].host_port if task.ports else 0
     )
