@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import errno
 import gc
+import os
 import signal
 import socket
 from collections.abc import Iterator
@@ -30,8 +31,17 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-def http_server(app: Any, *, lifespan: Literal["on", "off"] = "on") -> _Uvicorn:
-    """uvicorn as every HeteroFlow process runs it.
+def http_server(
+    app: Any,
+    *,
+    lifespan: Literal["on", "off"] = "on",
+    headers: list[tuple[str, str]] | None = None,
+    accept_batch: int = 2048,
+) -> _Uvicorn:
+    """uvicorn as every HeteroFlow process runs it (``headers``: added to every answer
+    by uvicorn itself, e.g. a gateway worker's pid; ``accept_batch``: the most
+    connections the event loop accepts per wake-up — asyncio takes the server's listen
+    backlog, so the listener must be a ``SharedListener`` for anything but the default).
 
     The stock asyncio loop (uvloop starved accept() under connection bursts in the
     gateway bench), httptools, no access log (the hot path must not log per request),
@@ -49,6 +59,8 @@ def http_server(app: Any, *, lifespan: Literal["on", "off"] = "on") -> _Uvicorn:
             log_level="warning",
             access_log=False,
             timeout_keep_alive=75,
+            headers=headers,
+            backlog=accept_batch,
         )
     )
 
@@ -85,6 +97,22 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+class SharedListener(socket.socket):
+    """A listening socket one of several processes accepts from (a pre-forked gateway
+    worker's copy): ``listen()`` is the parent's, once, so asyncio's call is ignored —
+    it would set the shared queue's length to the accept batch."""
+
+    def listen(self, backlog: int = 0, /) -> None:
+        return None
+
+
+def shared_listener(sock: socket.socket) -> SharedListener:
+    """This process's own descriptor of ``sock``, as a ``SharedListener``."""
+    dup = SharedListener(sock.family, sock.type, sock.proto, fileno=os.dup(sock.fileno()))
+    dup.setblocking(False)
+    return dup
 
 
 def settle_heap() -> None:

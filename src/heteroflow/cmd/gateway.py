@@ -1,6 +1,14 @@
 """``heteroflow gateway``: a separate gateway's process root — a server's routes (polled
 over HTTP) or, standalone, routes from a file.
 
+``--workers N`` (issue 31): N such gateways forked by a supervising parent that binds
+the port once (``gateway.workers``: pre-fork, restarts, SIGTERM, SIGHUP) and shares one
+table of requests in flight per backend between them (``routing.inflight``). N > 1
+needs Redis (``HETEROFLOW_REDIS_URL``): rate limits, quotas and idempotency keys are
+exact across processes only there, and a gateway that silently let each worker keep
+its own would let a key through N times its limit. Without Redis the default is one
+worker, the process of before.
+
 Like the agent, it never loads the server, the database, the services, the API,
 SQLAlchemy or FastAPI (`.importlinter`, tests/integration/test_process_roots.py).
 """
@@ -11,6 +19,7 @@ import argparse
 import asyncio
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -24,11 +33,19 @@ from heteroflow.gateway.policy.usage import (
     UsageCollector,
     UsageSink,
 )
+from heteroflow.gateway.routing.inflight import InFlight, SharedInFlight
 from heteroflow.gateway.routing.poller import SnapshotPoller
 from heteroflow.gateway.routing.routes_file import RoutesFileError, RoutesFileWatcher
+from heteroflow.gateway.workers import Supervisor, default_workers, say_ready
 from heteroflow.logs import register_secrets
-from heteroflow.schemas.routing import SnapshotHolder
-from heteroflow.serving import bind, http_server, install_stop_signals, settle_heap
+from heteroflow.schemas.routing import EMPTY_SNAPSHOT, SnapshotHolder
+from heteroflow.serving import (
+    bind,
+    http_server,
+    install_stop_signals,
+    settle_heap,
+    shared_listener,
+)
 from heteroflow.settings import ServerSettings
 
 Source = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
@@ -48,7 +65,71 @@ def run(a: argparse.Namespace) -> int:
             print("a gateway token is needed: --token or HETEROFLOW_GATEWAY_TOKEN", file=sys.stderr)
             return 2
         register_secrets(token)  # issue 18 (P3): never in a log line
-    return asyncio.run(_run_gateway(a, token))
+    redis = bool(ServerSettings().redis_url)
+    workers: int | None = getattr(a, "workers", None)
+    if workers is None:
+        workers = default_workers() if redis else 1
+    elif workers > 1 and not redis:
+        print(
+            f"--workers {workers} needs HETEROFLOW_REDIS_URL: rate limits, quotas and "
+            "idempotency keys are exact across workers only through Redis (else --workers 1)",
+            file=sys.stderr,
+        )
+        return 2
+    if workers == 1:
+        return asyncio.run(_run_gateway(a, token))
+    return _run_workers(a, token, workers)
+
+
+WORKER_HEADER = "x-heteroflow-worker"  # on every answer of a worker: its pid
+# A stopping worker stops accepting this long before uvicorn's shutdown, which closes
+# every connection without a request under way: one accepted a moment before, its
+# request not read yet, would be closed unanswered (measured in a SIGHUP under load).
+# Other workers take what is queued on the shared socket meanwhile.
+STOP_ACCEPT_GRACE_S = 0.5
+# asyncio accepts up to this many connections per wake-up of a worker (its default: the
+# listen backlog, 2,048). A burst of new connections then spreads over the workers
+# instead of landing on the first one awake (bench/gateway_workers.py, 32 new keep-alive
+# connections at once: 100/0 over 2 workers with the default, 50/50 with 1); the other
+# workers are woken for each connection anyway.
+ACCEPT_BATCH = 1
+
+
+def _run_workers(a: argparse.Namespace, token: str, workers: int) -> int:
+    """The parent of ``workers`` gateway processes (``gateway.workers.Supervisor``)."""
+
+    def check() -> str | None:
+        return _routes_problem(a.routes) if a.routes else None
+
+    problem = check()
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
+    sock = bind(a.host, a.port)
+    table = SharedInFlight(2 * workers)  # a column per worker, old and new during a restart
+
+    def child(column: int, ready_fd: int) -> int:
+        inflight = table.for_worker(column)
+        return asyncio.run(_run_gateway(a, token, sock=sock, inflight=inflight, ready_fd=ready_fd))
+
+    def ready() -> None:
+        url = f"http://{a.host}:{sock.getsockname()[1]}"
+        print(f"HeteroFlow gateway listening on {url} ({workers} workers)", flush=True)
+
+    supervisor = Supervisor(workers, child, on_dead=table.clear, check=check, on_stop=sock.close)
+    try:
+        return supervisor.run(on_ready=ready)
+    finally:
+        sock.close()
+
+
+def _routes_problem(path: str) -> str | None:
+    """Why the routing file does not load (None: it does)."""
+    try:
+        RoutesFileWatcher(Path(path), SnapshotHolder()).load()
+    except RoutesFileError as exc:
+        return str(exc)
+    return None
 
 
 def _routes_source(
@@ -72,7 +153,16 @@ def _routes_source(
     return watcher.run, (JsonLinesUsageSink(Path(a.usage_log)) if a.usage_log else None)
 
 
-async def _run_gateway(a: argparse.Namespace, token: str) -> int:
+async def _run_gateway(
+    a: argparse.Namespace,
+    token: str,
+    *,
+    sock: socket.socket | None = None,
+    inflight: InFlight | None = None,
+    ready_fd: int | None = None,
+) -> int:
+    """One gateway process: the whole gateway, or (``ready_fd`` given) one of the
+    workers, serving ``sock`` (bound by the parent) with the shared ``inflight``."""
     settings = ServerSettings()
     holder = SnapshotHolder()
     found = _routes_source(a, token, settings, holder)
@@ -91,22 +181,55 @@ async def _run_gateway(a: argparse.Namespace, token: str) -> int:
     )
     # every gateway setting, as in the all-in-one (HETEROFLOW_REDIS_URL: limits and
     # idempotency keys shared with other gateways, M8, M9)
-    app = GatewayApp.from_settings(settings, holder, usage=usage)
-    sock = bind(a.host, a.port)
+    app = GatewayApp.from_settings(settings, holder, usage=usage, inflight=inflight)
+    if sock is None:
+        sock = bind(a.host, a.port)
     stop = asyncio.Event()
     install_stop_signals(stop)
-    server = http_server(app, lifespan="off")
+    if ready_fd is None:
+        server = http_server(app, lifespan="off")
+    else:  # a worker: its own descriptor of the shared socket, a few accepts per wake-up
+        sock = shared_listener(sock)
+        headers = [(WORKER_HEADER, str(os.getpid()))]
+        server = http_server(app, lifespan="off", headers=headers, accept_batch=ACCEPT_BATCH)
     app.start()  # probes and scrapes follow the snapshot from now on
     background = [asyncio.create_task(source(stop))]
     if usage is not None:
         background.append(asyncio.create_task(usage.run(stop)))
     settle_heap()  # start-up is done: no GC pass walks its objects again
     serving = asyncio.create_task(server.serve(sockets=[sock]))
-    print(f"HeteroFlow gateway listening on http://{a.host}:{sock.getsockname()[1]}", flush=True)
+    if ready_fd is None:
+        url = f"http://{a.host}:{sock.getsockname()[1]}"
+        print(f"HeteroFlow gateway listening on {url}", flush=True)
+    else:
+        wait_s = 2 * settings.gateway_poll_interval_s + 5.0
+        background.append(asyncio.create_task(_say_ready(server, holder, ready_fd, wait_s)))
     await stop.wait()
+    if ready_fd is not None:
+        await _stop_accepting(server)
     server.should_exit = True
     await asyncio.gather(serving, *background, return_exceptions=True)
     if usage is not None:
         await usage.close()  # after the last request ended: nothing counted is lost
     await app.aclose()
     return 0
+
+
+async def _say_ready(server: Any, holder: SnapshotHolder, ready_fd: int, wait_s: float) -> None:
+    """A worker is ready once it serves and has routes (a server's first snapshot; a
+    routing file's are loaded before serving) — or after ``wait_s`` without them: a
+    restart stops the old workers only then (``gateway.workers``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while not server.started or holder.current is EMPTY_SNAPSHOT:
+        if loop.time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    say_ready(ready_fd)
+
+
+async def _stop_accepting(server: Any) -> None:
+    """A worker's graceful stop, first step (see ``STOP_ACCEPT_GRACE_S``)."""
+    for listener in getattr(server, "servers", ()):
+        listener.close()
+    await asyncio.sleep(STOP_ACCEPT_GRACE_S)

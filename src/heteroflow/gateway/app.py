@@ -52,6 +52,7 @@ from heteroflow.gateway.routing.hold import (
     RoutableHold,
     ServerLink,
 )
+from heteroflow.gateway.routing.inflight import InFlight, LocalInFlight
 from heteroflow.gateway.routing.model_list import MODELS_PREFIX, list_models
 from heteroflow.gateway.routing.probes import (
     DEFAULT_LOAD_SCRAPE_INTERVAL_S,
@@ -107,6 +108,7 @@ class GatewayApp:
         wake_poll_s: float = DEFAULT_POLL_S,
         load_scrape_interval_s: float = DEFAULT_LOAD_SCRAPE_INTERVAL_S,
         cors_origins: Sequence[str] = (),
+        inflight: InFlight | None = None,
     ) -> None:
         self._holder = holder
         # issue 15: x-request-id, CORS (off without origins) on every /v1 answer
@@ -142,8 +144,14 @@ class GatewayApp:
         )
         self._health = PassiveHealth(eject_cooldown_s)
         loads: dict[str, EngineLoad] = {}  # engine_aware: written by the monitor
+        # issue 31: shared by the workers of ``heteroflow gateway --workers N``
+        self._inflight: InFlight = LocalInFlight() if inflight is None else inflight
         self._balancer = Balancer(
-            self._health, max_sessions=max_sessions, max_temp_c=max_card_temp_c, loads=loads
+            self._health,
+            max_sessions=max_sessions,
+            max_temp_c=max_card_temp_c,
+            loads=loads,
+            inflight=self._inflight,
         )
         # M5 active probes and M2 engine metrics; they follow the snapshot themselves
         # (never the request path) and start with the app (``start``)
@@ -190,6 +198,7 @@ class GatewayApp:
         usage: UsageCollector | None = None,
         clock: Clock | None = None,
         link: ServerLink | None = None,
+        inflight: InFlight | None = None,
     ) -> GatewayApp:
         """The gateway as every process builds it (``up``, ``server`` and a separate
         ``heteroflow gateway``): every gateway setting in one place.
@@ -220,6 +229,7 @@ class GatewayApp:
             wake_poll_s=settings.gateway_wake_poll_s,
             load_scrape_interval_s=settings.gateway_load_scrape_interval_s,
             cors_origins=settings.gateway_cors_origins,
+            inflight=inflight,
         )
 
     def start(self) -> None:
@@ -336,7 +346,8 @@ class GatewayApp:
                             task_id=b.task_id,
                             group_id=b.group_id,
                             draining=b.draining,
-                            in_flight=self._balancer.in_flight(b),
+                            # this worker's own: the server sums the gateways' reports
+                            in_flight=self._inflight.own(b.base_url),
                             tokens_per_s=rates.get(b.task_id, 0.0),
                             waiting=None if engine is None else engine.waiting,
                             kv_use=None if engine is None else engine.kv_use,

@@ -120,4 +120,11 @@ def _gateway(sub: Subparsers) -> None:
     )
     gw.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
     gw.add_argument("--port", type=port, default=3333, help="listen port (default: 3333)")
+    gw.add_argument(
+        "--workers",
+        type=count(1, 256),
+        default=None,
+        help="processes sharing the port (default: the cores it may use with "
+        "$HETEROFLOW_REDIS_URL, else 1: limits are exact across workers through Redis)",
+    )
     gw.set_defaults(root="heteroflow.cmd.gateway")

@@ -79,6 +79,7 @@ from typing import Any, NamedTuple
 
 from heteroflow.gateway.backend.engine_metrics import EngineLoad, engine_score
 from heteroflow.gateway.routing.health import PassiveHealth
+from heteroflow.gateway.routing.inflight import InFlight, LocalInFlight
 from heteroflow.gateway.routing.prefix import (
     DEFAULT_MAX_ENTRIES,
     DEFAULT_TTL_S,
@@ -147,6 +148,7 @@ class Balancer:
         max_temp_c: float | None = DEFAULT_MAX_TEMP_C,
         loads: Mapping[str, EngineLoad] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        inflight: InFlight | None = None,
         prefix_entries: int = DEFAULT_MAX_ENTRIES,
         prefix_ttl_s: float = DEFAULT_TTL_S,
         prefix_load_factor: float = DEFAULT_PREFIX_LOAD_FACTOR,
@@ -155,7 +157,8 @@ class Balancer:
         self._health = health if health is not None else PassiveHealth()
         self._smooth: dict[str, int] = {}  # route_id -> current smooth-WRR weight
         self._rr: dict[str, int] = {}  # route_id -> next backend index
-        self._inflight: dict[str, int] = {}  # base_url -> requests in flight (> 0 only)
+        # base_url -> requests in flight; shared by a host's workers (``inflight``)
+        self._inflight: InFlight = LocalInFlight() if inflight is None else inflight
         self._sticky: OrderedDict[Hashable, str] = OrderedDict()  # session -> base_url
         self._max_sessions = max_sessions
         self._rng = rng if rng is not None else random.Random()
@@ -179,18 +182,10 @@ class Balancer:
 
     def acquire(self, backend: Backend) -> None:
         """A request to ``backend`` is starting; pair with exactly one ``release``."""
-        inflight = self._inflight
-        url = backend.base_url
-        inflight[url] = inflight.get(url, 0) + 1
+        self._inflight.add(backend.base_url, 1)
 
     def release(self, backend: Backend) -> None:
-        inflight = self._inflight
-        url = backend.base_url
-        n = inflight.get(url, 0) - 1
-        if n > 0:
-            inflight[url] = n
-        else:
-            inflight.pop(url, None)
+        self._inflight.add(backend.base_url, -1)
 
     def in_flight(self, backend: Backend) -> int:
         return self._inflight.get(backend.base_url, 0)
