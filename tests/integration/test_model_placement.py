@@ -10,13 +10,11 @@ huggingface.co).
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
@@ -25,8 +23,7 @@ from heteroflow.core.model_sources import parse_model_source
 from heteroflow.db.tables import Node, Task
 from heteroflow.models.fetch.resolve import SourceResolver
 from heteroflow.settings import AgentSettings
-from heteroflow.testing.model_hub import COMMIT, ModelHub, Repo
-from tests.conftest import free_port
+from heteroflow.testing.model_hub import COMMIT, ModelHub, Repo, serving
 
 from .conftest import NODE_TOKEN, Api
 
@@ -41,20 +38,8 @@ SOURCE = "hf://org/tiny@main"
 def hub_url() -> Iterator[str]:
     hub = ModelHub(repos={"org/tiny": Repo({"config.json": CONFIG, "model.safetensors": WEIGHTS},
                                            lfs=frozenset({"model.safetensors"}))})
-    port = free_port()
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(hub.app())
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+    with serving(hub) as url:
+        yield url
 
 
 def beat(api: Api, name: str, cache: list[dict[str, Any]] | None = None) -> Any:

@@ -8,17 +8,14 @@ served on the loopback from its own thread and event loop, as a real hub would b
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from aiohttp import web
 from pydantic import SecretStr
 
 from heteroflow.db.tables import Task, TaskGroup
-from heteroflow.testing.model_hub import COMMIT, ModelHub, Repo
+from heteroflow.testing.model_hub import COMMIT, ModelHub, Repo, serving
 from tests.conftest import free_port
 
 from .conftest import Api
@@ -39,20 +36,8 @@ def hub_url() -> Iterator[str]:
             "org/private": Repo({"config.json": CONFIG}, token=TOKEN),
         },
     )
-    port = free_port()
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(hub.app())
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+    with serving(hub) as url:
+        yield url
 
 
 def body(model_path: str, engine: str = "vllm") -> dict[str, Any]:

@@ -28,9 +28,12 @@ and Cookie header by path. Production code never imports this module.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -224,3 +227,25 @@ class ModelHub:
         await resp.write(body[start:end])
         await resp.write_eof()
         return resp
+
+
+@contextmanager
+def serving(hub: ModelHub) -> Iterator[str]:
+    """``hub`` served on the loopback from a thread of its own (its own event loop), as a
+    real hub answers a server whose routes run in worker threads; yields its base URL."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(hub.app())
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = runner.addresses[0][1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
