@@ -148,16 +148,19 @@ def _routes(*urls: str, **limits: Any) -> dict[str, Any]:
     }
 
 
-def _both_workers(gw: Workers) -> set[str]:
-    """Concurrent requests on new connections until two workers have answered."""
+def _both_workers(gw: Workers) -> tuple[set[str], int]:
+    """Concurrent requests on new connections until two workers have answered; the
+    workers seen and the requests sent."""
     seen: set[str] = set()
+    sent = 0
     deadline = time.monotonic() + 60
     with ThreadPoolExecutor(8) as pool:
         while len(seen) < 2 and time.monotonic() < deadline:
             answers = list(pool.map(lambda _: gw.post({**BODY, "fake_delay_ms": 20}), range(32)))
             assert {r.status_code for r in answers} == {200}
             seen |= {r.headers[WORKER] for r in answers}
-    return seen
+            sent += len(answers)
+    return seen, sent
 
 
 class Stream(threading.Thread):
@@ -208,8 +211,19 @@ def test_two_workers_share_the_port_balance_as_one_restart_and_drain(
     gw = start(_routes(ua, ub))
     _wait_for(lambda: len(gw.children()) == 2, what="two workers")
     pids = gw.children()
-    # both workers answer, each saying who it is
-    assert _both_workers(gw) == {str(p) for p in pids}
+    # both workers answer, each saying who it is; /metrics (from either) counts them all
+    seen, sent = _both_workers(gw)
+    assert seen == {str(p) for p in pids}
+    series = (
+        'heteroflow_gateway_requests_total{path="/v1/chat/completions",model="chat",status="200"}'
+    )
+
+    def counted() -> int:
+        text = httpx.get(f"{gw.url}/metrics", timeout=30).text
+        line = next((x for x in text.splitlines() if x.startswith(series)), f"{series} 0")
+        return int(line.rsplit(" ", 1)[1])
+
+    _wait_for(lambda: counted() == sent, what=f"/metrics counting {sent} requests")
 
     # least_connections over one shared table: requests that reach the two workers in
     # turn split 3/3 over the two backends (each worker on its own would send its 1st

@@ -1,13 +1,16 @@
-"""The in-flight table the workers of one host share (issue 31, P4): each worker writes
-its own column, everyone reads the sum, a dead worker's column is cleared; and the
-Balancer's least_connections reads it like its own dict."""
+"""What the workers of one host share (issue 31, P4): the in-flight table (each worker
+writes its own column, everyone reads the sum, a dead worker's column is cleared; the
+Balancer's least_connections reads it like its own dict) and /metrics (the sum)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
+from heteroflow.gateway.metrics import GatewayMetrics
+from heteroflow.gateway.metrics_share import SharedMetrics
 from heteroflow.gateway.routing.balancing import LEAST_CONNECTIONS, Balancer
 from heteroflow.gateway.routing.inflight import LocalInFlight, SharedInFlight
 from heteroflow.schemas.routing import Backend, RouteTarget
@@ -81,3 +84,24 @@ def test_two_balancers_on_one_table_balance_like_one() -> None:
         chosen.append(b.base_url)
     assert sorted(chosen) == [A, A, A, B, B, B]
     assert table.get(A, 0) == table.get(B, 0) == 3
+
+
+@pytest.mark.feature("P4")
+def test_metrics_are_the_sum_of_every_worker_and_a_dead_one_keeps_its_counts(
+    tmp_path: Path,
+) -> None:
+    mine, other = GatewayMetrics(), GatewayMetrics()
+    for m, n in ((mine, 2), (other, 3)):
+        for _ in range(n):
+            m.request_done("/v1/chat/completions", "chat", 200)
+            m.upstream_latency("chat", 0.02)
+        m.in_flight = n
+    # another worker's file, written by a process that has exited (pid 2**22 + 1 is
+    # above the usual pid_max, so nobody has it): counters stay, its gauge does not
+    SharedMetrics(tmp_path, other).write()
+    (tmp_path / f"{os.getpid()}.metrics").rename(tmp_path / f"{2**22 + 1}.metrics")
+    text = SharedMetrics(tmp_path, mine).render().decode()
+    series = 'heteroflow_gateway_requests_total{path="/v1/chat/completions",model="chat",'
+    assert f'{series}status="200"}} 5' in text
+    assert 'heteroflow_gateway_upstream_latency_seconds_count{model="chat"} 5' in text
+    assert "heteroflow_gateway_in_flight 2" in text

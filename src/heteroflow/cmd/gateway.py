@@ -18,15 +18,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.gateway.app import GatewayApp
+from heteroflow.gateway.metrics_share import SharedMetrics
 from heteroflow.gateway.policy.usage import (
     HttpUsageSink,
     JsonLinesUsageSink,
@@ -107,10 +110,12 @@ def _run_workers(a: argparse.Namespace, token: str, workers: int) -> int:
         return 2
     sock = bind(a.host, a.port)
     table = SharedInFlight(2 * workers)  # a column per worker, old and new during a restart
+    metrics_dir = Path(tempfile.mkdtemp(prefix="heteroflow-gateway-metrics-"))
 
     def child(column: int, ready_fd: int) -> int:
         inflight = table.for_worker(column)
-        return asyncio.run(_run_gateway(a, token, sock=sock, inflight=inflight, ready_fd=ready_fd))
+        shared = (inflight, metrics_dir, ready_fd)
+        return asyncio.run(_run_gateway(a, token, sock=sock, worker=shared))
 
     def ready() -> None:
         url = f"http://{a.host}:{sock.getsockname()[1]}"
@@ -121,6 +126,7 @@ def _run_workers(a: argparse.Namespace, token: str, workers: int) -> int:
         return supervisor.run(on_ready=ready)
     finally:
         sock.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def _routes_problem(path: str) -> str | None:
@@ -158,11 +164,12 @@ async def _run_gateway(
     token: str,
     *,
     sock: socket.socket | None = None,
-    inflight: InFlight | None = None,
-    ready_fd: int | None = None,
+    worker: tuple[InFlight, Path, int] | None = None,
 ) -> int:
-    """One gateway process: the whole gateway, or (``ready_fd`` given) one of the
-    workers, serving ``sock`` (bound by the parent) with the shared ``inflight``."""
+    """One gateway process: the whole gateway, or (``worker`` given: the shared in-flight
+    table, the metrics directory, the ready pipe) one of the workers, serving ``sock``
+    (bound by the parent)."""
+    inflight, metrics_dir, ready_fd = worker if worker is not None else (None, None, None)
     settings = ServerSettings()
     holder = SnapshotHolder()
     found = _routes_source(a, token, settings, holder)
@@ -198,6 +205,11 @@ async def _run_gateway(
         background.append(asyncio.create_task(usage.run(stop)))
     settle_heap()  # start-up is done: no GC pass walks its objects again
     serving = asyncio.create_task(server.serve(sockets=[sock]))
+    shared: SharedMetrics | None = None
+    if metrics_dir is not None:
+        shared = SharedMetrics(metrics_dir, app.metrics)
+        app.render_metrics = shared.render
+        background.append(asyncio.create_task(shared.run(stop)))
     if ready_fd is None:
         url = f"http://{a.host}:{sock.getsockname()[1]}"
         print(f"HeteroFlow gateway listening on {url}", flush=True)
@@ -212,6 +224,8 @@ async def _run_gateway(
     if usage is not None:
         await usage.close()  # after the last request ended: nothing counted is lost
     await app.aclose()
+    if shared is not None:
+        shared.write()  # every request it answered stays in the workers' sum
     return 0
 
 

@@ -28,7 +28,7 @@ scale-in or a rolling update wait for.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -123,6 +123,9 @@ class GatewayApp:
         self._created = int(clock.now().timestamp())
         self._usage = usage  # None: tokens are counted for metrics (and limits) only
         self.metrics = metrics or GatewayMetrics()
+        # what GET /metrics answers: this process's counts, or (a worker of several,
+        # issue 31) the sum of every worker's (``metrics_share``)
+        self.render_metrics: Callable[[], bytes] = self.metrics.render
         self._admission = Admission(
             self._store,
             clock,
@@ -306,7 +309,7 @@ class GatewayApp:
                 return
 
     async def _send_metrics(self, send: Send) -> None:
-        body = self.metrics.render()
+        body = self.render_metrics()
         headers = [(b"content-type", METRICS_CONTENT_TYPE), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,107 @@
+"""``/metrics`` of ``heteroflow gateway --workers N`` (issue 31): the sum of every worker.
+
+A scrape reaches whichever worker accepts its connection, so each worker's own counts
+would be a random 1/N of the gateway. Prometheus's client has a multiprocess mode (a
+file per process, summed when scraped); this is the same idea for the gateway's own
+plain-dict metrics, with no per-request cost: each worker writes its counters to a file
+of its own in a private directory (the parent's) once a second and when it stops, and
+the worker that answers a scrape sums its live counters with the other files.
+
+* Counters and histograms of a worker that has exited stay in the sum (its file stays):
+  the total never goes down, which Prometheus would read as a counter reset. A worker
+  killed outright loses at most its last second of counts.
+* Gauges (requests in flight, requests held) count live workers only.
+* The other workers' part is up to one second old (``interval_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+from heteroflow.core.prometheus import Histogram
+from heteroflow.gateway.metrics import GatewayMetrics
+
+DEFAULT_INTERVAL_S = 1.0
+_COUNTERS = ("requests", "tokens", "ejections", "failovers", "holds", "start_holds", "wakes")
+_HISTOGRAMS = ("latency", "hold_seconds", "start_hold_seconds")
+
+
+class SharedMetrics:
+    """One worker's side: write its own file; render the sum of all of them."""
+
+    def __init__(
+        self, directory: Path, metrics: GatewayMetrics, *, interval_s: float = DEFAULT_INTERVAL_S
+    ) -> None:
+        self._dir = directory
+        self._metrics = metrics
+        self._interval_s = interval_s
+        self._own = directory / f"{os.getpid()}.metrics"
+
+    def write(self) -> None:
+        """This worker's counters to its file (whole, by rename: a reader never sees half)."""
+        tmp = self._own.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(_state(self._metrics)))
+        tmp.replace(self._own)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._interval_s)
+            with contextlib.suppress(OSError):
+                self.write()
+
+    def render(self) -> bytes:
+        total = GatewayMetrics()
+        _add(total, _state(self._metrics), gauges=True)
+        for path in self._dir.glob("*.metrics"):
+            if path == self._own:
+                continue
+            try:
+                state = pickle.loads(path.read_bytes())  # noqa: S301 - our own workers' files
+            except (OSError, pickle.UnpicklingError, EOFError):
+                continue
+            _add(total, state, gauges=_alive(int(path.stem)))
+        return total.render()
+
+
+def _state(m: GatewayMetrics) -> dict[str, Any]:
+    state: dict[str, Any] = {name: getattr(m, name) for name in (*_COUNTERS, *_HISTOGRAMS)}
+    state["in_flight"] = m.in_flight
+    state["held"] = m.held
+    return state
+
+
+def _add(total: GatewayMetrics, state: dict[str, Any], *, gauges: bool) -> None:
+    for name in _COUNTERS:
+        into: dict[Any, int] = getattr(total, name)
+        for key, n in state.get(name, {}).items():
+            into[key] = into.get(key, 0) + n
+    for name in _HISTOGRAMS:
+        hists: dict[str, Histogram] = getattr(total, name)
+        for key, h in state.get(name, {}).items():
+            mine = hists.get(key)
+            if mine is None:
+                hists[key] = h.copy()
+                continue
+            mine.counts = [a + b for a, b in zip(mine.counts, h.counts, strict=True)]
+            mine.count += h.count
+            mine.sum += h.sum
+    if gauges:
+        total.in_flight += state.get("in_flight", 0)
+        for model, n in state.get("held", {}).items():
+            total.held[model] = total.held.get(model, 0) + n
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
