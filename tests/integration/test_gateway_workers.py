@@ -134,8 +134,12 @@ def start(tmp_path: Path, prefix: str) -> Iterator[Callable[[dict[str, Any]], Wo
     for w in made:
         children = w.children()
         if w.proc.poll() is None:
-            w.proc.kill()  # its workers get SIGTERM from the kernel (PR_SET_PDEATHSIG)
-        w.proc.wait(10)
+            w.proc.terminate()  # a graceful stop: the parent removes its metrics folder
+            try:
+                w.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()  # its workers get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+                w.proc.wait(10)
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
