@@ -233,3 +233,35 @@ def test_operator_flow_and_another_tenant_sees_nothing(
     expect(page.get_by_role("link", name="Control panel")).to_have_count(0)
     console.goto(f"#/services/{chat_id}")
     expect(page.locator("main")).to_contain_text("does not exist (any more), or it is not yours")
+
+
+@pytest.mark.feature("O2", "E1")
+def test_a_failed_service_can_be_started_again_from_its_page(
+    console: Console, console_stack: Stack
+) -> None:
+    """Issue 33: a failed service's header said "start the service to try again" while
+    the Start button was hidden (it showed only for a stopped one)."""
+    st, page = console_stack, console.page
+    g = st.create_service("broken", task={
+        "image": "ghcr.io/ggml-org/llama.cpp:server", "gpu_required": 0,
+        "model_path": str(st.model_file), "engine_args": ["--no-such-flag"],
+    })
+
+    def gave_up() -> dict[str, object] | None:
+        got = st.group(g["id"])
+        return got if "recovery gave up" in str(got.get("status_message")) else None
+
+    wait_for(gave_up, 120, "recovery to give up on the broken service", 0.5)
+    console.login("admin")
+    console.goto(f"#/services/{g['id']}")
+    start_button = page.get_by_role("button", name="Start", exact=True)
+    expect(start_button).to_be_visible()
+    before = {t["id"] for t in st.group(g["id"])["tasks"]}
+    start_button.click()
+
+    def restarted() -> bool:
+        tasks = st.group(g["id"])["tasks"]
+        return any(t["id"] not in before and t["rebuild_count"] == 0 for t in tasks)
+
+    wait_for(restarted, 20, "a fresh task queued by the start")
+    assert st.api("DELETE", f"/api/v1/task-groups/{g['id']}").status_code == 204

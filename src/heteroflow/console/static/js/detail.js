@@ -215,7 +215,8 @@ export function detailPage(main, [groupId], ctx) {
     act.sleep.disabled = !(inference && g.status === 'running');
     act.wake.disabled = !(inference && ['sleeping', 'waking'].includes(g.status));
     act.stop.hidden = g.desired === 'stopped';
-    act.start.hidden = g.desired !== 'stopped';
+    // a failed service (recovery gave up) is started again too: its header says so
+    act.start.hidden = g.desired !== 'stopped' && g.status !== 'failed';
     act.update.disabled = ['rolling', 'recreating', 'rolling_back'].includes(g.rolling_update_state);
     scaleForm.hidden = !inference || g.parallelism === 'pipeline';
     scale.input.min = g.min_replicas;
