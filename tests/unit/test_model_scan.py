@@ -21,9 +21,12 @@ def fake_data_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return data
 
 
-def write(path: Path, size: int = 10) -> Path:
+def write(path: Path, size: int = 32) -> Path:
+    """A file of ``size`` bytes; a ``.gguf`` one starts with the GGUF magic (the scan
+    offers no file that does not: issue 33)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"x" * size)
+    head = b"GGUF" if path.suffix == ".gguf" else b""
+    path.write_bytes((head + b"x" * size)[:size])
     return path
 
 
@@ -213,3 +216,14 @@ def test_unreadable_dir_skipped(
         models = ModelScanner([root, tmp_path / "missing"]).full()
     assert [m.name for m in models] == ["open"]
     assert "locked" in caplog.text
+
+
+def test_an_empty_or_foreign_gguf_is_not_offered(tmp_path: Path) -> None:
+    """Issue 33: the models page listed a 0-byte file like any model, and its "Deploy"
+    made a service that failed on its node."""
+    root = tmp_path / "models"
+    write(root / "good.gguf", 64)
+    write(root / "empty.gguf", 0)
+    (root / "foreign.gguf").write_bytes(b"PK\x03\x04" + b"x" * 60)  # a zip named .gguf
+    assert set(by_name(ModelScanner([root]).full())) == {"good"}
+

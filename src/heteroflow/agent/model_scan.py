@@ -261,6 +261,11 @@ def _gguf_models(
             logger.debug("model scan: %s/%s: %d of %d shards, skipped",
                          directory, base, len(members), total)
             continue
+        first = directory / members[0]
+        if not _gguf_header(first, files[members[0]]):
+            # issue 33: an empty or foreign file is no model to offer ("Deploy" would fail)
+            logger.debug("model scan: %s is not a GGUF file (empty or no GGUF magic)", first)
+            continue
         if not name:
             label = base
         elif own_name and len(groups) == 1:
@@ -274,3 +279,16 @@ def _gguf_models(
             mtime=max(files[f].st_mtime for f in parts),
         ))
     return models
+
+
+def _gguf_header(path: Path, st: os.stat_result) -> bool:
+    """Whether ``path`` starts like a GGUF file: at least its fixed header (24 bytes) and
+    the magic. The rest of the header is the create's check (models.estimate)."""
+    if st.st_size < 24:
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
