@@ -26,7 +26,7 @@ from heteroflow.services.lifecycle import rollout, task_groups, windows  # windo
 from heteroflow.services.lifecycle.scaling import scale_group as scale_service  # issue 14 (I2)
 from heteroflow.services.lifecycle.scaling import set_scale_policy as set_policy  # issue 14 (I1)
 from heteroflow.services.placement.dry_run import dry_run as plan_dry_run
-from heteroflow.services.placement.sources import model_file_problem, resolve_source
+from heteroflow.services.placement.sources import resolve_source
 
 router = api_router(prefix="/api/v1", tags=["task-groups"])
 
@@ -41,9 +41,7 @@ def create_group(
     req: TaskGroupCreate, ctx: Ctx, s: DB, who: Who, response: Response, dry_run: bool = False
 ) -> TaskGroupCreated | DryRunPlan:
     settings = ctx.settings
-    # issue 29: a model source resolves (or is a 400) before the database is read; issue
-    # 33: a GGUF file the server can read must be one an engine can load
-    model_file_problem(req)
+    # issue 29: a model source resolves (or is a 400) before the database is read
     source = resolve_source(req, settings)
     if dry_run:
         response.status_code = 200

@@ -45,13 +45,13 @@ from heteroflow.core.errors import Conflict, ValidationFailed
 from heteroflow.core.estimate import MemoryEstimate
 from heteroflow.core.gang import stage_ports
 from heteroflow.core.lora import lora_refusal
-from heteroflow.core.paths import VolumeRule, model_path_refusal
+from heteroflow.core.paths import GGUF_ONLY, VolumeRule, model_path_refusal
 from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
 from heteroflow.core.ports import PortMapping, host_ports
 from heteroflow.core.quotas import new_service, task_usage
 from heteroflow.core.volumes import volumes_of, volumes_refusal
 from heteroflow.db.tables import InferenceEndpoint, Tenant
-from heteroflow.models.estimate import estimate_model_path
+from heteroflow.models.estimate import estimate_model_path, gguf_problem
 from heteroflow.schemas.task_groups import HealthCheckIn, TaskGroupCreate, TaskSpec
 from heteroflow.schemas.windows import check_for_group
 from heteroflow.services.identity.auth import Principal
@@ -363,6 +363,20 @@ def _health(req: TaskGroupCreate, container_ports: list[int]) -> dict[str, Any]:
     return health
 
 
+def _check_model_file(req: TaskGroupCreate, engine: str) -> None:
+    """Issue 33: a GGUF the server itself can read — inside the nodes' allow-list, which
+    the path rule checked first, so no other file of the server is ever opened — and that
+    no engine could load (empty, not GGUF, a truncated header) is a 400 naming
+    ``task.model_path``, not a 201 for a service that fails on its node. A path only the
+    nodes hold (no regular file here) is theirs to check."""
+    path = req.task.model_path
+    if not path.startswith("/") or (engine not in GGUF_ONLY and not path.endswith(".gguf")):
+        return
+    problem = gguf_problem(Path(path))
+    if problem:
+        raise ValidationFailed(f"task.model_path: {problem}", field="task.model_path")
+
+
 def _estimate(req: TaskGroupCreate, engine: str) -> MemoryEstimate | None:
     """The model's memory need when the server can read the model (else None: skipped),
     its KV cache sized for the context the engine's own arguments set."""
@@ -510,6 +524,7 @@ def plan_group(
         templates=templates,
     )
     _check_group(plan)
+    _check_model_file(plan.req, plan.engine)
     _apply_estimate(plan, nodes, reservation)
     check_endpoint_name(s, who, plan)
     return plan

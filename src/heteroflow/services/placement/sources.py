@@ -16,18 +16,16 @@ resolver's coroutine gets its own loop there.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 from heteroflow.core.engines import resolve_engine
 from heteroflow.core.errors import ValidationFailed
 from heteroflow.core.model_sources import FIELD, SourceKind, is_source_url, parse_model_source
-from heteroflow.core.paths import GGUF_ONLY, model_source_refusal
-from heteroflow.models.estimate import gguf_problem
+from heteroflow.core.paths import model_source_refusal
 from heteroflow.models.fetch.resolve import SourceResolver
 from heteroflow.schemas.task_groups import ModelSourceRead, TaskGroupCreate
 from heteroflow.settings import ServerSettings
 
-__all__ = ["SHOWN_FILES", "model_file_problem", "resolve_source"]
+__all__ = ["SHOWN_FILES", "resolve_source"]
 
 #: Files listed in the dry run (a hub repository may hold hundreds); the sums count all.
 SHOWN_FILES = 50
@@ -66,22 +64,3 @@ def resolve_source(req: TaskGroupCreate, settings: ServerSettings) -> ModelSourc
             for f in manifest.files[:SHOWN_FILES]
         ],
     )
-
-
-def model_file_problem(req: TaskGroupCreate) -> None:
-    """Issue 33: a GGUF model the server itself can read and that no engine could load
-    (empty, not GGUF, a truncated header) is a 400 naming ``task.model_path`` at create
-    and dry run — not a 201, an endpoint and a key for a service that fails on its node.
-    Only where the server sees a regular file at the path: a path only the nodes hold is
-    theirs to check."""
-    path = req.task.model_path
-    if not path.startswith("/") or is_source_url(path):
-        return
-    engine, _ = resolve_engine(req.task.engine, req.labels.get("heteroflow.engine", ""),
-                               req.task.image)
-    if engine not in GGUF_ONLY and not path.lower().endswith(".gguf"):
-        return
-    problem = gguf_problem(Path(path))
-    if problem:
-        raise ValidationFailed(f"task.model_path: {problem}", field=FIELD)
-
