@@ -135,14 +135,27 @@ def test_a_url_model_is_fetched_once_into_the_node_cache_and_served(
 
 
 @pytest.mark.feature("H9")
-def test_a_source_that_is_gone_is_refused_and_a_bad_download_fails_with_its_reason(
+def test_a_source_that_is_gone_or_bad_fails_its_task_with_the_reason(
     stack: Stack, web: str
 ) -> None:
-    # resolved at create: a file the server does not have is a 400 naming the field
-    r = stack.api("POST", "/api/v1/task-groups", json=body("gone", f"{web}/missing.gguf"))
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["field"] == "task.model_path"
-    assert "not found" in r.json()["error"]["message"]
+    # a URL is the tenant's: the control plane never contacts it (no probing of the
+    # server's network), so a missing file is the node's to find — the task fails with why
+    source = f"{web}/missing.gguf"
+    dry = stack.api("POST", "/api/v1/task-groups?dry_run=true", json=body("gone", source))
+    assert dry.status_code == 200, dry.text
+    assert dry.json()["model_source"]["resolved"] is False
+    r = stack.api("POST", "/api/v1/task-groups", json=body("gone", source))
+    assert r.status_code == 201, r.text
+    gone = r.json()["id"]
+
+    def gone_failed() -> dict[str, Any] | None:
+        t = stack.group(gone)["tasks"][0]
+        return t if t["status"] == "failed" else None
+
+    t = wait_for(gone_failed, 60, "the task failed")
+    message = stack.api("GET", f"/api/v1/tasks/{t['id']}").json()["status_message"]
+    assert f"model {source} not fetched (not_found)" in message, message
+    assert stack.api("DELETE", f"/api/v1/task-groups/{gone}").status_code == 204
     # a file whose bytes do not match the checksum beside it: the node refuses it
     root = web_root(web)
     (root / "bad.gguf").write_bytes((root / "tiny-web.gguf").read_bytes())

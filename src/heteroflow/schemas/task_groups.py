@@ -503,6 +503,11 @@ class ModelSourceRead(BaseModel):
 
     source: str
     kind: str = Field(description="hf, modelscope or url")
+    resolved: bool = Field(
+        default=True,
+        description="false for a URL: the server contacts only the operator's hubs, a URL "
+        "is resolved by the node that fetches it (its files and size unknown here)",
+    )
     revision: str = Field(description="the resolved revision (a hub's commit); '' if none")
     bytes: int | None = Field(description="the files' total size; null if a size is unknown")
     file_count: int

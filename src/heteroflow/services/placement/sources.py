@@ -4,10 +4,12 @@
 (``core.model_sources``) the files, sizes and revision the source names right now, asked
 of the source itself (``models.fetch``: the hub, its mirror, a web server) — or
 ``SourceFailed``, a 400 naming ``task.model_path`` with the reason (not found,
-unauthorised, unreachable, timeout). Create and dry run call it first, before the
-database is read, so a network wait holds no transaction; the dry run shows what it found.
-The agent resolves again when it fetches (a branch may have moved since): the revision
-shown here is what the source said at create.
+unauthorised, unreachable, timeout). Only the hubs the operator named are asked: a
+``https://`` URL is a tenant's, and the control plane never contacts it (no probing of
+the server's network through it); the node resolves it when it fetches. Create and dry
+run call it first, before the database is read, so a network wait holds no transaction;
+the dry run shows what it found. The agent resolves again when it fetches (a branch may
+have moved since): the revision shown here is what the source said at create.
 
 A route runs in a worker thread (FastAPI's sync routes), where no event loop runs: the
 resolver's coroutine gets its own loop there.
@@ -44,9 +46,15 @@ def resolve_source(req: TaskGroupCreate, settings: ServerSettings) -> ModelSourc
     if refused:
         raise ValidationFailed(refused, field=FIELD)
     source = parse_model_source(model_path)
-    token = settings.hub_token.get_secret_value() or None
     if source.kind is SourceKind.URL:
-        token = None  # the hub token is for the hubs, never for any web server
+        # a tenant's URL is never contacted by the control plane (it would probe the
+        # server's own network for them: an internal host, its loopback); the node that
+        # runs the task resolves and fetches it, and a bad one fails that task with why
+        return ModelSourceRead(
+            source=source.text, kind=source.kind.value, resolved=False, revision="",
+            bytes=None, file_count=0, files=[],
+        )
+    token = settings.hub_token.get_secret_value() or None
     resolver = SourceResolver(
         hf_endpoint=settings.hf_endpoint,
         modelscope_endpoint=settings.modelscope_endpoint,
