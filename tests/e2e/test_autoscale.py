@@ -237,10 +237,10 @@ def test_the_cli_scales_with_wait_and_sets_the_policy(stack: Stack) -> None:
     g = stack.group(gid)
     assert g["current_replicas"] == 2 and _running_replicas(g) == 2
 
-    bad = _cli(stack, "services", "scale", gid, "5")
-    assert bad.returncode == 1 and "replicas 5 is outside [1, 3]" in bad.stderr
-    needs = _cli(stack, "services", "autoscale", gid, "--max", "3")
-    assert needs.returncode == 1 and "metric" in needs.stderr
+    # issue 33: the range alone changes without a metric while autoscaling is off
+    ranged = _cli(stack, "services", "autoscale", gid, "--max", "4")
+    assert ranged.returncode == 0, ranged.stdout + ranged.stderr
+    assert stack.group(gid)["max_replicas"] == 4
 
     on = _cli(stack, "services", "autoscale", gid, "--metric", "queue", "--target", "4",
               "--min", "1", "--max", "2", "--json")
@@ -248,6 +248,11 @@ def test_the_cli_scales_with_wait_and_sets_the_policy(stack: Stack) -> None:
     policy = json.loads(on.stdout)
     assert policy["scale_policy"] == {"enabled": True, "metric": "queue", "target": 4.0}
     assert (policy["min_replicas"], policy["max_replicas"]) == (1, 2)
+    # with autoscaling on, its range is never moved behind its back: one line says how
+    bad = _cli(stack, "services", "scale", gid, "3")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "outside the autoscaling range [1, 2]" in bad.stderr
+    assert f"heteroflow services autoscale {gid}" in bad.stderr
     off = _cli(stack, "services", "autoscale", gid, "--disable")
     assert off.returncode == 0, off.stdout + off.stderr
     assert off.stdout.strip().startswith(f"{gid}: autoscaling off: queue target 4.0")
