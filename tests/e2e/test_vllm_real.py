@@ -434,10 +434,13 @@ def test_the_autoscaler_decides_on_the_real_engines_queue(served: Served) -> Non
 
     def load() -> None:
         client = served.client()
-        while not stop.is_set():
-            client.completions.create(model=MODEL, prompt="Once upon", max_tokens=120)
+        while not stop.is_set():  # 200 tokens each, whatever the tiny model would say
+            client.completions.create(
+                model=MODEL, prompt="Once upon", max_tokens=200,
+                extra_body={"ignore_eos": True, "min_tokens": 200},
+            )
 
-    workers = [threading.Thread(target=load, daemon=True) for _ in range(10)]
+    workers = [threading.Thread(target=load, daemon=True) for _ in range(12)]
     for w in workers:
         w.start()
 
@@ -449,6 +452,10 @@ def test_the_autoscaler_decides_on_the_real_engines_queue(served: Served) -> Non
 
     try:
         message = wait_for(decided, 90, "an autoscaler decision on a non-empty queue", 0.5)
+    except AssertionError as exc:  # say what the autoscaler did decide
+        events = served.stack.api("GET", f"/api/v1/task-groups/{gid}/events").json()
+        said = [e["message"] for e in events if e["kind"] == "group.autoscale"]
+        raise AssertionError(f"{exc}; its decisions: {said}") from exc
     finally:
         stop.set()
         for w in workers:

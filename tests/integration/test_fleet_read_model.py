@@ -19,7 +19,14 @@ from sqlalchemy import event, func, select
 from heteroflow.core.placement import NodeView, never_fits
 from heteroflow.db.tables import InferenceEndpoint, Task, TaskGroup
 from heteroflow.services.lifecycle import task_groups
-from heteroflow.services.placement import dry_run, fleet, placer, planning, scheduling
+from heteroflow.services.placement import (
+    dry_run,
+    fleet,
+    one_click,
+    placer,
+    planning,
+    scheduling,
+)
 
 from .conftest import NODE_TOKEN, Api, service_body
 
@@ -194,7 +201,7 @@ def test_create_dry_run_precheck_and_round_read_the_one_fleet(
         used.append(("round", [n]))
         return chain_of(n)
 
-    monkeypatch.setattr(planning, "engines_of", planning_engines)
+    monkeypatch.setattr(one_click, "engines_of", planning_engines)
     monkeypatch.setattr(planning, "never_fits", precheck)
     monkeypatch.setattr(placer, "engines_of", round_engines)  # the round's chain (H1)
     monkeypatch.setattr(planning, "_estimate", lambda *_: _ESTIMATE)  # runs the precheck
