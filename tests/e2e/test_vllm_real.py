@@ -432,15 +432,20 @@ def test_the_autoscaler_decides_on_the_real_engines_queue(served: Served) -> Non
     assert r.status_code == 200, r.text
     stop = threading.Event()
 
+    failures: list[str] = []
+
     def load() -> None:
         client = served.client()
         while not stop.is_set():  # 200 tokens each, whatever the tiny model would say
-            client.completions.create(
-                model=MODEL, prompt="Once upon", max_tokens=200,
-                extra_body={"ignore_eos": True, "min_tokens": 200},
-            )
+            try:
+                client.completions.create(
+                    model=MODEL, prompt="Once upon", max_tokens=200,
+                    extra_body={"ignore_eos": True, "min_tokens": 200},
+                )
+            except openai.OpenAIError as exc:  # said below, the load goes on
+                failures.append(f"{type(exc).__name__}: {exc}"[:200])
 
-    workers = [threading.Thread(target=load, daemon=True) for _ in range(12)]
+    workers = [threading.Thread(target=load, daemon=True) for _ in range(8)]
     for w in workers:
         w.start()
 
@@ -455,7 +460,7 @@ def test_the_autoscaler_decides_on_the_real_engines_queue(served: Served) -> Non
     except AssertionError as exc:  # say what the autoscaler did decide
         events = served.stack.api("GET", f"/api/v1/task-groups/{gid}/events").json()
         said = [e["message"] for e in events if e["kind"] == "group.autoscale"]
-        raise AssertionError(f"{exc}; its decisions: {said}") from exc
+        raise AssertionError(f"{exc}; its decisions: {said}; load errors: {failures[:3]}") from exc
     finally:
         stop.set()
         for w in workers:

@@ -57,6 +57,8 @@ _HEALTH_PATH = "/health"
 _FALLBACK_PATH = "/v1/models"
 _METRICS_PATH = "/metrics"
 _NO_METRICS_RETRY_S = 30.0
+#: The least time a load-report scrape waits for a busy engine's /metrics.
+LOAD_SCRAPE_TIMEOUT_S = 5.0
 
 
 class BackendMonitor:
@@ -96,8 +98,14 @@ class BackendMonitor:
         self._probe_ejected: set[str] = set()  # ejected by a failed probe, not by traffic
         self._failures: dict[str, int] = {}  # base_url -> probes failed in a row
         self._no_metrics: dict[str, float] = {}  # base_url -> clock() to try again
-        # issue 14: slower scrapes of the other backends, for the load report only
+        # issue 14: slower scrapes of the other backends, for the load report only. Their
+        # own timeout: an engine busy enough to need scaling answers /metrics slowly (vLLM's
+        # API server shares 2 cores with a full batch), and a scrape cut at the probe's
+        # 1 s left the autoscaler "no data" exactly then; a load report is not latency-bound
         self._load_scrape_interval = load_scrape_interval_s
+        self._load_timeout = aiohttp.ClientTimeout(
+            total=max(probe_timeout_s, load_scrape_interval_s, LOAD_SCRAPE_TIMEOUT_S)
+        )
         self._load_scrape_urls: frozenset[str] = frozenset()
         self._report_loads: dict[str, EngineLoad] = {}
         self._report_no_metrics: dict[str, float] = {}
@@ -298,7 +306,7 @@ class BackendMonitor:
         load: EngineLoad | None = None
         try:
             async with self._http().get(
-                base_url + _METRICS_PATH, timeout=self._probe_timeout,
+                base_url + _METRICS_PATH, timeout=self._load_timeout,
                 headers=self._headers(base_url),
             ) as resp:
                 text = await resp.text(errors="replace")
