@@ -150,10 +150,19 @@ def test_deleting_a_service_stops_its_engine_frees_it_and_kills_its_key(stack: S
         return False
 
     wait_for(rejected, 5, "the deleted service's key to stop working", 0.1)
-    # its host port went back to the pool: a new service may take it
-    g2 = stack.create_service("reuse")
+    # its host port is free again: a new service that asks for it (an operator may name a
+    # host port) is placed on it and runs there. (Not "the next service gets it": the
+    # pool hands out its lowest free port, and an earlier test's rebuild may free a lower.)
+    freed = task["ports"][0]["host_port"]
+    g2 = stack.create_service(
+        "reuse",
+        task={"image": "ghcr.io/ggml-org/llama.cpp:server", "gpu_required": 0,
+              "model_path": str(stack.model_file), "memory_mb": 512,
+              "engine_args": ["-np", "2", "-c", "1024"],
+              "ports": [{"container_port": 8000, "host_port": freed}]},
+    )
     g2 = stack.wait_status(g2["id"], "running")
-    assert g2["tasks"][0]["ports"][0]["host_port"] == task["ports"][0]["host_port"]
+    assert g2["tasks"][0]["ports"][0]["host_port"] == freed
 
 
 @pytest.mark.feature("P2")
