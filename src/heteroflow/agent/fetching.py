@@ -27,14 +27,36 @@ from heteroflow.agent.runtime.protocol import LaunchFailed
 from heteroflow.agent.state import AgentState
 from heteroflow.core.errors import ValidationFailed
 from heteroflow.core.images import size_text
-from heteroflow.core.model_sources import SourceKind, is_source_url, parse_model_source
+from heteroflow.core.model_sources import (
+    ModelSource,
+    SourceKind,
+    is_source_url,
+    parse_model_source,
+)
 from heteroflow.models.fetch.manifest import SourceFailed
 from heteroflow.models.fetch.resolve import SourceResolver
 from heteroflow.schemas.nodes import TaskAssignment
 
 log = logging.getLogger(__name__)
 
-__all__ = ["fetch_model", "for_launch", "needs_fetch"]
+__all__ = ["fetch_model", "for_launch", "needs_fetch", "resolver_for", "token_for"]
+
+
+def token_for(agent: AgentState, source: ModelSource) -> str | None:
+    """The node's hub token for ``source``: for the hubs only, never for a web server."""
+    if source.kind is SourceKind.URL:
+        return None
+    return agent.settings.hub_token.get_secret_value() or None
+
+
+def resolver_for(agent: AgentState) -> SourceResolver:
+    """The node's resolver: the operator's hub endpoints and timeout, the agent's session."""
+    return SourceResolver(
+        hf_endpoint=agent.settings.hf_endpoint,
+        modelscope_endpoint=agent.settings.modelscope_endpoint,
+        timeout_s=agent.settings.model_resolve_timeout_s,
+        session=agent._session(),
+    )
 
 
 def needs_fetch(t: TaskAssignment) -> bool:
@@ -62,15 +84,8 @@ async def fetch_model(agent: AgentState, t: TaskAssignment) -> TaskAssignment:
         source = parse_model_source(t.model_path)
     except ValidationFailed as exc:
         raise LaunchFailed(f"model source refused: {exc}") from exc
-    token = agent.settings.hub_token.get_secret_value() or None
-    if source.kind is SourceKind.URL:
-        token = None  # the node's hub token is for the hubs, never for any web server
-    resolver = SourceResolver(
-        hf_endpoint=agent.settings.hf_endpoint,
-        modelscope_endpoint=agent.settings.modelscope_endpoint,
-        timeout_s=agent.settings.model_resolve_timeout_s,
-        session=agent._session(),
-    )
+    token = token_for(agent, source)
+    resolver = resolver_for(agent)
     started = agent.clock.monotonic()
     every = agent.settings.image_pull_report_interval_s
     shown = source.text

@@ -150,6 +150,9 @@ class Node(Base):
     # engine -> the exact image ref (or "" for a process engine) the node reports available
     engines: Mapped[dict[str, Any]] = mapped_column(default=dict)
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # where the agent serves its model cache to the other agents ('' for nowhere): copies
+    # between nodes (issue 29)
+    peer_url: Mapped[str] = mapped_column(String(300), default="")
     # bumped by every placement on the node: the compare-and-set that keeps two
     # schedulers (threads or server instances) from booking the same card twice
     booking_version: Mapped[int] = mapped_column(Integer, default=0)
@@ -372,6 +375,26 @@ class FileRequest(Base):
     error: Mapped[str] = mapped_column(Text, default="")
     result: Mapped[dict[str, Any]] = mapped_column(default=dict)  # list: {"entries": [...]}
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class ModelRequest(Base):
+    """An operator's pull or eviction of a model on one node's cache (issue 29), claimed
+    by that node's agent through its poll; kept in the database so every server instance
+    can answer for it."""
+
+    __tablename__ = "model_requests"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(32), index=True)
+    action: Mapped[str] = mapped_column(String(16))  # pull | evict
+    source: Mapped[str] = mapped_column(Text, default="")  # pull: the model source
+    key: Mapped[str] = mapped_column(String(128), default="")  # evict: the cache key
+    status: Mapped[str] = mapped_column(String(16), index=True)  # pending|running|done|failed
+    message: Mapped[str] = mapped_column(Text, default="")
+    done_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    total_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    requested_by: Mapped[str] = mapped_column(String(32), default="")
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
