@@ -20,6 +20,8 @@ False) and ``/files/{path}.sha256`` when ``sidecars`` holds it.
 
 Every file answer honours ``Range: bytes=N-`` and ``bytes=N-M`` with a 206 (unless
 ``ranges`` is False).
+``rate_bytes_s`` > 0 paces every file body to about that rate (a slow link: the
+download's share of a cold start shows, bench/cold_start.py).
 Faults: ``cut_once`` (paths whose next answer stops halfway and drops the connection),
 ``corrupt`` (paths served with other bytes than listed). ``requests`` records
 ``(method, path, Range header)`` for every request; ``auth_seen`` every Authorization
@@ -29,9 +31,11 @@ and Cookie header by path. Production code never imports this module.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import re
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -57,6 +61,7 @@ class ModelHub:
     sidecars: dict[str, str] = field(default_factory=dict)  # path → .sha256 body
     ranges: bool = True
     cut_once: set[str] = field(default_factory=set)
+    rate_bytes_s: float = 0.0  # > 0: file bodies paced to about this rate
     corrupt: set[str] = field(default_factory=set)
     cdn_base: str = ""
     head: bool = True  # False: the /files/ server answers HEAD with 405
@@ -151,11 +156,11 @@ class ModelHub:
         # sha256 (X-Linked-* for a file in LFS) or the git blob id
         headers = {"X-Repo-Commit": repo.commit}
         if path in repo.lfs:
-            sha = hashlib.sha256(body).hexdigest()
+            sha = _digest("sha256", body)
             headers |= {"ETag": f'"{sha}"', "X-Linked-Etag": f'"{sha}"',
                         "X-Linked-Size": str(len(body))}
         else:
-            headers["ETag"] = f'"{hashlib.sha1(body).hexdigest()}"'  # noqa: S324 (git's id)
+            headers["ETag"] = f'"{_digest("sha1", body)}"'  # git's blob id
         if self.cdn_base:
             org, name = request.match_info["org"], request.match_info["name"]
             raise web.HTTPFound(f"{self.cdn_base}/cdn/{org}/{name}/{path}", headers=headers)
@@ -224,9 +229,29 @@ class ModelHub:
             assert request.transport is not None
             request.transport.close()  # the connection drops mid-file
             return resp
-        await resp.write(body[start:end])
+        if self.rate_bytes_s > 0:
+            await self._paced(resp, memoryview(body)[start:end])
+        else:
+            await resp.write(body[start:end])
         await resp.write_eof()
         return resp
+
+    async def _paced(self, resp: web.StreamResponse, data: memoryview) -> None:
+        """``data`` in 64 KiB writes, each held back until the rate allows it."""
+        began, chunk = time.monotonic(), 1 << 16
+        for at in range(0, len(data), chunk):
+            sent = min(at + chunk, len(data))
+            await resp.write(data[at:sent])
+            ahead = sent / self.rate_bytes_s - (time.monotonic() - began)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+
+
+@functools.lru_cache(maxsize=32)
+def _digest(name: str, body: bytes) -> str:
+    """``body``'s digest, computed once per body: a file answer hashed a benchmark's
+    gigabyte on every HEAD and GET, the stand-in's time counted as the client's."""
+    return hashlib.new(name, body).hexdigest()
 
 
 @contextmanager
