@@ -416,6 +416,17 @@ class AgentSettings(BaseSettings):
     modelscope_endpoint: str = "https://www.modelscope.cn"
     hub_token: SecretStr = SecretStr("")
     model_resolve_timeout_s: float = Field(default=30.0, gt=0.0)
+    # Issue 29: copies between nodes. With peer_port set (0 = any free port) the agent
+    # serves its complete cached models to the other agents on peer_host (empty = its
+    # address), signed requests only (the node token; none = not served), over TLS with
+    # peer_tls_cert/peer_tls_key (the copying agent verifies against its ca_file). A node
+    # that needs a model another node holds copies it from there before it asks the
+    # origin. Off by default: a port open on every node is the operator's decision
+    # (deploy/ turns it on, 3469).
+    peer_port: int | None = Field(default=None, ge=0, le=65535)
+    peer_host: str = ""
+    peer_tls_cert: Path | None = None
+    peer_tls_key: Path | None = None
     # Engine threads for CPU llama.cpp; 0 = let the launcher choose.
     cpu_threads: int = 0
     # The process runtime runs vLLM only on a Python that has it (a venv with vLLM's CPU
@@ -468,7 +479,14 @@ class AgentSettings(BaseSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
 
-    @field_validator("ca_file", mode="before")
+    @model_validator(mode="after")
+    def _peer_tls_pair(self) -> AgentSettings:
+        if (self.peer_tls_cert is None) != (self.peer_tls_key is None):
+            raise ValueError("HETEROFLOW_AGENT_PEER_TLS_CERT and HETEROFLOW_AGENT_PEER_TLS_KEY "
+                             "go together: both or neither")
+        return self
+
+    @field_validator("ca_file", "peer_tls_cert", "peer_tls_key", mode="before")
     @classmethod
     def _no_empty_path(cls, v: object) -> object:  # issue 18: FILE= in an env file
         return None if v == "" else v

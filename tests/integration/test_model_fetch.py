@@ -127,7 +127,7 @@ async def test_a_url_spelled_with_escapes_or_unicode_names_its_file(
         ("hf://org/private", "not_found", "or is private and the token cannot read it"),
         ("modelscope://org/missing", "not_found", "was not found"),
         ("{base}/files/m/gone.gguf", "not_found", "was not found"),
-        ("fleet://some-model", "unsupported", "not supported yet"),
+        ("fleet://some-model", "unsupported", "has no origin to ask"),
     ],
 )
 async def test_each_failure_has_its_reason_and_names_the_field(

@@ -42,15 +42,17 @@ def hub_url() -> Iterator[str]:
         yield url
 
 
-def beat(api: Api, name: str, cache: list[dict[str, Any]] | None = None) -> Any:
+def beat(api: Api, name: str, cache: list[dict[str, Any]] | None = None, *,
+         card: str = "A10", peer_url: str = "") -> Any:
     return api.client.post(
         "/api/v1/agent/heartbeat",
         json={
             "name": name, "address": "127.0.0.1", "runtime": "docker",
-            "inventory": {"gpus": [{"index": 0, "model": "A10", "memory_total_mb": 24576}],
+            "inventory": {"gpus": [{"index": 0, "model": card, "memory_total_mb": 24576}],
                           "cpu_count": 4, "memory_total_mb": 16384,
                           "memory_available_mb": 16384},
             "model_cache": cache or [],
+            "peer_url": peer_url,
         },
         headers={"Authorization": f"Bearer {NODE_TOKEN}"},
     )
@@ -61,7 +63,7 @@ def entry(revision: str = COMMIT, state: str = "complete") -> dict[str, Any]:
             "size_bytes": len(WEIGHTS) + len(CONFIG), "state": state}
 
 
-BODY = {
+BODY: dict[str, Any] = {
     "name": "sourced", "model_name": "sourced",
     "task": {"image": "vllm/vllm-openai:v0.11.2", "engine": "vllm", "gpu_required": 1,
              "model_path": "hf://org/tiny"},
@@ -107,6 +109,56 @@ def test_the_node_whose_cache_holds_the_source_is_chosen(api: Api, hub_url: str)
     assert [(m["source"], m["revision"], m["state"]) for m in shown] == [
         (SOURCE, COMMIT, "complete")
     ]
+
+
+KEY = "hf--org--tiny--0123456789abcdef"
+
+
+def test_a_fleet_copy_is_resolved_from_the_reports_and_claimed_with_its_holders(
+    api: Api, hub_url: str
+) -> None:
+    """fleet://<key>: the dry run takes size and revision from the holder's report; a
+    create no node can serve is a 400; the claim of a task placed elsewhere names the
+    holders that serve copies (and not the one that serves none, nor the claimer)."""
+    api.app.settings.hf_endpoint = hub_url
+    admin = api.login()
+    assert beat(api, "node-a", [entry()], peer_url="http://10.0.0.1:3469").status_code == 200
+    assert beat(api, "node-c", [entry()]).status_code == 200  # holds it, serves no copies
+    assert beat(api, "node-b", card="L4", peer_url="http://10.0.0.2:3469").status_code == 200
+    fleet = {**BODY, "task": {**BODY["task"], "model_path": f"fleet://{KEY}"}}
+    r = api.client.post("/api/v1/task-groups?dry_run=true", json=fleet, headers=admin)
+    assert r.status_code == 200, r.text
+    shown = r.json()["model_source"]
+    assert (shown["kind"], shown["resolved"], shown["revision"], shown["bytes"]) == (
+        "fleet", True, COMMIT, len(WEIGHTS) + len(CONFIG))
+    assert shown["cached_on"] == ["node-a", "node-c"]
+    nobody = {**BODY, "task": {**BODY["task"], "model_path": "fleet://hf--org--other--00"}}
+    r = api.client.post("/api/v1/task-groups", json=nobody, headers=admin)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "task.model_path", r.text
+    assert "no node you may use holds fleet://hf--org--other--00" in r.text
+
+    on_b = {**fleet, "task": {**fleet["task"], "gpu_type": "L4"}}
+    r = api.client.post("/api/v1/task-groups", json=on_b, headers=admin)
+    assert r.status_code == 201, r.text
+    api.app.scheduler.run_round()
+    with api.app.db.session() as s:
+        task = s.query(Task).one()
+        node = s.get(Node, task.node_id)
+        assert node is not None and node.name == "node-b" and node.peer_url.endswith(":3469")
+    claimed = api.client.post(f"/api/v1/agent/tasks/{task.id}/claim",
+                              headers={"Authorization": f"Bearer {NODE_TOKEN}",
+                                       "X-HeteroFlow-Node": node.id})
+    assert claimed.status_code == 200, claimed.text
+    assert claimed.json()["model_peers"] == [
+        {"node": "node-a", "url": "http://10.0.0.1:3469", "key": KEY}
+    ]
+
+
+def test_a_peer_url_is_an_address_and_nothing_more(api: Api) -> None:
+    for bad in ("http://u:p@10.0.0.1:3469", "http://10.0.0.1:3469/x?q=1", "ftp://h:1",
+                "http://10.0.0.1"):
+        r = beat(api, "node-a", peer_url=bad)
+        assert r.status_code == 400 and r.json()["error"]["field"] == "peer_url", (bad, r.text)
 
 
 def test_a_cache_report_is_bounded_and_carries_no_credential(api: Api) -> None:

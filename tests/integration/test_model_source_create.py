@@ -123,7 +123,7 @@ def test_a_hub_that_does_not_answer_is_a_400_not_a_hang(api: Api) -> None:
 @pytest.mark.parametrize(
     ("source", "says"),
     [
-        ("fleet://m-1", "fleet:// sources"),
+        ("fleet://m-1", "no node you may use holds fleet://m-1"),
         ("http://example.com/m.gguf", "only to a loopback host"),
         ("https://u:p@example.com/m.gguf", "user"),
     ],

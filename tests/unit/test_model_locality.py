@@ -17,9 +17,9 @@ from heteroflow.core.placement import (
     TaskDemand,
     place,
 )
-from heteroflow.core.placement.model import CachedCopy
+from heteroflow.core.placement.model import CachedCopy, cached_copies
 from heteroflow.core.placement.scoring import cached_on, download_s, locality
-from heteroflow.services.placement.fleet import Fleet, cached_copies
+from heteroflow.services.placement.fleet import Fleet
 from heteroflow.services.placement.placer import Intent, Placer
 
 pytestmark = pytest.mark.feature("H9")
@@ -131,9 +131,23 @@ def test_the_fleet_reads_the_cache_entries_a_heartbeat_stored() -> None:
     ]
     got = cached_copies(stored)
     assert got == (
-        CachedCopy(SRC, f"hf://org/tiny@{COMMIT}", COMMIT, 7, True),
+        CachedCopy(SRC, f"hf://org/tiny@{COMMIT}", COMMIT, 7, True, key="k"),
         CachedCopy("https://host/y.gguf", "https://host/y.gguf", "", 3, False),
     )
+    assert got[0].fleet == "fleet://k" and got[1].fleet == ""
+
+
+def test_a_fleet_source_names_a_copy_by_its_key_on_every_node() -> None:
+    """fleet://<key> is held where a complete copy has that key, whatever source it was
+    fetched for; the holder is ranked first and listed in the dry run."""
+    held = CachedCopy(SRC, f"hf://org/tiny@{COMMIT}", COMMIT, 7, True, key="hf--org--tiny--ab")
+    partial = CachedCopy(SRC, f"hf://org/tiny@{COMMIT}", COMMIT, 3, False, key="hf--org--tiny--ab")
+    nodes = [node("a", partial), node("b", held), node("c")]
+    assert cached_on(nodes, "fleet://hf--org--tiny--ab") == ["b"]
+    assert cached_on(nodes, "fleet://hf--org--tiny--ab", COMMIT) == ["b"]
+    assert cached_on(nodes, "fleet://hf--org--other--ab") == []
+    t = demand("fleet://hf--org--tiny--ab")
+    assert FleetIndex(nodes).holders(t) == [nodes[1]]
 
 
 def test_a_task_naming_no_engine_finds_a_holder_beyond_the_sample() -> None:

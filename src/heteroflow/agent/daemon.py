@@ -30,6 +30,7 @@ from heteroflow.agent.host_ports import listening_ports
 from heteroflow.agent.inventory import NodeInventory, collect_inventory
 from heteroflow.agent.launch import host_port_for
 from heteroflow.agent.metrics import engine_counts, serve_metrics
+from heteroflow.agent.peer_server import serve_peers
 from heteroflow.agent.prepull import Prepulls
 from heteroflow.agent.runtime.protocol import LaunchFailed
 from heteroflow.agent.sleep_wake import SleepWake
@@ -93,6 +94,7 @@ class Agent(SleepWake, Watching, Starting, Adapters):
             allowed_volume_prefixes=list(self.config.allowed_volume_prefixes),
             denied_volume_prefixes=list(self.config.denied_volume_prefixes),
             host_ports_in_use=self.host_ports,
+            peer_url=self.peer_url,  # issue 29: the others copy models from here
         )
 
     async def tick(self) -> None:
@@ -201,6 +203,7 @@ class Agent(SleepWake, Watching, Starting, Adapters):
         aux = asyncio.create_task(self._aux_loop(stop))
         life = asyncio.create_task(self._life_loop(stop))
         served = asyncio.create_task(self._serve_metrics(stop))  # issue 18 (P3)
+        peers = asyncio.create_task(serve_peers(self, stop, self._peers_bound))  # issue 29
         try:
             while not stop.is_set():
                 self._nudge.clear()
@@ -215,7 +218,8 @@ class Agent(SleepWake, Watching, Starting, Adapters):
             aux.cancel()
             life.cancel()
             served.cancel()
-            await asyncio.gather(watcher, aux, life, served, return_exceptions=True)
+            peers.cancel()
+            await asyncio.gather(watcher, aux, life, served, peers, return_exceptions=True)
             await self.shutdown()
 
     async def _pause(self, stop: asyncio.Event, seconds: float) -> bool:
@@ -241,6 +245,9 @@ class Agent(SleepWake, Watching, Starting, Adapters):
 
     def _metrics_bound(self, port: int) -> None:
         self.metrics_port = port
+
+    def _peers_bound(self, url: str) -> None:
+        self.peer_url = url
 
     def metrics_text(self) -> bytes:
         running = [(loc.task.engine, loc.reported_running) for loc in self.local.values()]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from heteroflow.agent.fetch_plan import Way, ways
 from heteroflow.agent.model_cache.download import Progress
 from heteroflow.agent.runtime.protocol import LaunchFailed
 from heteroflow.agent.state import AgentState
@@ -64,11 +65,12 @@ def needs_fetch(t: TaskAssignment) -> bool:
     return bool(t.model_path) and not t.model_fetched and is_source_url(t.model_path)
 
 
-def progress_text(source: str, p: Progress) -> str:
+def progress_text(doing: str, p: Progress) -> str:
+    """``doing`` ("fetching model hf://…", "copying model … from node b") and how far."""
     total = f" of {size_text(p.total_bytes)}" if p.total_bytes else ""
     rate = f" at {size_text(int(p.rate_bps))}/s" if p.rate_bps > 0 else ""
     eta = f", ~{_duration(p.eta_s)} left" if p.eta_s is not None else ""
-    return f"fetching model {source}: {size_text(p.done_bytes)}{total}{rate}{eta}"
+    return f"{doing}: {size_text(p.done_bytes)}{total}{rate}{eta}"
 
 
 def _duration(seconds: float) -> str:
@@ -85,32 +87,28 @@ async def fetch_model(agent: AgentState, t: TaskAssignment) -> TaskAssignment:
     except ValidationFailed as exc:
         raise LaunchFailed(f"model source refused: {exc}") from exc
     token = token_for(agent, source)
-    resolver = resolver_for(agent)
     started = agent.clock.monotonic()
     every = agent.settings.image_pull_report_interval_s
     shown = source.text
+    cache = agent.model_cache
     try:
-        manifest = await resolver.resolve(source, token)
+        tries = await ways(agent, source, token, list(t.model_peers), resolver_for(agent))
+        manifest = tries[0].manifest
         key = manifest.cache_key
-        cache = agent.model_cache
         fresh = not cache.is_complete(key)
         if fresh:
             size = size_text(manifest.total_bytes) if manifest.sizes_known else "size unknown"
             await agent._report(
-                t.id, "starting", f"fetching model {shown} ({size}, "
-                f"{len(manifest.files)} file(s), revision {manifest.revision})", note="fetch",
+                t.id, "starting", f"fetching model {shown} ({size}, {len(manifest.files)} "
+                f"file(s), revision {manifest.revision or 'none'}{_said(tries[0])})",
+                note="fetch",
             )
-        last = [agent.clock.monotonic()]
-
-        def noted(p: Progress) -> None:
-            now = agent.clock.monotonic()
-            if now - last[0] >= every:
-                last[0] = now
-                agent.note_later(t.id, progress_text(shown, p), "fetching")
-
+        elif tries[0].said:  # the origin could not be asked: say which copy runs
+            await agent._report(t.id, "starting", f"model {shown}: {tries[0].said}",
+                                note="fetch")
         cache.acquire(key)
         try:
-            await cache.ensure(manifest, token=token, progress=noted)
+            way = await _fetch(agent, t.id, shown, tries, every)
         except BaseException:
             cache.release(key)
             raise
@@ -119,16 +117,49 @@ async def fetch_model(agent: AgentState, t: TaskAssignment) -> TaskAssignment:
     previous = agent.fetched.pop(t.id, None)
     if previous is not None:  # a relaunch on this node: the earlier pin is replaced
         agent.model_cache.release(previous[0])
-    entry = cache.entry_path(manifest)
+    entry = cache.entry_path(way.manifest)
     agent.fetched[t.id] = (key, entry)
     if fresh:
         took = agent.clock.monotonic() - started
-        log.info("task %s: model %s fetched in %.1f s", t.id, shown, took)
+        log.info("task %s: model %s fetched in %.1f s%s", t.id, shown, took, _said(way))
         await agent._report(
-            t.id, "starting", f"fetched model {shown}: {size_text(manifest.total_bytes)} "
-            f"in {took:.0f} s", note="fetch",
+            t.id, "starting", f"fetched model {shown}: {size_text(way.manifest.total_bytes)} "
+            f"in {took:.0f} s{_said(way)}", note="fetch",
         )
     return with_fetched(t, entry)
+
+
+def _said(way: Way) -> str:
+    return f", {way.said}" if way.said else ""
+
+
+async def _fetch(agent: AgentState, task_id: str, shown: str, tries: list[Way],
+                 every: float) -> Way:
+    """The first way that completes the model; a holder that fails (gone, cut, its bytes
+    not the source's) gives way to the next, the origin last. What the node itself
+    cannot do (its budget, its disk) ends it at once."""
+    last = [agent.clock.monotonic()]
+    for i, way in enumerate(tries):
+        verb = f"copying model {shown} from node {way.manifest.copied_from}" \
+            if way.manifest.copied_from else f"fetching model {shown}"
+
+        def noted(p: Progress, verb: str = verb) -> None:
+            now = agent.clock.monotonic()
+            if now - last[0] >= every:
+                last[0] = now
+                agent.note_later(task_id, progress_text(verb, p), "fetching")
+
+        try:
+            await agent.model_cache.ensure(
+                way.manifest, token=way.token, signer=way.signer, progress=noted
+            )
+            return way
+        except SourceFailed as exc:
+            if i == len(tries) - 1 or exc.reason in ("budget", "disk"):
+                raise
+            log.warning("task %s: model %s: %s; trying %s", task_id, shown, exc.message,
+                        tries[i + 1].said or "the origin")
+    raise AssertionError("no way to fetch was given")  # ways() never returns none
 
 
 def with_fetched(t: TaskAssignment, entry: Path) -> TaskAssignment:

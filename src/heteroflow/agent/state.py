@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,9 @@ class AgentState:
         served = settings.metrics_port is not None
         self.metrics = AgentMetrics(self.name, nvml_utilisation if served else None)
         self.metrics_port: int | None = None  # the port it was bound to, once served
+        # issue 29: where this agent serves its model cache to the others, once bound
+        # (agent/peer_server.py; '' for nowhere: peer_port unset, no node token)
+        self.peer_url = ""
         self.local: dict[str, Local] = {}
         self.stopping: set[str] = set()  # being stopped right now: neither adopt nor reap
         # H7: launches that may pull an image first run beside the heartbeat (a pull can
@@ -241,7 +245,8 @@ class AgentState:
         if self._model_cache is None:
             root = self.settings.model_cache_dir or self.settings.work_dir / "models"
             budget = int(self.settings.model_cache_budget_gb * 1024**3) or None
-            self._model_cache = ModelCache(root, clock=self.clock, budget_bytes=budget)
+            self._model_cache = ModelCache(root, clock=self.clock, budget_bytes=budget,
+                                           tls=fleet_tls(self.settings.ca_file))
         return self._model_cache
 
     def _release_model(self, task_id: str) -> None:
@@ -264,6 +269,16 @@ class AgentState:
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession()
         return self._http
+
+
+def fleet_tls(ca_file: Path | None) -> ssl.SSLContext | bool:
+    """How the model cache verifies https: the default CAs (the hubs, a mirror) plus the
+    fleet's own CA when one is set (another node's agent serving copies over TLS)."""
+    if ca_file is None:
+        return True
+    ctx = ssl.create_default_context()
+    ctx.load_verify_locations(cafile=str(ca_file))
+    return ctx
 
 
 def _available_memory() -> int:

@@ -10,7 +10,9 @@ Pure: ``parse_model_source`` turns the text into a frozen ``ModelSource`` or rai
   given (ModelScope's default branch, not Hugging Face's);
 - ``https://host/path``: one file, or an archive the node unpacks when the path ends in
   ``.tar``, ``.tar.gz``, ``.tgz`` or ``.zip``;
-- ``fleet://<model id>``: a copy another node of the fleet already holds.
+- ``fleet://<model id>``: a copy another node of the fleet already holds, named by its
+  cache key (``cache_key``: the folder name, the same on every node that holds it, as
+  ``heteroflow models list`` shows it); the node copies it from a holder's agent.
 
 Decisions, made here once:
 
@@ -59,7 +61,10 @@ _SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$", re
 _REPO_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 # a branch, tag or commit: git's ref characters that need no quoting, / for refs/pr/1
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
-_FLEET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
+# a cache key (``ModelSource.cache_key``: a folder's name on a node), which is also what a
+# fleet:// source names
+CACHE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,119}$")
+_FLEET_ID = CACHE_KEY
 _SLUG_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -170,9 +175,10 @@ def _hub(kind: SourceKind, rest: str, field: str) -> ModelSource:
 
 
 def _fleet(rest: str, field: str) -> ModelSource:
-    if not _FLEET_ID.match(rest) or ".." in rest.split("/") or rest.endswith("/"):
+    if not _FLEET_ID.match(rest) or rest.endswith("."):
         raise _refuse(
-            f"fleet:// needs a model id (letters, digits, '.', '_', '-', '/'), got {rest!r}",
+            f"fleet:// needs a model id: a cache key as `heteroflow models list` shows it "
+            f"(letters, digits, '.', '_', '-'; at most {MAX_KEY_CHARS}), got {rest!r}",
             field,
         )
     return ModelSource(SourceKind.FLEET, rest)

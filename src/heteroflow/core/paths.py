@@ -216,22 +216,23 @@ def model_source_refusal(path: str, *, engine: str, custom_command: bool) -> str
     """Why a model source (``core.model_sources``) cannot run, or None. Its form is the
     parser's; an engine whose model lies in its image takes none; a GGUF-only engine
     (llama.cpp) takes the URL of one GGUF file or an archive, not a hub repository (which
-    holds every quantisation of a model: the node would fetch them all); ``fleet://`` is
-    not built yet."""
+    holds every quantisation of a model: the node would fetch them all) — a ``fleet://``
+    copy of one included, which its key's kind tells (``hf--…``)."""
     from heteroflow.core.model_sources import SourceKind, parse_model_source
 
     try:
         source = parse_model_source(path)
     except ValidationFailed as exc:
         return str(exc)
-    if source.kind is SourceKind.FLEET:
-        return (
-            "model_path: fleet:// sources (a copy another node holds) are not built yet; "
-            "use hf://, modelscope:// or https://"
-        )
     if engine in MODEL_IN_IMAGE:
         return f"engine {engine} serves the engine directory inside its image: no model source"
-    if engine in GGUF_ONLY and not custom_command and source.kind is not SourceKind.URL:
+    if engine in GGUF_ONLY and not custom_command and source.kind is SourceKind.FLEET:
+        if not source.location.startswith(f"{SourceKind.URL.value}--"):
+            return (
+                f"engine {engine} loads one GGUF file: {source.text} is a copy of a whole "
+                "hub repository; name the copy of one GGUF file's URL"
+            )
+    elif engine in GGUF_ONLY and not custom_command and source.kind is not SourceKind.URL:
         return (
             f"engine {engine} loads one GGUF file: name its URL (e.g. https://huggingface.co/"
             "org/name/resolve/main/model-q4_k_m.gguf), not a whole hub repository"

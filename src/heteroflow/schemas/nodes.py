@@ -110,6 +110,26 @@ def _model_source(value: str) -> str:
     return value
 
 
+# Where an agent serves its model cache to the other agents (issue 29): scheme, host and
+# port, nothing else (no user info, path or query: the address is shown and stored).
+PeerUrl = Annotated[
+    str,
+    StringConstraints(
+        max_length=300,
+        pattern=r"^(https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):[0-9]{1,5})?$",
+    ),
+]
+
+
+class PeerCopy(BaseModel):
+    """A node that holds a task's model and serves it to its peers (issue 29): where to
+    copy it from (``url``, the node's ``peer_url``) and under which cache ``key``."""
+
+    node: str
+    url: PeerUrl
+    key: CacheKey
+
+
 class CachedModelWire(BaseModel):
     """One model revision in the node's cache (``agent.model_cache.CachedModel``)."""
 
@@ -132,6 +152,8 @@ class Heartbeat(Strict):
     models: list[ModelWire] = Field(default_factory=list, max_length=10_000)
     # issue 29: the node's model cache (stored with ``models``: services/agents/nodes.py)
     model_cache: list[CachedModelWire] = Field(default_factory=list, max_length=MAX_CACHED_MODELS)
+    # issue 29: where this node's agent serves its cache to the others ('' for nowhere)
+    peer_url: PeerUrl = ""
     # engine -> exact image ref ("" for an engine the process runtime runs itself)
     engines: dict[ShortText, ImageRef] = Field(default_factory=dict, max_length=64)
     # the agent's volume rules (C4): create refuses an absolute model_path that no node
@@ -190,6 +212,10 @@ class TaskAssignment(BaseModel):
     # put the cache's path in ``model_path`` (agent/fetching.py): that path, and only it,
     # passes the node's allow-list; never sent by the server, never serialised
     model_fetched: bool = Field(default=False, exclude=True, repr=False)
+    # issue 29: nodes that hold this task's model source and serve it to their peers
+    # (services.agents.copies), in the claim reply only: the agent copies from them
+    # before it asks the source's origin; for a fleet:// source they are the only way
+    model_peers: list[PeerCopy] = Field(default_factory=list)
 
 
 class HeartbeatReply(BaseModel):

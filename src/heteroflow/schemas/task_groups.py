@@ -502,11 +502,12 @@ class ModelSourceRead(BaseModel):
     """Issue 29: what a model source named at create time (the dry run shows it)."""
 
     source: str
-    kind: str = Field(description="hf, modelscope or url")
+    kind: str = Field(description="hf, modelscope, url or fleet")
     resolved: bool = Field(
         default=True,
         description="false for a URL: the server contacts only the operator's hubs, a URL "
-        "is resolved by the node that fetches it (its files and size unknown here)",
+        "is resolved by the node that fetches it (its files and size unknown here); a "
+        "fleet copy is resolved from the holders' reports (size and revision)",
     )
     revision: str = Field(description="the resolved revision (a hub's commit); '' if none")
     bytes: int | None = Field(description="the files' total size; null if a size is unknown")

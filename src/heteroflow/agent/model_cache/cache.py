@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import shutil
+import ssl
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -55,10 +56,10 @@ from heteroflow.agent.model_cache.download import (
 )
 from heteroflow.agent.model_cache.unpack import unpack
 from heteroflow.core.clock import Clock
-from heteroflow.core.errors import Conflict, NotFound
+from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
 from heteroflow.core.images import size_text
 from heteroflow.core.model_sources import SourceKind
-from heteroflow.models.fetch.http import token_form
+from heteroflow.models.fetch.http import Signer, token_form
 from heteroflow.models.fetch.manifest import Manifest, SourceFailed
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,10 @@ class ModelCache:
         retries: int = 3,
         chunk_bytes: int = 1 << 20,
         progress_interval_s: float = 1.0,
+        tls: ssl.SSLContext | bool = True,
     ) -> None:
         self.root = root
+        self.tls = tls  # how https is verified: the default CAs, plus the fleet's own
         self.clock = clock
         self.budget_bytes = budget_bytes
         self.retries = retries
@@ -126,6 +129,31 @@ class ModelCache:
 
     def is_complete(self, key: str) -> bool:
         return (self.root / key / MARKER).is_file()
+
+    def manifest_of(self, key: str) -> Manifest | None:
+        """The manifest a complete model was fetched by (its marker's), or None."""
+        if not self.is_complete(key):
+            return None
+        data = _read_marker(self.root / key / MARKER).get("manifest")
+        try:
+            return Manifest.from_json(data) if isinstance(data, dict) else None
+        except (KeyError, TypeError, ValueError, ValidationFailed):  # edited by hand
+            return None
+
+    def files_of(self, key: str) -> list[tuple[str, int]]:
+        """A complete model's files as they lie (relative path, size): regular files
+        only, never a symlink or the marker — what a peer may copy. Blocking."""
+        folder = self.path_of(key)
+        out: list[tuple[str, int]] = []
+        for dirpath, dirnames, filenames in os.walk(folder):  # symlinks are not followed
+            dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
+            for name in filenames:
+                p = Path(dirpath) / name
+                rel = p.relative_to(folder).as_posix()
+                if rel == MARKER or p.is_symlink() or not p.is_file():
+                    continue
+                out.append((rel, p.stat().st_size))
+        return sorted(out)
 
     def list(self) -> list[CachedModel]:
         """Complete models (least recently used first) then downloads in progress."""
@@ -195,15 +223,18 @@ class ModelCache:
         *,
         token: str | None = None,
         progress: ProgressCallback | None = None,
+        signer: Signer | None = None,
     ) -> Path:
-        """The model's folder, complete (see the module). Raises ``SourceFailed``."""
+        """The model's folder, complete (see the module). Raises ``SourceFailed``.
+        ``signer``: a copy from another node's agent (``manifest.copied_from``) signs its
+        requests with the node token instead of sending a hub token."""
         key = manifest.cache_key
         if self.is_complete(key):
             self._touch(key)
             return self.path_of(key)
         task = self._inflight.get(key)
         if task is None or task.done():  # done: a failure whose callback has not run
-            task = asyncio.create_task(self._download(manifest, token))
+            task = asyncio.create_task(self._download(manifest, token, signer))
             self._inflight[key] = task
             task.add_done_callback(lambda t: self._done(key, t))
             self._trackers[key] = self._tracker(manifest)
@@ -235,9 +266,11 @@ class ModelCache:
         total = manifest.total_bytes if manifest.sizes_known else None
         return Tracker(manifest.cache_key, total, done, self.clock, self.progress_interval_s)
 
-    async def _download(self, manifest: Manifest, token: str | None) -> Path:
+    async def _download(
+        self, manifest: Manifest, token: str | None, signer: Signer | None
+    ) -> Path:
         try:
-            return await self._fetch_all(manifest, token)
+            return await self._fetch_all(manifest, token, signer)
         except OSError as e:  # the node's disk: full, read-only, permissions
             raise SourceFailed(
                 "disk",
@@ -245,7 +278,9 @@ class ModelCache:
                 f"({e.strerror or type(e).__name__})",
             ) from None
 
-    async def _fetch_all(self, manifest: Manifest, token: str | None) -> Path:
+    async def _fetch_all(
+        self, manifest: Manifest, token: str | None, signer: Signer | None
+    ) -> Path:
         key = manifest.cache_key
         self._make_room(key, manifest.total_bytes)
         await asyncio.to_thread(self._empty_trash)
@@ -253,7 +288,9 @@ class ModelCache:
         incoming.mkdir(parents=True, exist_ok=True)
         tracker = self._trackers[key]
         form = token_form(manifest.source.kind)
-        async with aiohttp.ClientSession(timeout=self.timeout) as session:
+        async with aiohttp.ClientSession(
+            timeout=self.timeout, connector=aiohttp.TCPConnector(ssl=self.tls)
+        ) as session:
             for f in manifest.files:
                 final = incoming / f.path
                 if final.is_file() and (f.size is None or final.stat().st_size == f.size):
@@ -263,6 +300,7 @@ class ModelCache:
                         await fetch_file(
                             session, f, final, token=token, tracker=tracker, form=form,
                             chunk_bytes=self.chunk_bytes, timeout=self.timeout,
+                            signer=signer,
                         )
                         break
                     except SourceFailed as e:
@@ -270,7 +308,7 @@ class ModelCache:
                             raise
                         log.warning("model %s: %s (try %d of %d)", key, e.message,
                                     attempt + 2, self.retries + 1)
-        if manifest.source.archive:
+        if manifest.source.archive and not manifest.copied_from:  # a copy is unpacked
             archive = incoming / manifest.files[0].path
             await asyncio.to_thread(unpack, archive, manifest.source.archive, incoming)
         tracker.file = ""

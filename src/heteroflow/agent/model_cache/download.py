@@ -28,7 +28,7 @@ from typing import BinaryIO
 import aiohttp
 
 from heteroflow.core.clock import Clock
-from heteroflow.models.fetch.http import TokenForm, request, shown, status_failure
+from heteroflow.models.fetch.http import Signer, TokenForm, request, shown, status_failure
 from heteroflow.models.fetch.manifest import ManifestFile, Reason, SourceFailed
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,7 @@ async def fetch_file(
     tracker: Tracker,
     chunk_bytes: int,
     timeout: aiohttp.ClientTimeout,
+    signer: Signer | None = None,
 ) -> None:
     """Fetch ``f`` to ``final`` (see the module). Raises ``SourceFailed``; a reason in
     ``RETRYABLE`` leaves the ``.part`` for the next try to continue."""
@@ -138,7 +139,8 @@ async def fetch_file(
     if f.size is None or have < f.size:
         headers = {"Range": f"bytes={have}-"} if have else {}
         async with request(
-            session, "GET", f.url, token=token, form=form, headers=headers, timeout=timeout
+            session, "GET", f.url, token=token, form=form, headers=headers, timeout=timeout,
+            signer=signer,
         ) as resp:
             if resp.status == 416:
                 part.unlink(missing_ok=True)

@@ -127,7 +127,8 @@ def _registered(ctx: ServerContext, beat: Beat, hb: Heartbeat) -> HeartbeatReply
 
 @router.post("/agent/tasks/{task_id}/claim", response_model=TaskAssignment, tags=["agent"])
 def claim(task_id: IdStr, ctx: Ctx, s: DB, node: AgentNode) -> TaskAssignment:
-    t = nodes.claim(s, ctx.clock, node, task_id)
+    t = nodes.claim(s, ctx.clock, node, task_id,
+                    offline_after_s=ctx.settings.node_offline_after_s)
     t.engine_key = ctx.engine_key(t.id)
     # H7: the pull's login travels as the engine key does: to the claiming agent only
     t.registry_auth = registry_credentials.auth_for_task(s, ctx.sealer, t.id, t.image)

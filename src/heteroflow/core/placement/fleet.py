@@ -96,9 +96,12 @@ class FleetIndex:
         for n in nodes:
             for m in n.models:
                 self._models.setdefault(m, []).append(n)
-            # issue 29: a source in its cache, by its text and its pinned text (a path
-            # never holds "://", so the two never meet in this map)
-            for text in {t for c in n.cached_models if c.complete for t in (c.source, c.pinned)}:
+            # issue 29: a source in its cache, by its text, its pinned text and its
+            # fleet:// name (a path never holds "://", so the two never meet in this map)
+            for text in {
+                t for c in n.cached_models if c.complete for t in (c.source, c.pinned, c.fleet)
+                if t
+            }:
                 self._models.setdefault(text, []).append(n)
             kinds = tuple(sorted({c.model for c in n.cards}))
             for c in n.cards:

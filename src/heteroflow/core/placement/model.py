@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 from heteroflow.core.engines.registry import is_cpu_build
 from heteroflow.core.errors import ValidationFailed
@@ -51,13 +52,49 @@ class CachedCopy:
     ``source`` the canonical source text it was fetched for (``hf://org/name@main``),
     ``pinned`` the same at its resolved revision (``hf://org/name@<commit>``; the source
     itself when it has no revision), ``bytes`` on disk, or fetched so far while
-    ``complete`` is False (a download in progress)."""
+    ``complete`` is False (a download in progress), ``key`` its cache key (the folder
+    name, the same on every node that holds this revision)."""
 
     source: str
     pinned: str
     revision: str
     bytes: int
     complete: bool
+    key: str = ""  # its cache key: ``fleet://<key>`` names this copy wherever it is
+
+    @property
+    def fleet(self) -> str:
+        """The ``fleet://`` source text that names this copy ('' without a key)."""
+        return f"fleet://{self.key}" if self.key else ""
+
+
+def cached_copies(models: list[Any]) -> tuple[CachedCopy, ...]:
+    """The node's cache as its heartbeat reported it (``agents.nodes.cached_entry``,
+    issue 29): the entries of the ``models`` column that carry a ``source``."""
+    out: list[CachedCopy] = []
+    for m in models:
+        if not isinstance(m, dict) or not m.get("source"):
+            continue
+        revision = str(m.get("revision") or "")
+        texts = _source_texts(str(m["source"]), revision)
+        if texts is None:  # stored by an older rule: not a copy anyone can match
+            continue
+        out.append(CachedCopy(
+            source=texts[0], pinned=texts[1], revision=revision,
+            bytes=int(m.get("size_bytes") or 0), complete=m.get("state") == "complete",
+            key=str(m.get("key") or ""),
+        ))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)  # a round reads every node's cache: parse once
+def _source_texts(text: str, revision: str) -> tuple[str, str] | None:
+    """(canonical text, the same pinned at ``revision``), or None when it does not parse."""
+    try:
+        source = parse_model_source(text)
+    except ValidationFailed:
+        return None
+    return source.text, source.pinned(revision).text
 
 
 @dataclass(slots=True)

@@ -79,10 +79,11 @@ SCORERS: dict[str, Scorer] = {
 
 def copy_matches(c: CachedCopy, source: str, revision: str = "") -> bool:
     """Whether a cached copy is the model of ``source`` (canonical text): fetched for it,
-    or pinned at the revision it names (``@<commit>``); with ``revision`` (what a create
-    resolved) only a copy at that revision. A round knows no revision (a task row keeps
-    the text as given), so any revision of the named source counts there."""
-    return bool(source) and source in (c.source, c.pinned) and (
+    pinned at the revision it names (``@<commit>``), or named by its cache key
+    (``fleet://<key>``); with ``revision`` (what a create resolved) only a copy at that
+    revision. A round knows no revision (a task row keeps the text as given), so any
+    revision of the named source counts there."""
+    return bool(source) and source in (c.source, c.pinned, c.fleet) and (
         not revision or c.revision == revision
     )
 

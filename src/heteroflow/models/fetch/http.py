@@ -14,7 +14,7 @@ token.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -26,6 +26,9 @@ from heteroflow.core.model_sources import SourceKind
 from heteroflow.models.fetch.manifest import SourceFailed
 
 TokenForm = Literal["bearer", "modelscope"]
+#: Signs one request to another node's agent (``core.node_signature``): (method, URL) →
+#: the ``Authorization`` value. It goes to its first origin only, as a token does.
+Signer = Callable[[str, str], str]
 
 MAX_REDIRECTS = 5
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -92,14 +95,18 @@ async def request(
     form: TokenForm = "bearer",
     headers: Mapping[str, str] | None = None,
     timeout: aiohttp.ClientTimeout | None = None,
+    signer: Signer | None = None,
 ) -> AsyncIterator[aiohttp.ClientResponse]:
-    """One request; redirects followed with the token kept to its first origin."""
+    """One request; redirects followed with the token (or the signature) kept to its
+    first origin."""
     home = origin(url)
     current = url
     for _ in range(MAX_REDIRECTS + 1):
         sent = dict(headers or {})
         if token and origin(current) == home:
             sent.update(credential(token, current, form))
+        if signer is not None and origin(current) == home:
+            sent["Authorization"] = signer(method, current)
         try:
             resp = await session.request(
                 method, URL(current), headers=sent,

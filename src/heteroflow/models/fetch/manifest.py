@@ -78,6 +78,9 @@ class Manifest:
     source: ModelSource
     revision: str  # the resolved revision (a hub's commit sha); '' when there is none
     files: tuple[ManifestFile, ...]
+    # a copy from another node's cache (issue 29): that node's name; its files are the
+    # model as it lies there (an archive source's already unpacked)
+    copied_from: str = ""
 
     @property
     def total_bytes(self) -> int:
@@ -97,6 +100,7 @@ class Manifest:
         return {
             "source": self.source.text,
             "revision": self.revision,
+            **({"copied_from": self.copied_from} if self.copied_from else {}),
             "files": [
                 {"path": f.path, "size": f.size, "sha256": f.sha256, "url": f.url}
                 for f in self.files
@@ -108,6 +112,7 @@ class Manifest:
         return cls(
             source=parse_model_source(str(data["source"])),
             revision=str(data.get("revision") or ""),
+            copied_from=str(data.get("copied_from") or ""),
             files=tuple(
                 ManifestFile(
                     path=str(f["path"]),

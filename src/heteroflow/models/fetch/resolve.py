@@ -16,7 +16,8 @@
 - https: ``HEAD`` gives the size (``Content-Length``; a server that answers no ``HEAD``
   is asked for byte 0 and its ``Content-Range`` total); a ``{url}.sha256`` sidecar, when
   the server has one, gives the SHA-256 (its first word, as ``sha256sum`` writes it).
-- fleet: not yet (a copy between nodes needs the agents' file route): ``unsupported``.
+- fleet: no origin to ask (``unsupported``): a node copies it from a holder's agent
+  (``agent.fetch_plan``, ``models.fetch.peer``).
 
 The endpoints are the operator's (a mirror) and the timeout is the caller's: constructor
 arguments. A token goes to the endpoint only: as ``Authorization: Bearer`` to Hugging Face
@@ -69,8 +70,8 @@ class SourceResolver:
         if source.kind is SourceKind.FLEET:
             raise SourceFailed(
                 "unsupported",
-                f"{FIELD}: fleet:// sources are not supported yet (copies between nodes "
-                "come with issue 29's next step); use hf://, modelscope:// or https://",
+                f"{FIELD}: a fleet:// source has no origin to ask: the node copies it from "
+                "a node that holds it (agent.fetch_plan)",
             )
         if self._session is not None:
             return await self._resolve(self._session, source, token)

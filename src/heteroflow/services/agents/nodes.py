@@ -46,6 +46,7 @@ from heteroflow.schemas.nodes import (
     TaskReport,
     TemplateRead,
 )
+from heteroflow.services.agents.copies import model_peers
 from heteroflow.services.identity.access import task_on_node
 from heteroflow.services.lifecycle import faults
 from heteroflow.services.lifecycle.transitions import KEEP, TaskUpdate, note, transition
@@ -134,6 +135,7 @@ def reported_columns(hb: Heartbeat) -> dict[str, Any]:
         "allowed_volume_prefixes": list(hb.allowed_volume_prefixes),
         "denied_volume_prefixes": list(hb.denied_volume_prefixes),
         "host_ports_in_use": sorted(set(hb.host_ports_in_use)),  # the pool skips them (P2)
+        "peer_url": hb.peer_url,  # issue 29: where it serves its cache to the other agents
     }
 
 
@@ -276,8 +278,11 @@ def assignment(t: Task, parallelism: str) -> TaskAssignment:
     return read.model_copy(update={"parallelism": parallelism})
 
 
-def claim(s: Session, clock: Clock, node_id: str, task_id: str) -> TaskAssignment:
-    """scheduled -> starting, by CAS: exactly one agent wins a task."""
+def claim(
+    s: Session, clock: Clock, node_id: str, task_id: str, *, offline_after_s: float = 30.0
+) -> TaskAssignment:
+    """scheduled -> starting, by CAS: exactly one agent wins a task. A model source comes
+    with the nodes it can be copied from (issue 29, ``services.agents.copies``)."""
     t = task_on_node(s, node_id, task_id)
     if not transition(
         s,
@@ -295,6 +300,9 @@ def claim(s: Session, clock: Clock, node_id: str, task_id: str) -> TaskAssignmen
     if read.parallelism == "pipeline":  # G1: where its gang meets (services/placement/gangs)
         place = gang_place(s, t)
         read = read.model_copy(update={"gang": place.to_dict() if place else None})
+    peers = model_peers(s, clock, node_id, t.id, t.model_path, offline_after_s=offline_after_s)
+    if peers:
+        read = read.model_copy(update={"model_peers": peers})
     return read
 
 

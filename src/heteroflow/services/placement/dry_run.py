@@ -301,6 +301,14 @@ def with_copies(
     cache holds it at the resolved revision, and the download a start elsewhere adds."""
     if source is None:
         return None
+    if source.kind == "fleet":  # resolved from the holders' reports: their copy's size
+        copies = [c for n in nodes for c in n.cached_models
+                  if c.complete and c.fleet == source.source]
+        if copies:
+            source = source.model_copy(update={
+                "resolved": True, "revision": copies[0].revision,
+                "bytes": max(c.bytes for c in copies),
+            })
     return source.model_copy(update={
         "cached_on": cached_on(nodes, source.source, source.revision),
         "download_s": download_estimate_s(source.bytes or 0, policy.download_mb_s),

@@ -11,7 +11,6 @@ which nodes are online, what engines they report or what they could hold.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -21,10 +20,8 @@ from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.engines.selection import NodeEngines
-from heteroflow.core.errors import ValidationFailed
-from heteroflow.core.model_sources import parse_model_source
 from heteroflow.core.placement import CardView, NodeView, Placement, TaskDemand, book
-from heteroflow.core.placement.model import CachedCopy
+from heteroflow.core.placement.model import cached_copies
 from heteroflow.core.ports import host_ports, ports_from_dicts
 from heteroflow.core.states import HOLDS_RESOURCES, TaskStatus
 from heteroflow.db.tables import Node, Task
@@ -146,34 +143,6 @@ def _book_holders(s: Session, views: dict[str, NodeView], keys: dict[str, str]) 
                     c.sleeping += 1
                     c.sleeping_mb += p.per_card_mb
                     c.sleeping_pct += p.per_card_pct
-
-
-def cached_copies(models: list[Any]) -> tuple[CachedCopy, ...]:
-    """The node's cache as its heartbeat reported it (``agents.nodes.cached_entry``,
-    issue 29): the entries of the ``models`` column that carry a ``source``."""
-    out: list[CachedCopy] = []
-    for m in models:
-        if not isinstance(m, dict) or not m.get("source"):
-            continue
-        revision = str(m.get("revision") or "")
-        texts = _source_texts(str(m["source"]), revision)
-        if texts is None:  # stored by an older rule: not a copy anyone can match
-            continue
-        out.append(CachedCopy(
-            source=texts[0], pinned=texts[1], revision=revision,
-            bytes=int(m.get("size_bytes") or 0), complete=m.get("state") == "complete",
-        ))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=4096)  # a round reads every node's cache: parse once
-def _source_texts(text: str, revision: str) -> tuple[str, str] | None:
-    """(canonical text, the same pinned at ``revision``), or None when it does not parse."""
-    try:
-        source = parse_model_source(text)
-    except ValidationFailed:
-        return None
-    return source.text, source.pinned(revision).text
 
 
 def _card(g: dict[str, Any]) -> CardView:

@@ -46,6 +46,13 @@ def resolve_source(req: TaskGroupCreate, settings: ServerSettings) -> ModelSourc
     if refused:
         raise ValidationFailed(refused, field=FIELD)
     source = parse_model_source(model_path)
+    if source.kind is SourceKind.FLEET:
+        # a copy some node holds: known from the nodes' own reports, read with the fleet
+        # (``check_task`` refuses one nobody holds; the dry run shows the holders' copy)
+        return ModelSourceRead(
+            source=source.text, kind=source.kind.value, resolved=False, revision="",
+            bytes=None, file_count=0, files=[],
+        )
     if source.kind is SourceKind.URL:
         # a tenant's URL is never contacted by the control plane (it would probe the
         # server's own network for them: an internal host, its loopback); the node that
