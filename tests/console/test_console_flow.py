@@ -83,6 +83,9 @@ def test_operator_flow_and_another_tenant_sees_nothing(
     # --- O4 + O2: deploy a scanned model; the dry run first, then create ---------------
     console.goto("#/models")
     console.shot("models")
+    # a scanned model lies on the node's disk; a cached one would name its source (H9)
+    expect(page.locator("section.panel", has_text="e2e-node").locator("tbody tr").first
+           ).to_contain_text("on disk")
     page.get_by_role("button", name="Deploy tiny from e2e-node").click()
     dialog = page.locator("dialog.modal")
     expect(dialog.get_by_label("Model name")).to_have_value("tiny")

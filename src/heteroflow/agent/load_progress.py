@@ -29,7 +29,12 @@ from typing import Any, Protocol
 import psutil
 
 from heteroflow.agent.config import NodeConfig
-from heteroflow.agent.models import DATA_MODELS, ModelPathError, resolve_model_file
+from heteroflow.agent.models import (
+    DATA_MODELS,
+    ModelPathError,
+    model_prefixes,
+    resolve_model_file,
+)
 from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.agent.runtime.protocol import Runtime
 from heteroflow.core.engines.load_words import words_for
@@ -242,10 +247,14 @@ def _model_path(t: TaskAssignment, runtime: str, config: NodeConfig) -> Path | N
     if not t.model_path:
         return None
     if runtime == "process":
+        # a model fetched into the cache passes as its launch did (issue 29): its size
+        # sets the load's expected time, and its load teaches the node's read rate
+        allowed, denied = model_prefixes(
+            t.model_path, t.model_fetched, config.allowed_volume_prefixes,
+            config.denied_volume_prefixes,
+        )
         try:
-            return resolve_model_file(
-                t.model_path, config.allowed_volume_prefixes, config.denied_volume_prefixes
-            )
+            return resolve_model_file(t.model_path, allowed, denied)
         except ModelPathError:
             return None
     path = Path(t.model_path)
