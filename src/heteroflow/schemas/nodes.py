@@ -289,6 +289,8 @@ class NodeRead(BaseModel):
     denied_volume_prefixes: list[str] = Field(default_factory=list)
     # TCP ports in use on the node's host at its last heartbeat (the pool skips them)
     host_ports_in_use: list[int] = Field(default_factory=list)
+    # where its agent serves its model cache to the other agents ('' for nowhere)
+    peer_url: str = ""
     registered_at: datetime
     last_heartbeat_at: datetime
 

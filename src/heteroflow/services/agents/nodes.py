@@ -502,6 +502,7 @@ def list_nodes(
             allowed_volume_prefixes=[str(p) for p in n.allowed_volume_prefixes],
             denied_volume_prefixes=[str(p) for p in n.denied_volume_prefixes],
             host_ports_in_use=[int(p) for p in n.host_ports_in_use],
+            peer_url=n.peer_url,
             registered_at=n.registered_at,
             last_heartbeat_at=n.last_heartbeat_at,
         )
