@@ -240,3 +240,19 @@ async def test_modelscope_takes_the_token_as_its_session_cookie(
     path = await ModelCache(tmp_path, clock=FakeClock()).ensure(m, token=TOKEN)
     assert (path / "model.gguf").read_bytes() == WEIGHTS
     assert hub.auth_seen["/api/v1/models/org/private/repo"] == [f"m_session_id={TOKEN}"]
+
+
+async def test_a_hub_files_url_is_checked_by_the_sha256_the_hub_names(
+    hub: ModelHub, base: str
+) -> None:
+    """A Hugging Face ``resolve`` URL of a file in LFS carries its SHA-256 in
+    ``X-Linked-Etag`` — on the redirect to the CDN, which the token never follows — so
+    the file is checked by checksum, not by size alone; a file in git (a blob id) is not."""
+    weights = f"{base}/org/tiny/resolve/main/model.safetensors"
+    expected = hashlib.sha256(WEIGHTS).hexdigest()
+    assert (await resolver(base).resolve(parse_model_source(weights))).files[0].sha256 == expected
+    hub.cdn_base = base  # the hub answers with a redirect to its CDN, as huggingface.co does
+    (f,) = (await resolver(base).resolve(parse_model_source(weights))).files
+    assert (f.sha256, f.size) == (expected, len(WEIGHTS))
+    config = f"{base}/org/tiny/resolve/main/config.json"
+    assert (await resolver(base).resolve(parse_model_source(config))).files[0].sha256 is None

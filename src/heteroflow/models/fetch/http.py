@@ -96,9 +96,11 @@ async def request(
     headers: Mapping[str, str] | None = None,
     timeout: aiohttp.ClientTimeout | None = None,
     signer: Signer | None = None,
+    hops: list[Mapping[str, str]] | None = None,
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """One request; redirects followed with the token (or the signature) kept to its
-    first origin."""
+    first origin. ``hops`` gets the headers of each redirect answered on the way (a
+    hub's file metadata rides on its redirect to the CDN)."""
     home = origin(url)
     current = url
     for _ in range(MAX_REDIRECTS + 1):
@@ -123,6 +125,8 @@ async def request(
                 f"({type(e).__name__})",
             ) from None
         if resp.status in _REDIRECTS and "Location" in resp.headers:
+            if hops is not None:
+                hops.append(dict(resp.headers))
             target = str(URL(current).join(URL(resp.headers["Location"])))
             resp.release()
             if urlsplit(target).scheme.lower() not in ("http", "https"):

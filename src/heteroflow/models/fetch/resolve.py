@@ -14,8 +14,10 @@
   listing names no repository commit, so the resolved revision is the one asked for.
   Checked against the SDK's source, not against the real service (unreachable here).
 - https: ``HEAD`` gives the size (``Content-Length``; a server that answers no ``HEAD``
-  is asked for byte 0 and its ``Content-Range`` total); a ``{url}.sha256`` sidecar, when
-  the server has one, gives the SHA-256 (its first word, as ``sha256sum`` writes it).
+  is asked for byte 0 and its ``Content-Range`` total); the SHA-256 is a hub's
+  ``X-Linked-Etag`` (a ``…/resolve/…`` URL of a file in LFS: on its redirect to the CDN),
+  else a ``{url}.sha256`` sidecar when the server has one (its first word, as
+  ``sha256sum`` writes it).
 - fleet: no origin to ask (``unsupported``): a node copies it from a holder's agent
   (``agent.fetch_plan``, ``models.fetch.peer``).
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
@@ -178,14 +181,18 @@ class SourceResolver:
         self, session: aiohttp.ClientSession, source: ModelSource, token: str | None
     ) -> Manifest:
         url = source.location
-        async with request(session, "HEAD", url, token=token, timeout=self.timeout) as resp:
+        hops: list[Mapping[str, str]] = []
+        async with request(session, "HEAD", url, token=token, timeout=self.timeout,
+                           hops=hops) as resp:
             status, length = resp.status, resp.headers.get("Content-Length")
+            hops.append(dict(resp.headers))
         size = int(length) if length and length.isdigit() else None
+        linked = _linked_sha256(hops)  # a hub file's URL: its LFS SHA-256, on the way
         if status in (405, 501):  # a server that answers no HEAD: ask for one byte
             status, size = await self._first_byte(session, url, token)
         if status not in (200, 206):
             raise status_failure(status, url, shown(url))
-        sha = await self._sidecar(session, url + ".sha256", token)
+        sha = linked or await self._sidecar(session, url + ".sha256", token)
         raw = posixpath.basename(urlsplit(url).path)
         name = unquote(raw)  # the file's name on disk, not its URL spelling
         if safe_relative(name) is None:
@@ -220,3 +227,14 @@ class SourceResolver:
             raise SourceFailed("invalid", f"{FIELD}: {shown(url)} is not a SHA-256 "
                                "checksum file")
         return m[1].lower()
+
+
+def _linked_sha256(hops: list[Mapping[str, str]]) -> str | None:
+    """The SHA-256 a Hugging Face ``resolve`` URL names for a file in LFS: its
+    ``X-Linked-Etag`` (on the redirect to the CDN, or on the answer itself), the quoted
+    hex digest; a git blob id (40 hex) or a CDN's own ETag is not one."""
+    for headers in hops:
+        tag = headers.get("X-Linked-Etag", "").strip().removeprefix("W/").strip('"')
+        if _SHA256_WORD.match(tag):
+            return tag.lower()
+    return None
