@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from importlib import import_module
+from importlib.metadata import version
 from typing import TYPE_CHECKING
 
 from heteroflow.cmd.errors import CliError
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    # what an install (pip, an offline wheelhouse) put here: the distribution's own record
+    p.add_argument("--version", action="version", version=f"heteroflow {version('heteroflow')}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for noun in NOUNS:
         noun.add_parsers(sub)
