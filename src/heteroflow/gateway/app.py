@@ -42,6 +42,8 @@ from heteroflow.gateway.policy.admission import Admission
 from heteroflow.gateway.policy.usage import HttpUsageSink, UsageCollector
 from heteroflow.gateway.routing.auto import DEFAULT_LONG_PROMPT_TOKENS
 from heteroflow.gateway.routing.balancing import DEFAULT_MAX_TEMP_C, Balancer
+from heteroflow.gateway.routing.fair_gate import FairGate, FairShareSettings
+from heteroflow.gateway.routing.fair_share import Pool
 from heteroflow.gateway.routing.health import DEFAULT_COOLDOWN_S, PassiveHealth
 from heteroflow.gateway.routing.hold import (
     DEFAULT_HOLD_S,
@@ -109,6 +111,7 @@ class GatewayApp:
         load_scrape_interval_s: float = DEFAULT_LOAD_SCRAPE_INTERVAL_S,
         cors_origins: Sequence[str] = (),
         inflight: InFlight | None = None,
+        fair_share: FairShareSettings | None = None,
     ) -> None:
         self._holder = holder
         # issue 15: x-request-id, CORS (off without origins) on every /v1 answer
@@ -171,6 +174,21 @@ class GatewayApp:
         )
         if usage is not None:  # issue 14: the load goes with every usage flush
             usage.set_load_source(self.load_report)
+        # M16: fair share of a saturated pool between tenants (off without a bound)
+        fs = fair_share or FairShareSettings()
+        self._fair = FairGate(
+            self._balancer,
+            self.metrics,
+            per_backend=fs.per_backend,
+            max_queue=fs.max_queue,
+            max_wait_s=fs.max_wait_s,
+            retry_after_s=fs.retry_after_s,
+            now=clock.monotonic,
+            weights=dict(fs.weights),
+            priority=frozenset(fs.priority),
+            linger_s=fs.linger_s,
+            workers=getattr(self._inflight, "columns", 1),
+        )
         self._router = Router(
             self._balancer, self.hold, usage, auto_long_prompt_tokens=auto_long_prompt_tokens
         )
@@ -233,6 +251,15 @@ class GatewayApp:
             load_scrape_interval_s=settings.gateway_load_scrape_interval_s,
             cors_origins=settings.gateway_cors_origins,
             inflight=inflight,
+            fair_share=FairShareSettings(
+                per_backend=settings.gateway_backend_concurrency,
+                max_queue=settings.gateway_fair_share_max_queue,
+                max_wait_s=settings.gateway_fair_share_max_wait_s,
+                retry_after_s=settings.gateway_fair_share_retry_after_s,
+                weights=settings.gateway_fair_share_weights,
+                priority=tuple(settings.gateway_fair_share_priority_tenants),
+                linger_s=settings.gateway_fair_share_linger_s,
+            ),
         )
 
     def start(self) -> None:
@@ -324,9 +351,18 @@ class GatewayApp:
             return
         if call is None or not await self._router.route(scope, receive, call, send, path):
             return
-        if not await self._admission.admit(scope, call, send, path):
-            return
-        await self._forwarder.relay_and_settle(scope, receive, call, send, path)
+        slot = self._fair.enter(call)  # M16: None (off), a slot, or queued/refused
+        if slot is not None and not isinstance(slot, Pool):
+            slot = await self._fair.wait(slot, call, receive, send)
+            if slot is None:  # answered (429, 503) or the client left
+                return
+        try:
+            if not await self._admission.admit(scope, call, send, path):
+                return
+            await self._forwarder.relay_and_settle(scope, receive, call, send, path)
+        finally:
+            if slot is not None:
+                self._fair.leave(slot, call)  # a stream's slot is held until it ended
 
     def load_report(self) -> GatewayLoad:
         """Issue 14: every backend of the current snapshot as this gateway sees it —

@@ -37,6 +37,12 @@ Series:
                                                            starting, node_offline,
                                                            card_borrowed, container_gone,
                                                            failed, other; error: not asked)
+  heteroflow_gateway_fair_queued{model}                  gauge (M16): requests waiting now
+                                                           for a slot of their saturated
+                                                           pool, in their tenant's queue
+  heteroflow_gateway_fair_wait_seconds{model}            histogram: queued to given a slot
+  heteroflow_gateway_fair_refusals_total{model,reason}   counter, reason queue_full (429)
+                                                           | wait_timeout (503) | client_left
 """
 
 from __future__ import annotations
@@ -85,6 +91,10 @@ class GatewayMetrics:
         self.start_holds: dict[tuple[str, str], int] = {}  # a starting model's (M17)
         self.start_hold_seconds: dict[str, Histogram] = {}
         self.wakes: dict[tuple[str, str], int] = {}
+        # M16 fair share (gateway.routing.fair_gate)
+        self.fair_queue: dict[str, int] = {}  # model -> requests queued now
+        self.fair_waits: dict[str, Histogram] = {}
+        self.fair_refusals: dict[tuple[str, str], int] = {}  # (model, reason)
 
     def request_done(self, path: str, model: str, status: int) -> None:
         key = (path, model, status or CLIENT_LEFT)
@@ -133,6 +143,19 @@ class GatewayMetrics:
     def woken(self, model: str, branch: str) -> None:
         key = (model, branch if branch in WAKE_BRANCHES else "other")
         self.wakes[key] = self.wakes.get(key, 0) + 1
+
+    def fair_queued(self, model: str, delta: int) -> None:
+        self.fair_queue[model] = self.fair_queue.get(model, 0) + delta
+
+    def fair_waited(self, model: str, seconds: float) -> None:
+        h = self.fair_waits.get(model)
+        if h is None:
+            h = self.fair_waits[model] = Histogram(self._buckets)
+        h.observe(seconds)
+
+    def fair_refused(self, model: str, reason: str) -> None:
+        key = (model, reason)
+        self.fair_refusals[key] = self.fair_refusals.get(key, 0) + 1
 
     def render(self) -> bytes:
         out: list[str] = [
@@ -218,6 +241,27 @@ class GatewayMetrics:
         for (model, branch), n in sorted(self.wakes.items()):
             label = f'model="{_esc(model)}",branch="{branch}"'
             out.append(f"heteroflow_gateway_wakes_total{{{label}}} {n}")
+        out += [
+            "# HELP heteroflow_gateway_fair_queued Requests waiting for a slot of their "
+            "saturated pool (fair share).",
+            "# TYPE heteroflow_gateway_fair_queued gauge",
+            *(
+                f'heteroflow_gateway_fair_queued{{model="{_esc(model)}"}} {n}'
+                for model, n in sorted(self.fair_queue.items())
+            ),
+            "# HELP heteroflow_gateway_fair_wait_seconds Time a request waited for a slot "
+            "of its saturated pool.",
+            "# TYPE heteroflow_gateway_fair_wait_seconds histogram",
+        ]
+        _histograms(out, "heteroflow_gateway_fair_wait_seconds", self.fair_waits)
+        out += [
+            "# HELP heteroflow_gateway_fair_refusals_total Requests of a saturated pool "
+            "answered without a slot, by reason.",
+            "# TYPE heteroflow_gateway_fair_refusals_total counter",
+        ]
+        for (model, reason), n in sorted(self.fair_refusals.items()):
+            label = f'model="{_esc(model)}",reason="{_esc(reason)}"'
+            out.append(f"heteroflow_gateway_fair_refusals_total{{{label}}} {n}")
         return ("\n".join(out) + "\n").encode()
 
 

@@ -27,8 +27,17 @@ from heteroflow.core.prometheus import Histogram
 from heteroflow.gateway.metrics import GatewayMetrics
 
 DEFAULT_INTERVAL_S = 1.0
-_COUNTERS = ("requests", "tokens", "ejections", "failovers", "holds", "start_holds", "wakes")
-_HISTOGRAMS = ("latency", "hold_seconds", "start_hold_seconds")
+_COUNTERS = (
+    "requests",
+    "tokens",
+    "ejections",
+    "failovers",
+    "holds",
+    "start_holds",
+    "wakes",
+    "fair_refusals",
+)
+_HISTOGRAMS = ("latency", "hold_seconds", "start_hold_seconds", "fair_waits")
 
 
 class SharedMetrics:
@@ -73,6 +82,7 @@ def _state(m: GatewayMetrics) -> dict[str, Any]:
     state: dict[str, Any] = {name: getattr(m, name) for name in (*_COUNTERS, *_HISTOGRAMS)}
     state["in_flight"] = m.in_flight
     state["held"] = m.held
+    state["fair_queue"] = m.fair_queue
     return state
 
 
@@ -95,6 +105,8 @@ def _add(total: GatewayMetrics, state: dict[str, Any], *, gauges: bool) -> None:
         total.in_flight += state.get("in_flight", 0)
         for model, n in state.get("held", {}).items():
             total.held[model] = total.held.get(model, 0) + n
+        for model, n in state.get("fair_queue", {}).items():
+            total.fair_queue[model] = total.fair_queue.get(model, 0) + n
 
 
 def _alive(pid: int) -> bool:
