@@ -19,12 +19,19 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, Field
 
 from heteroflow.core.engines.capabilities import UNKNOWN, Capabilities
 from heteroflow.schemas.common import IdStr, SafeStr, Strict, to_utc
+
+# How a route target's backend is picked (M2, M15; the policies: gateway.balancing). The
+# one list of names: the routes file's field type and the API's check both read it.
+Algorithm = Literal[
+    "round_robin", "random", "least_connections", "engine_aware", "prefix_affinity", "capacity"
+]
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 
 
 def hash_key(plaintext: str) -> str:
@@ -65,7 +72,7 @@ class RouteTarget:
     weight: int
     backends: tuple[Backend, ...]
     # How a backend of this target is picked (M2): round_robin, random, least_connections,
-    # engine_aware, prefix_affinity (M15; see gateway.balancing).
+    # engine_aware, prefix_affinity, capacity (M15; ``ALGORITHMS``, gateway.balancing).
     algorithm: str = "round_robin"
     # Capability tags for model=auto (M10), e.g. ("code", "long-context").
     tags: tuple[str, ...] = ()

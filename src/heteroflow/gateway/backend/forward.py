@@ -28,7 +28,7 @@ from heteroflow.gateway.backend.upstream import Upstream, UpstreamFailure
 from heteroflow.gateway.inbound import Call, Exchange
 from heteroflow.gateway.metrics import GatewayMetrics
 from heteroflow.gateway.policy.admission import Admission
-from heteroflow.gateway.policy.usage import UsageTracker
+from heteroflow.gateway.policy.usage import Usage, UsageTracker
 from heteroflow.gateway.routing.balancing import Balancer
 from heteroflow.gateway.routing.health import PassiveHealth
 from heteroflow.gateway.shaping import normalize
@@ -110,9 +110,11 @@ class Forwarder:
         balancer.acquire(backend)
         watcher = asyncio.create_task(watch_disconnect(receive, task, watch))
         try:
-            started = time.monotonic()  # the request's deadline counts from its first send
             failovers: Failovers | None = None  # made at the first failure (gateway.retry)
             while True:
+                # the request's deadline counts from its first send (the failovers are made
+                # at the first failure); the answered send's time teaches capacity (M15)
+                sent = time.monotonic()
                 attempt = self._send(
                     backend, scope, upstream, body, model, call.raw, dirty, targets
                 )
@@ -127,7 +129,7 @@ class Forwarder:
                     failovers = Failovers(
                         self._connect_retries,
                         self._retry_unanswered,
-                        started + self._upstream_timeout_s,
+                        sent + self._upstream_timeout_s,
                     )
                 other = self._fail_over(backend, resp, failovers, targets, call.pin)
                 if other is None:
@@ -162,6 +164,7 @@ class Forwarder:
         finally:
             balancer.release(backend)
             watcher.cancel()
+            _observe(balancer, backend, sent, usage.usage, answered and delivered)
             await self._settle(call, send, model, usage.usage, answered, delivered)
 
     def _fail_over(
@@ -251,6 +254,16 @@ class Forwarder:
                 base_url,
                 self._health.cooldown_s,
             )
+
+
+def _observe(
+    balancer: Balancer, backend: Backend, sent: float, usage: Usage | None, whole: bool
+) -> None:
+    """M15 ``capacity``: a whole 2xx answer whose tokens are known teaches its backend's
+    seconds per token (``sent``: when the answered attempt was sent, ``time.monotonic()``,
+    the balancer's clock)."""
+    if whole and usage is not None:
+        balancer.observe(backend, time.monotonic() - sent, usage.completion_tokens)
 
 
 def _adapter_of(targets: tuple[RouteTarget, ...], backend: Backend) -> bool:

@@ -42,6 +42,14 @@ Policy, applied to the targets of one ``(tenant, model)`` route:
      without sharing state; a body with no full block (or none at all: a failover) goes
      by ``least_connections``. Every key of the request is then recorded for the chosen
      backend.
+   * ``capacity`` (M15): the lowest expected completion cost, ``(in flight + 1) x the
+     backend's seconds per completion token`` (``capacity.CapacityView``, learned from
+     this gateway's answers: ``observe``), so a replica three times slower holds fewer
+     requests than a fast one (least_connections holds them equal and makes its answers
+     three times slower) and, while both are busy, gets a quarter of the traffic. A
+     backend with no fresh estimate (new, or unanswered for ``stale_s``) counts at the
+     mean of the route's others, so it is tried; with no estimate at all it is
+     ``least_connections``.
 
 Usable backends. A *draining* backend (M11) is never chosen: in-flight requests finish,
 new ones go elsewhere, and a route whose backends all drain answers 503. The other
@@ -78,6 +86,7 @@ from hashlib import blake2b
 from typing import Any, NamedTuple
 
 from heteroflow.gateway.backend.engine_metrics import EngineLoad, engine_score
+from heteroflow.gateway.routing.capacity import DEFAULT_STALE_S, DEFAULT_TAU_S, CapacityView
 from heteroflow.gateway.routing.health import PassiveHealth
 from heteroflow.gateway.routing.inflight import InFlight, LocalInFlight
 from heteroflow.gateway.routing.prefix import (
@@ -99,10 +108,11 @@ RANDOM = "random"
 LEAST_CONNECTIONS = "least_connections"
 ENGINE_AWARE = "engine_aware"
 PREFIX_AFFINITY = "prefix_affinity"
+CAPACITY = "capacity"
 DEFAULT_PREFIX_LOAD_FACTOR = 0.25
 DEFAULT_PREFIX_SLACK = 2
 _MASK64 = (1 << 64) - 1
-_LEAST = frozenset({LEAST_CONNECTIONS, ENGINE_AWARE})
+_LEAST = frozenset({LEAST_CONNECTIONS, ENGINE_AWARE, CAPACITY})
 
 
 class _Filter(NamedTuple):
@@ -125,6 +135,8 @@ class Balancer:
     """Chooses one backend for a request; holds the selection state between calls."""
 
     __slots__ = (
+        "_capacity",
+        "_clock",
         "_health",
         "_inflight",
         "_loads",
@@ -153,6 +165,8 @@ class Balancer:
         prefix_ttl_s: float = DEFAULT_TTL_S,
         prefix_load_factor: float = DEFAULT_PREFIX_LOAD_FACTOR,
         prefix_slack: int = DEFAULT_PREFIX_SLACK,
+        capacity_tau_s: float = DEFAULT_TAU_S,
+        capacity_stale_s: float = DEFAULT_STALE_S,
     ) -> None:
         self._health = health if health is not None else PassiveHealth()
         self._smooth: dict[str, int] = {}  # route_id -> current smooth-WRR weight
@@ -169,6 +183,9 @@ class Balancer:
         self._prefix = PrefixView(clock, max_entries=prefix_entries, ttl_s=prefix_ttl_s)
         self._prefix_load_factor = prefix_load_factor
         self._prefix_slack = max(1, prefix_slack)
+        # capacity: each backend's seconds per completion token (fed by ``observe``)
+        self._clock = clock
+        self._capacity = CapacityView(clock, tau_s=capacity_tau_s, stale_s=capacity_stale_s)
 
     @property
     def health(self) -> PassiveHealth:
@@ -192,6 +209,15 @@ class Balancer:
 
     def in_flight_at(self, base_url: str) -> int:
         return self._inflight.get(base_url, 0)
+
+    def observe(self, backend: Backend, seconds: float, completion_tokens: int) -> None:
+        """``backend`` answered ``completion_tokens`` in ``seconds`` (the ``capacity``
+        estimate; from ``forward``, for every answered request whose usage is known)."""
+        self._capacity.observe(backend.base_url, seconds, completion_tokens)
+
+    @property
+    def capacity_view(self) -> CapacityView:
+        return self._capacity
 
     # -- selection ----------------------------------------------------------------------
 
@@ -283,6 +309,10 @@ class Balancer:
             best = self._least_loaded(backends, i)
             if best is not None:
                 return best
+        elif algorithm == CAPACITY:
+            best = self._least_cost(backends, i)
+            if best is not None:
+                return best
         # Fewest in flight; scanning from the round-robin position breaks ties in turn.
         inflight = self._inflight
         best = backends[i]
@@ -325,6 +355,34 @@ class Balancer:
             if loads[i] < bound:
                 return backends[i]
         return backends[ranked[0]]  # unreachable (see above); keeps the type total
+
+    def _least_cost(self, backends: Sequence[Backend], start: int) -> Backend | None:
+        """capacity's choice: lowest ``(in flight + 1) x seconds per token``, ties in turn
+        from ``start``; None when no backend has an estimate (least_connections decides).
+        Two passes over the backends and no container allocated: the mean first (for
+        those without an estimate), then the costs."""
+        now = self._clock()
+        spt = self._capacity.seconds_per_token
+        total = 0.0
+        known = 0
+        for b in backends:
+            s = spt(b.base_url, now)
+            if s > 0.0:
+                total += s
+                known += 1
+        if not known:
+            return None
+        mean = total / known
+        inflight = self._inflight
+        n = len(backends)
+        best = backends[start]
+        best_cost = (inflight.get(best.base_url, 0) + 1) * (spt(best.base_url, now) or mean)
+        for k in range(1, n):
+            b = backends[(start + k) % n]
+            cost = (inflight.get(b.base_url, 0) + 1) * (spt(b.base_url, now) or mean)
+            if cost < best_cost:
+                best, best_cost = b, cost
+        return best
 
     def _least_loaded(self, backends: Sequence[Backend], start: int) -> Backend | None:
         """Lowest engine score, ties in turn from ``start``; None if a scrape is missing."""

@@ -45,6 +45,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from heteroflow.schemas.routing import (
+    Algorithm,
     Backend,
     KeyEntry,
     RouteTarget,
@@ -67,7 +68,6 @@ _PATTERN_HELP = {
 }
 Name = Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=_NAME)]
 Url = Annotated[str, StringConstraints(pattern=_URL)]
-Algorithm = Literal["round_robin", "random", "least_connections", "engine_aware", "prefix_affinity"]
 
 
 class RoutesFileError(Exception):

@@ -26,7 +26,7 @@ from heteroflow.schemas.gateway import (
     ModelRouteRead,
     ModelRouteUpdate,
 )
-from heteroflow.schemas.routing import hash_key
+from heteroflow.schemas.routing import ALGORITHMS, hash_key
 from heteroflow.services.identity.access import (
     endpoint_clause,
     route_clause,
@@ -40,7 +40,6 @@ from heteroflow.services.tenancy.sharing import SharingLookupFailed, sharing_pee
 from heteroflow.services.unique import taken_as
 from heteroflow.services.views import endpoint_read, route_read
 
-ALGORITHMS = ("round_robin", "random", "least_connections", "engine_aware", "prefix_affinity")
 # A key chosen by its owner (set_endpoint_key): long enough to be a secret, and only
 # characters a Bearer header carries as they are (RFC 6750's token68, without padding).
 CHOSEN_KEY = re.compile(r"[A-Za-z0-9._~+/-]{20,256}")
