@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 from importlib import import_module
-from importlib.metadata import version
 from typing import TYPE_CHECKING
 
 from heteroflow.cmd.errors import CliError
@@ -59,6 +58,20 @@ def _logging(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
+class _Version(argparse.Action):
+    """What an install (pip, an offline wheelhouse) put here, from the distribution's own
+    record — looked up only when asked: the lookup would cost every command's start."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from importlib.metadata import version
+
+        print(f"heteroflow {version('heteroflow')}")  # stdout, as argparse's own version does
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="heteroflow",
@@ -67,8 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    # what an install (pip, an offline wheelhouse) put here: the distribution's own record
-    p.add_argument("--version", action="version", version=f"heteroflow {version('heteroflow')}")
+    p.add_argument("--version", action=_Version, help="the installed version, and exit")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for noun in NOUNS:
         noun.add_parsers(sub)
