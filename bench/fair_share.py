@@ -27,6 +27,9 @@ completion of a prompt no other request shares (no prompt cache effects) and
 Sized for a 2-core machine: a few minutes. Prints a table; the last line is one JSON
 object with ``victim_p99_ttft_ms_alone``, ``victim_p99_ttft_ms_fair`` and
 ``victim_p99_ttft_ms_fifo`` (target: fair at most +20 % over alone).
+``--engine fake`` replaces llama.cpp with ``SlotEngine`` (the same slots, a fixed service
+time): the scheduling alone. ``--linger 0`` runs the fair gateway work-conserving (free
+slots lent to any tenant).
 ``.venv/bin/python bench/fair_share.py [--slots 4 --duration 60 ...]``.
 """
 
@@ -46,8 +49,10 @@ from typing import Any
 
 import httpx
 
+from heteroflow.gateway.wire.errors import Receive, Scope, Send
 from heteroflow.models.tiny_gguf import write_sized_gguf
 from heteroflow.schemas.routing import hash_key
+from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 from heteroflow.testing.up_stack import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,6 +61,31 @@ from prefix_routing import Replica, _listening, _pct, _text
 VICTIM_KEY = "sk-fair-share-bench-victim"
 FLOOD_KEY = "sk-fair-share-bench-flood"
 MODEL = "m"
+_TOKEN_MS = [0.0]  # --token-ms (the fake engine's decode step)
+
+
+class SlotEngine:
+    """``--engine fake``: an engine with ``slots`` slots, a FIFO queue before them and a
+    service time that does not depend on how many slots are busy (a GPU batch with
+    headroom): ``prefill_ms`` after a slot is taken, then ``max_tokens`` chunks
+    ``token_ms`` apart (the fake OpenAI backend). What the gateway's scheduling does,
+    without the CPU contention of llama.cpp and the load generator on 2 shared cores."""
+
+    def __init__(self, slots: int, prefill_ms: float) -> None:
+        self.app = FakeOpenAIBackend([MODEL])
+        self.slots = slots
+        self.prefill_s = prefill_ms / 1000.0
+        self._sem: asyncio.Semaphore | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.slots)  # FIFO: waiters in arrival order
+        async with self._sem:
+            await asyncio.sleep(self.prefill_s)
+            await self.app(scope, receive, send)
 
 
 def _body(rng: random.Random, prompt_chars: int, max_tokens: int) -> dict[str, Any]:
@@ -67,6 +97,8 @@ def _body(rng: random.Random, prompt_chars: int, max_tokens: int) -> dict[str, A
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
+        "fake_chunks": max_tokens,  # --engine fake only (llama.cpp ignores them)
+        "fake_delay_ms": _TOKEN_MS[0],
     }
 
 
@@ -178,25 +210,39 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=45.0, help="seconds of victim arrivals")
     ap.add_argument("--calibrate", type=int, default=40, help="requests to measure capacity")
     ap.add_argument("--seed", type=int, default=16)
+    ap.add_argument("--engine", choices=("llamacpp", "fake"), default="llamacpp")
+    ap.add_argument("--prefill-ms", type=float, default=100.0, help="--engine fake")
+    ap.add_argument("--token-ms", type=float, default=20.0, help="--engine fake")
+    ap.add_argument(
+        "--linger", type=float, default=None, help="the fair gateway's linger_s (default: its own)"
+    )
     a = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="fair-share-"))
-    model = write_sized_gguf(work / "model.gguf", a.mb)
+    model = work / "model.gguf"
     replica: Replica | None = None
+    fake: UvicornThread | None = None
     gateways: list[subprocess.Popen[str]] = []
     try:
-        replica = Replica(model, free_port(), a.slots, 2048, 0)
+        if a.engine == "fake":
+            _TOKEN_MS[0] = a.token_ms
+            fake = UvicornThread()
+            engine_url = f"http://127.0.0.1:{fake.serve(SlotEngine(a.slots, a.prefill_ms))}"
+        else:
+            replica = Replica(write_sized_gguf(model, a.mb), free_port(), a.slots, 2048, 0)
+            engine_url = replica.url
         routes = {
-            "models": {MODEL: {"algorithm": "least_connections", "backends": [replica.url]}},
+            "models": {MODEL: {"algorithm": "least_connections", "backends": [engine_url]}},
             "keys": {
                 "victim": {"sha256": hash_key(VICTIM_KEY), "tenant": "victim"},
                 "flood": {"sha256": hash_key(FLOOD_KEY), "tenant": "flood"},
             },
         }
         (work / "routes.json").write_text(json.dumps(routes))
-        fair_proc, fair = _gateway(
-            work / "routes.json", {"HETEROFLOW_GATEWAY_BACKEND_CONCURRENCY": str(a.slots)}
-        )
+        fair_env = {"HETEROFLOW_GATEWAY_BACKEND_CONCURRENCY": str(a.slots)}
+        if a.linger is not None:
+            fair_env["HETEROFLOW_GATEWAY_FAIR_SHARE_LINGER_S"] = str(a.linger)
+        fair_proc, fair = _gateway(work / "routes.json", fair_env)
         fifo_proc, fifo = _gateway(
             work / "routes.json", {"HETEROFLOW_GATEWAY_BACKEND_CONCURRENCY": "0"}
         )
@@ -212,12 +258,13 @@ def main() -> None:
             t += rng.expovariate(rate)
         flood = max(1, round(a.flood_x * a.slots / 2))
         print(
-            f"1 replica x {a.slots} slots: capacity {capacity:.2f} req/s; victim "
+            f"{a.engine}: 1 replica x {a.slots} slots: capacity {capacity:.2f} req/s; victim "
             f"{rate:.2f} req/s ({a.victim_load:g}x its share), {len(arrivals)} requests; "
             f"flood {flood} outstanding ({a.flood_x:g}x its share)",
             flush=True,
         )
         out: dict[str, Any] = {
+            "engine": a.engine,
             "slots": a.slots,
             "capacity_req_per_s": round(capacity, 3),
             "victim_req_per_s": round(rate, 3),
@@ -242,6 +289,13 @@ def main() -> None:
             if n:
                 out[f"flood_req_per_s_{name}"] = res["flood_done_per_s"]
                 out[f"flood_refused_{name}"] = res["flood_refused"]
+        # the fair gateway's own view: waits and refusals by reason
+        for line in httpx.get(f"{fair}/metrics", timeout=10).text.splitlines():
+            if line.startswith("heteroflow_gateway_fair_refusals_total"):
+                reason = line.split('reason="')[1].split('"')[0]
+                out[f"fair_refused_{reason}"] = int(float(line.rsplit(" ", 1)[1]))
+            elif line.startswith("heteroflow_gateway_fair_wait_seconds_count"):
+                out["fair_waits"] = int(float(line.rsplit(" ", 1)[1]))
         alone, fair_p99 = out["victim_p99_ttft_ms_alone"], out["victim_p99_ttft_ms_fair"]
         out["fair_over_alone"] = round(fair_p99 / alone, 3) if alone and fair_p99 else None
         print(json.dumps(out))
@@ -251,7 +305,9 @@ def main() -> None:
             g.wait(10)
         if replica is not None:
             replica.stop()
-        for f in work.iterdir():
+        if fake is not None:
+            fake.stop()
+        for f in work.iterdir():  # (the model, the routes file)
             f.unlink()
         work.rmdir()
 

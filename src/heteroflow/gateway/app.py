@@ -187,7 +187,8 @@ class GatewayApp:
             weights=dict(fs.weights),
             priority=frozenset(fs.priority),
             linger_s=fs.linger_s,
-            workers=getattr(self._inflight, "columns", 1),
+            # --workers N: the shared table has a column per worker, old and new (restarts)
+            workers=max(1, getattr(self._inflight, "columns", 2) // 2),
         )
         self._router = Router(
             self._balancer, self.hold, usage, auto_long_prompt_tokens=auto_long_prompt_tokens

@@ -133,17 +133,21 @@ class FairGate:
         ticket.waiter = granted
         gone = asyncio.ensure_future(disconnected(receive))
         self._metrics.fair_queued(model, +1)
+        waited_out = False  # the wait ended by itself (not by an exception)
         try:
             timeout = self.policy.deadline(ticket) - self._now()
             await asyncio.wait(
                 (granted, gone), timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED
             )
+            waited_out = True
         finally:
             self._metrics.fair_queued(model, -1)
             left = gone.done() and not gone.cancelled()
             gone.cancel()
-            if left or not ticket.granted:  # left, timed out or cancelled: a slot it was
-                self._wake(self.policy.cancel(ticket))  # just given goes to the next
+            if left or not waited_out or not ticket.granted:
+                # left, timed out or cancelled: out of its queue, and a slot it was just
+                # given goes to the next (never kept by a request that will not use it)
+                self._wake(self.policy.cancel(ticket))
         waited = self._now() - ticket.since
         if left:
             self._metrics.fair_refused(model, "client_left")

@@ -1,0 +1,89 @@
+"""The fair-share step's waits (M16, ``gateway.routing.fair_gate``): a slot is never kept
+by a request that will not use it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import MutableMapping
+from typing import Any
+
+from heteroflow.core.clock import FakeClock
+from heteroflow.gateway.inbound import Call
+from heteroflow.gateway.metrics import GatewayMetrics
+from heteroflow.gateway.routing.balancing import Balancer
+from heteroflow.gateway.routing.fair_gate import FairGate
+from heteroflow.gateway.routing.fair_share import Pool, Ticket
+from heteroflow.gateway.routing.health import PassiveHealth
+from heteroflow.schemas.routing import Backend, KeyEntry, RouteTarget, RoutingSnapshot
+
+TARGET = RouteTarget("r", "g", 0, 1, (Backend("t", "http://127.0.0.1:1"),))
+
+
+def _call(tenant: str) -> Call:
+    call = Call(RoutingSnapshot(1), KeyEntry("ep", tenant, None, frozenset({"m"})), b"", {}, "m")
+    call.targets = (TARGET,)
+    return call
+
+
+def _gate(metrics: GatewayMetrics) -> FairGate:
+    clock = FakeClock()
+    return FairGate(
+        Balancer(PassiveHealth(30.0)),
+        metrics,
+        per_backend=1,
+        max_queue=4,
+        max_wait_s=30.0,
+        retry_after_s=2,
+        now=clock.monotonic,
+    )
+
+
+async def _never() -> dict[str, Any]:
+    await asyncio.Event().wait()
+    raise AssertionError
+
+
+async def _sink(_message: MutableMapping[str, Any]) -> None:
+    return None
+
+
+def test_a_request_cancelled_just_after_its_slot_was_given_gives_it_back() -> None:
+    async def run() -> Pool:
+        gate = _gate(GatewayMetrics())
+        a, b = _call("a"), _call("b")
+        pool = gate.enter(a)
+        assert isinstance(pool, Pool)
+        ticket = gate.enter(b)
+        assert isinstance(ticket, Ticket)
+        waiting = asyncio.create_task(gate.wait(ticket, b, _never, _sink))
+        await asyncio.sleep(0)  # b waits
+        gate.leave(pool, a)  # a ends: b is given the slot...
+        assert ticket.granted
+        waiting.cancel()  # ...and is cancelled before it runs again
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        return pool
+
+    pool = asyncio.run(run())
+    assert pool.in_flight == 0 and pool.running == {} and pool.queued == 0
+
+
+def test_a_granted_request_gets_its_slot_and_counts_its_wait() -> None:
+    async def run() -> tuple[Pool | None, GatewayMetrics]:
+        metrics = GatewayMetrics()
+        gate = _gate(metrics)
+        a, b = _call("a"), _call("b")
+        pool = gate.enter(a)
+        assert isinstance(pool, Pool)
+        ticket = gate.enter(b)
+        assert isinstance(ticket, Ticket)
+        waiting = asyncio.create_task(gate.wait(ticket, b, _never, _sink))
+        await asyncio.sleep(0)
+        assert metrics.fair_queue == {"m": 1}
+        gate.leave(pool, a)
+        return await waiting, metrics
+
+    got, metrics = asyncio.run(run())
+    assert got is not None and got.running == {"b": 1}
+    assert metrics.fair_queue == {"m": 0} and metrics.fair_waits["m"].count == 1
