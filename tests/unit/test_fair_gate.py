@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -87,3 +88,62 @@ def test_a_granted_request_gets_its_slot_and_counts_its_wait() -> None:
     got, metrics = asyncio.run(run())
     assert got is not None and got.running == {"b": 1}
     assert metrics.fair_queue == {"m": 0} and metrics.fair_waits["m"].count == 1
+
+
+class _Sent:
+    """An ASGI ``send`` that keeps what was sent."""
+
+    def __init__(self) -> None:
+        self.messages: list[MutableMapping[str, Any]] = []
+
+    async def __call__(self, message: MutableMapping[str, Any]) -> None:
+        self.messages.append(message)
+
+
+def test_a_wait_past_max_wait_is_answered_503_with_retry_after() -> None:
+    metrics = GatewayMetrics()
+    sent = _Sent()
+
+    async def run() -> Pool | None:
+        gate = FairGate(
+            Balancer(PassiveHealth(30.0)),
+            metrics,
+            per_backend=1,
+            max_queue=4,
+            max_wait_s=0.05,
+            retry_after_s=7,
+            now=time.monotonic,
+        )
+        assert isinstance(gate.enter(_call("a")), Pool)
+        ticket = gate.enter(_call("b"))
+        assert isinstance(ticket, Ticket)
+        got = await gate.wait(ticket, _call("b"), _never, sent)
+        assert gate.queued() == 0
+        return got
+
+    assert asyncio.run(run()) is None
+    start = sent.messages[0]
+    assert start["status"] == 503 and (b"retry-after", b"7") in start["headers"]
+    assert b"server_overloaded" in sent.messages[1]["body"]
+    assert metrics.fair_refusals == {("m", "wait_timeout"): 1}
+
+
+def test_a_client_that_leaves_while_queued_is_dequeued_without_an_answer() -> None:
+    metrics = GatewayMetrics()
+    sent = _Sent()
+
+    async def left() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def run() -> Pool | None:
+        gate = _gate(metrics)
+        assert isinstance(gate.enter(_call("a")), Pool)
+        ticket = gate.enter(_call("b"))
+        assert isinstance(ticket, Ticket)
+        got = await gate.wait(ticket, _call("b"), left, sent)
+        assert gate.queued() == 0
+        return got
+
+    assert asyncio.run(run()) is None
+    assert sent.messages == []
+    assert metrics.fair_refusals == {("m", "client_left"): 1}
