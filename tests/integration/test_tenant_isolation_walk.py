@@ -239,6 +239,13 @@ def operations(a: World, b: World) -> dict[str, tuple[str, dict[str, Any]]]:
         "POST /api/v1/task-groups/{group_id}/adapters": (
             OBJECT, {"json": {"name": "stolen-lora", "path": "/data/models/lora"}}),
         "DELETE /api/v1/task-groups/{group_id}/adapters/{name}": (OBJECT, {}),
+        # issue 29 (H9): the nodes' model caches, operators only (403 for members)
+        "GET /api/v1/models/cache": (GLOBAL, {}),
+        "POST /api/v1/nodes/{node_id}/models/pull": (GLOBAL, {"json": {"source": "hf://o/n"}}),
+        "POST /api/v1/nodes/{node_id}/models/evict": (GLOBAL, {"json": {"key": "hf--o--n--1"}}),
+        "GET /api/v1/model-requests/{request_id}": (GLOBAL, {}),
+        "GET /api/v1/agent/model-requests": (OBJECT, {}),
+        "POST /api/v1/agent/model-requests/{request_id}": (OBJECT, {"json": {"status": "failed"}}),
     }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from heteroflow.schemas.files import AgentFileRequest, ListResult
+from heteroflow.schemas.model_requests import AgentModelRequest, ModelRequestReport
 from heteroflow.schemas.nodes import Heartbeat, HeartbeatReply, TaskAssignment
 from heteroflow.schemas.prepull import PrepullAsk
 from heteroflow.schemas.sleep import NodeTaskLife
@@ -196,4 +197,17 @@ class ServerClient:
         if result is not None:
             body["result"] = result.model_dump()
         data = await self._post(f"/api/v1/agent/file-requests/{request_id}/done", body)
+        return str(data["status"])
+
+    # -- model requests (issue 29: `heteroflow models pull/evict`) --------------------
+    async def model_requests(self, held: list[str]) -> list[AgentModelRequest]:
+        """This node's pending pulls and evictions, claimed by this call; ``held`` names
+        the ones under way here (any other running one was lost: the server fails it)."""
+        r = await self._send("GET", "/api/v1/agent/model-requests", params={"held": held})
+        return [AgentModelRequest.model_validate(d) for d in _checked(r)]
+
+    async def model_report(self, request_id: str, rep: ModelRequestReport) -> str:
+        data = await self._post(
+            f"/api/v1/agent/model-requests/{request_id}", rep.model_dump(mode="json")
+        )
         return str(data["status"])

@@ -30,6 +30,7 @@ from heteroflow.agent.host_ports import listening_ports
 from heteroflow.agent.inventory import NodeInventory, collect_inventory
 from heteroflow.agent.launch import host_port_for
 from heteroflow.agent.metrics import engine_counts, serve_metrics
+from heteroflow.agent.model_requests import ModelRequests
 from heteroflow.agent.peer_server import serve_peers
 from heteroflow.agent.prepull import Prepulls
 from heteroflow.agent.runtime.protocol import LaunchFailed
@@ -255,9 +256,10 @@ class Agent(SleepWake, Watching, Starting, Adapters):
         return self.metrics.render(engine_counts(running, asleep))
 
     async def _aux_loop(self, stop: asyncio.Event) -> None:
-        """Log shipping (C6), file requests (C7) and a recreate's pre-pulls (J2, H7),
-        apart from the heartbeat."""
+        """Log shipping (C6), file requests (C7), a recreate's pre-pulls (J2, H7) and
+        the operator's model pulls and evictions (issue 29), apart from the heartbeat."""
         prepulls = Prepulls()
+        models = ModelRequests()  # issue 29: `heteroflow models pull/evict`
         try:
             while not stop.is_set():
                 try:
@@ -271,10 +273,15 @@ class Agent(SleepWake, Watching, Starting, Adapters):
                     await prepulls.round(self)
                 except Exception as exc:  # the server away: its heartbeat says so already
                     log.debug("pre-pull round failed: %s", exc)
+                try:
+                    await models.round(self)
+                except Exception as exc:  # the server away: asked again next round
+                    log.debug("model request round failed: %s", exc)
                 if await interruptible_sleep(stop, self.settings.log_ship_interval_s):
                     return
         finally:
             prepulls.cancel()
+            models.cancel()
 
     def _file_roots(self, task_id: str) -> list[str]:
         loc = self.local.get(task_id)

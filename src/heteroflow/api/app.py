@@ -21,6 +21,7 @@ from heteroflow.api.routes import (
     files,
     gateway,
     logs,
+    model_requests,  # issue 29: the nodes' model caches
     nodes,
     platform_settings,  # issue 16 (L1)
     registry_credentials,  # issue 28 (H7)
@@ -78,6 +79,7 @@ def create_api(ctx: ServerContext, metrics: ServerMetrics | None = None) -> Fast
         usage.router,
         logs.router,
         files.router,
+        model_requests.router,  # issue 29 (H9)
         audit.router,
         servers.router,
         engines.router,

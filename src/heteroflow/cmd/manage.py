@@ -17,6 +17,7 @@ from heteroflow.cmd import (
     remote,
     remote_changes,
     remote_keys,
+    remote_models,
     remote_services,
     remote_tasks,
     status,
@@ -272,4 +273,5 @@ COMMANDS: dict[str, Command] = {
     "users": _users,
     "nodes": lambda a: remote.get_list("/api/v1/nodes", tables.nodes_table, a.json, "nodes"),
     "logs": lambda a: remote_tasks.logs(a.task_id, follow=a.follow),
+    "models": remote_models.run,  # issue 29: the nodes' model caches
 }

@@ -46,6 +46,11 @@ class EventKind(WireEnum):
     # its ceiling), stopped before its first passing health check: a failed start
     LOAD_STALLED = "fault.load_stalled"
     GPU_LOST = "fault.gpu_lost"
+    # issue 29 (H9): an operator's pull or eviction on a node's model cache ended
+    # (node-level rows: group_id NULL; services/agents/model_requests.py)
+    NODE_MODEL_PULLED = "node.model_pulled"
+    NODE_MODEL_EVICTED = "node.model_evicted"
+    NODE_MODEL_REQUEST_FAILED = "node.model_request_failed"
     NODE_LOST = "fault.node_lost"
     NODE_BACK = "fault.node_back"
     # recovery (E1-E4, services/lifecycle/recovery.py): one group-level row per real rebuild, with

@@ -1,4 +1,4 @@
-"""Prefixed identifiers (tg-, task-, ep-, mr-, node-, tn-, usr-, fr-, rc-) and API keys."""
+"""Prefixed identifiers (tg-, task-, ep-, mr-, node-, tn-, usr-, fr-, rc-, mrq-) and API keys."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 import secrets
 import uuid
 
-PREFIXES = ("tg", "task", "ep", "mr", "node", "tn", "usr", "ev", "fr", "sg", "rc")
-_ID_RE = re.compile(r"^(tg|task|ep|mr|node|tn|usr|ev|fr|sg|rc)-[0-9a-f]{12}$")
+PREFIXES = ("tg", "task", "ep", "mr", "node", "tn", "usr", "ev", "fr", "sg", "rc", "mrq")
+_ID_RE = re.compile(r"^(tg|task|ep|mr|node|tn|usr|ev|fr|sg|rc|mrq)-[0-9a-f]{12}$")
 
 
 def new_id(prefix: str) -> str:

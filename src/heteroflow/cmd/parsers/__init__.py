@@ -8,6 +8,15 @@ when the sub-command runs, so ``heteroflow agent`` never loads the server's code
 
 from __future__ import annotations
 
-from heteroflow.cmd.parsers import admin, fleet, keys, processes, services, session, tenancy
+from heteroflow.cmd.parsers import (
+    admin,
+    fleet,
+    keys,
+    models,
+    processes,
+    services,
+    session,
+    tenancy,
+)
 
-NOUNS = (processes, admin, session, services, keys, tenancy, fleet)
+NOUNS = (processes, admin, session, services, keys, tenancy, fleet, models)
