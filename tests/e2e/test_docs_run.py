@@ -31,8 +31,8 @@ server's data directory; ``HETEROFLOW_*`` from the caller's environment are drop
 * the Gemma demo of ``./scripts/up`` is the tiny one here: ``gemma-3-270m-q4_k_m.gguf``
   becomes ``heteroflow-tiny.gguf`` and ``gemma-3-270m`` becomes ``heteroflow-tiny``;
 * ``sk-…`` is the demo's API key (``$KEY``); ``tg-…``, ``task-…``, ``ep-…``, ``tn-…``,
-  ``usr-…``, ``sg-…``, ``mr-…``, ``rc-…`` are the id of that kind printed last by an earlier
-  command or answer; ``{id}`` in a request path the same for the collection it names;
+  ``usr-…``, ``sg-…``, ``mr-…``, ``rc-…``, ``ht-…`` are the id of that kind printed last by
+  an earlier command or answer; ``{id}`` in a request path the same for the collection it names;
 * the environment holds ``HETEROFLOW_PASSWORD`` (the admin password, read by
   ``heteroflow login``), ``TOKEN`` (an operator's JWT), ``KEY``, ``NEW_PASSWORD``,
   ``HETEROFLOW_URL``, and ``HETEROFLOW_DATA_DIR`` / ``HETEROFLOW_CLI_DIR`` (the data
@@ -68,7 +68,7 @@ pytestmark = pytest.mark.e2e
 PLANS = all_plans()
 NEW_PASSWORD = "docs-test-new-password-1"
 VENV_BIN = str(Path(sys.executable).parent)
-ID_KINDS = ("tg", "task", "ep", "tn", "usr", "sg", "mr", "rc")
+ID_KINDS = ("tg", "task", "ep", "tn", "usr", "sg", "mr", "rc", "ht")
 # "{id}" after these path segments is the last id of that kind
 COLLECTIONS = {
     "task-groups": "tg",
@@ -79,6 +79,7 @@ COLLECTIONS = {
     "sharing-groups": "sg",
     "model-routes": "mr",
     "registry-credentials": "rc",
+    "hub-tokens": "ht",
 }
 NAMES = (
     ("http://127.0.0.1:3333", "{base}"),

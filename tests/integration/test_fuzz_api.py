@@ -26,7 +26,7 @@ from schemathesis.core import NotSet
 from schemathesis.core.result import Err, Ok
 
 from .conftest import NODE_TOKEN, Api
-from .test_tenant_isolation_walk import World, build_world
+from .test_tenant_isolation_walk import World, build_world, hub_token
 
 GATEWAY_TOKEN = "gw-token-for-tests"  # the api fixture's
 EXAMPLES = 3  # per operation, identity and generation mode
@@ -57,9 +57,11 @@ def _worlds(api: Api, node_id: str) -> dict[str, World]:
         headers=admin,
     )
     assert cred.status_code == 201, cred.text
+    hub = hub_token(api, admin, "")  # the platform's (H9)
     for w in worlds.values():
         w.sharing_group_id = sg.json()["id"]
         w.registry_credential_id = cred.json()["id"]
+        w.hub_token_id = hub
     return worlds
 
 
@@ -69,7 +71,7 @@ def _real_ids(path: str, w: World) -> dict[str, str]:
         "tenant_id": w.tenant_id, "task_id": w.task_id, "endpoint_id": w.endpoint_id,
         "route_id": w.added_route_id, "request_id": w.file_request_id,
         "node_id": w.node_id, "group_id": w.group_id,
-        "credential_id": w.registry_credential_id,
+        "credential_id": w.registry_credential_id, "token_id": w.hub_token_id,
         "name": "fuzz-adapter",  # a LoRA adapter's name (none exists: a 404, never a 5xx)
     }
     if path.startswith("/api/v1/sharing-groups/"):

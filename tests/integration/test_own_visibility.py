@@ -31,6 +31,7 @@ from .test_tenant_isolation_walk import (
     World,
     build_world,
     fill,
+    hub_token,
     operations,
 )
 
@@ -55,6 +56,11 @@ OPERATORS_ONLY = {
     "GET /api/v1/registry-credentials/{credential_id}",
     "PATCH /api/v1/registry-credentials/{credential_id}",
     "DELETE /api/v1/registry-credentials/{credential_id}",
+    # hub tokens (H9): the same
+    "POST /api/v1/hub-tokens",
+    "GET /api/v1/hub-tokens/{token_id}",
+    "PATCH /api/v1/hub-tokens/{token_id}",
+    "DELETE /api/v1/hub-tokens/{token_id}",
 }
 MACHINE = ("/api/v1/agent/", "/api/v1/gateway/s", "/api/v1/gateway/u",
            "/api/v1/gateway/activity", "/api/v1/gateway/wake")
@@ -125,6 +131,7 @@ def test_an_own_only_member_is_refused_every_operation_on_another_members_object
         "tenant_id": tenant_id})
     assert r.status_code == 201, r.text
     a.registry_credential_id = r.json()["id"]
+    a.hub_token_id = hub_token(api, admin, tenant_id)
     # switched off (the default), m2 sees m1's service: the walk below is not vacuous
     assert api.client.get(f"/api/v1/task-groups/{a.group_id}", headers=m2).status_code == 200
     see_own(api, admin, tenant_id, True)
@@ -140,7 +147,8 @@ def test_an_own_only_member_is_refused_every_operation_on_another_members_object
     for op, (kind, _) in known.items():
         method, path = op.split(" ", 1)
         if kind == OBJECT and method == "GET" and "{" in path and "/agent/" not in path:
-            by_operator = ("/api/v1/sharing-groups/", "/api/v1/registry-credentials/")
+            by_operator = ("/api/v1/sharing-groups/", "/api/v1/registry-credentials/",
+                           "/api/v1/hub-tokens/")
             owner = admin if path.startswith(by_operator) else m1
             r = api.client.get(fill(path, a), headers=owner)
             assert r.status_code == (409 if path.endswith("/content") else 200), (op, r.text)

@@ -46,6 +46,7 @@ class World:
     key_prefix: str
     sharing_group_id: str = ""  # an operator's sharing group holding this tenant
     registry_credential_id: str = ""  # an operator's registry credential (H7)
+    hub_token_id: str = ""  # an operator's hub token for this tenant (H9)
 
     def ids(self) -> dict[str, str]:
         """What another tenant must never be shown (the shared node is not among them)."""
@@ -56,6 +57,7 @@ class World:
             "dedicated node": self.dedicated_node_id, "key prefix": self.key_prefix,
             **({"registry credential": self.registry_credential_id}
                if self.registry_credential_id else {}),
+            **({"hub token": self.hub_token_id} if self.hub_token_id else {}),
         }
 
 
@@ -232,6 +234,13 @@ def operations(a: World, b: World) -> dict[str, tuple[str, dict[str, Any]]]:
         "PATCH /api/v1/registry-credentials/{credential_id}": (
             OBJECT, {"json": {"password": "stolen-pass"}}),
         "DELETE /api/v1/registry-credentials/{credential_id}": (OBJECT, {}),
+        # issue 29 (H9): hub tokens, operators and tenant admins only
+        "GET /api/v1/hub-tokens": (GLOBAL, {}),
+        "POST /api/v1/hub-tokens": (BODY_REF, {"json": {
+            "hub": "hf", "token": "hf_stolen-token", "tenant_id": a.tenant_id}}),
+        "GET /api/v1/hub-tokens/{token_id}": (OBJECT, {}),
+        "PATCH /api/v1/hub-tokens/{token_id}": (OBJECT, {"json": {"token": "hf_stolen-token"}}),
+        "DELETE /api/v1/hub-tokens/{token_id}": (OBJECT, {}),
         # issue 28 (H8): the engines and their maturity, the same for everyone
         "GET /api/v1/engines": (GLOBAL, {}),
         # issue 28: a service's LoRA adapters, its owner's
@@ -249,6 +258,14 @@ def operations(a: World, b: World) -> dict[str, tuple[str, dict[str, Any]]]:
     }
 
 
+def hub_token(api: Api, admin: dict[str, str], tenant_id: str) -> str:
+    """An operator's hub token for ``tenant_id`` (H9): its id."""
+    r = api.client.post("/api/v1/hub-tokens", headers=admin,
+                        json={"hub": "hf", "token": "hf_walker-token-1", "tenant_id": tenant_id})
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
 def fill(path: str, a: World) -> str:
     """A's real id for each path parameter."""
     ids = {
@@ -256,7 +273,7 @@ def fill(path: str, a: World) -> str:
         "route_id": a.added_route_id, "request_id": a.file_request_id,
         "node_id": a.dedicated_node_id,
         "group_id": a.group_id, "credential_id": a.registry_credential_id,
-        "name": "an-adapter",
+        "name": "an-adapter", "token_id": a.hub_token_id,
     }
     if path.startswith("/api/v1/sharing-groups/"):
         ids["group_id"] = a.sharing_group_id
@@ -291,6 +308,7 @@ def test_a_member_of_another_tenant_is_refused_every_operation_on_a_tenants_obje
         "tenant_id": a.tenant_id})
     assert r.status_code == 201, r.text
     a.registry_credential_id = r.json()["id"]
+    a.hub_token_id = hub_token(api, admin, a.tenant_id)  # H9: the same for a hub token
 
     doc = api.client.get("/api/v1/openapi.json").json()
     known = operations(a, b)
@@ -303,7 +321,8 @@ def test_a_member_of_another_tenant_is_refused_every_operation_on_a_tenants_obje
     for op, (kind, _) in known.items():
         method, path = op.split(" ", 1)
         if kind == OBJECT and method == "GET" and "{" in path and "/agent/" not in path:
-            by_operator = ("/api/v1/sharing-groups/", "/api/v1/registry-credentials/")
+            by_operator = ("/api/v1/sharing-groups/", "/api/v1/registry-credentials/",
+                           "/api/v1/hub-tokens/")
             owner = admin if path.startswith(by_operator) else alice
             r = api.client.get(fill(path, a), headers=owner)
             assert r.status_code == (409 if path.endswith("/content") else 200), (op, r.text)

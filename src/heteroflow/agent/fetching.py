@@ -13,8 +13,9 @@ fetch begins and ends (an event, ``task.model_fetch``), ``fetching`` notes at mo
 left", the status message alone). A source that cannot be resolved or fetched fails the
 launch with the source's reason (not found, unauthorised, unreachable, timeout, checksum,
 budget, disk). The entry stays pinned (never evicted) while the task runs or sleeps here,
-and is released when its task stops. The hub token is the node's (``hub_token``), sent
-only to the hub it was given for; it never reaches a log, a note or an event.
+and is released when its task stops. The hub token is the one the claim carried
+(``TaskAssignment.hub_token``: the task's tenant's, H9), else the node's (``hub_token``),
+sent only to the hub it was given for; it never reaches a log, a note or an event.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from heteroflow.core.model_sources import (
     is_source_url,
     parse_model_source,
 )
+from heteroflow.logs import register_secrets
 from heteroflow.models.fetch.manifest import SourceFailed
 from heteroflow.models.fetch.resolve import SourceResolver
 from heteroflow.schemas.nodes import TaskAssignment
@@ -43,10 +45,17 @@ log = logging.getLogger(__name__)
 __all__ = ["fetch_model", "for_launch", "needs_fetch", "resolver_for", "token_for"]
 
 
-def token_for(agent: AgentState, source: ModelSource) -> str | None:
-    """The node's hub token for ``source``: for the hubs only, never for a web server."""
+def token_for(
+    agent: AgentState, source: ModelSource, assigned: str | None = None
+) -> str | None:
+    """The hub token for ``source``: for the hubs only, never for a web server. The one
+    the claim ``assigned`` (the task's tenant's own, else the platform's: H9) first, else
+    the node's ``hub_token`` (a pull an operator asks for has none assigned)."""
     if source.kind is SourceKind.URL:
         return None
+    if assigned:
+        register_secrets(assigned)  # never in this agent's log lines
+        return assigned
     return agent.settings.hub_token.get_secret_value() or None
 
 
@@ -86,7 +95,7 @@ async def fetch_model(agent: AgentState, t: TaskAssignment) -> TaskAssignment:
         source = parse_model_source(t.model_path)
     except ValidationFailed as exc:
         raise LaunchFailed(f"model source refused: {exc}") from exc
-    token = token_for(agent, source)
+    token = token_for(agent, source, t.hub_token)
     started = agent.clock.monotonic()
     every = agent.settings.image_pull_report_interval_s
     shown = source.text

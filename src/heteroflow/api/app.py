@@ -20,6 +20,7 @@ from heteroflow.api.routes import (
     engines,  # issue 28 (H8)
     files,
     gateway,
+    hub_tokens,  # issue 29 (H9): per-tenant hub tokens
     logs,
     model_requests,  # issue 29: the nodes' model caches
     nodes,
@@ -71,6 +72,7 @@ def create_api(ctx: ServerContext, metrics: ServerMetrics | None = None) -> Fast
         sharing_groups.router,
         platform_settings.router,  # issue 16 (L1)
         registry_credentials.router,  # issue 28 (H7)
+        hub_tokens.router,  # issue 29 (H9)
         task_groups.router,
         adapters.router,  # issue 28: LoRA adapters
         drain.router,

@@ -6,8 +6,8 @@ import re
 import secrets
 import uuid
 
-PREFIXES = ("tg", "task", "ep", "mr", "node", "tn", "usr", "ev", "fr", "sg", "rc", "mrq")
-_ID_RE = re.compile(r"^(tg|task|ep|mr|node|tn|usr|ev|fr|sg|rc|mrq)-[0-9a-f]{12}$")
+PREFIXES = ("tg", "task", "ep", "mr", "node", "tn", "usr", "ev", "fr", "sg", "rc", "mrq", "ht")
+_ID_RE = re.compile(r"^(tg|task|ep|mr|node|tn|usr|ev|fr|sg|rc|mrq|ht)-[0-9a-f]{12}$")
 
 
 def new_id(prefix: str) -> str:

@@ -505,3 +505,24 @@ class RegistryCredential(Base):
     created_by: Mapped[str] = mapped_column(String(32), default="")
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+
+
+class HubToken(Base):
+    """A tenant's token for a model hub (issue 29 item 1, H9, 0018).
+
+    ``tenant_id`` "" is the platform's own (an operator's), used for a tenant that has
+    none of its own for that hub; neither: the server's or node's ``hub_token`` setting.
+    The token is sealed; ``token_hint`` (its last characters, "hf_…abcd") is all a read
+    shows, so an admin can tell which token is set without anything reading it back.
+    """
+
+    __tablename__ = "hub_tokens"
+    __table_args__ = (UniqueConstraint("tenant_id", "hub", name="uq_hub_token"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(32), default="")
+    hub: Mapped[str] = mapped_column(String(16))  # core.model_sources.SourceKind: hf | modelscope
+    token_sealed: Mapped[str] = mapped_column(Text)
+    token_hint: Mapped[str] = mapped_column(String(16), default="")
+    created_by: Mapped[str] = mapped_column(String(32), default="")
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]

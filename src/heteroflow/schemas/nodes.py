@@ -205,6 +205,9 @@ class TaskAssignment(BaseModel):
     # H7: the login for pulling ``image`` (the tenant's own for its registry, else the
     # platform's), only in the claim reply to this node's agent; never in a repr or a log
     registry_auth: RegistryAuth | None = Field(default=None, repr=False)
+    # H9: the token for its model's hub (the tenant's own, else the platform's; None: the
+    # node's ``hub_token``), only in the claim reply, as ``registry_auth``; never in a repr
+    hub_token: str | None = Field(default=None, repr=False)
     # G1: a pipeline stage's place in its gang (core.gang.GangPlace as a dict: rank,
     # world_size, master_addr, master_port), in the claim reply only; None elsewhere
     gang: dict[str, Any] | None = None

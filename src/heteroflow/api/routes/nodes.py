@@ -26,7 +26,7 @@ from heteroflow.schemas.nodes import (
 from heteroflow.schemas.prepull import PrepullAsk, PrepullReport
 from heteroflow.services.agents import nodes
 from heteroflow.services.lifecycle.rollout import prepull
-from heteroflow.services.tenancy import registry_credentials
+from heteroflow.services.tenancy import hub_tokens, registry_credentials
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,7 @@ def claim(task_id: IdStr, ctx: Ctx, s: DB, node: AgentNode) -> TaskAssignment:
     t.engine_key = ctx.engine_key(t.id)
     # H7: the pull's login travels as the engine key does: to the claiming agent only
     t.registry_auth = registry_credentials.auth_for_task(s, ctx.sealer, t.id, t.image)
+    t.hub_token = hub_tokens.token_for_task(s, ctx.sealer, t.id, t.model_path)  # H9, as H7
     return t
 
 

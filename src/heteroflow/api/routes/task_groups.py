@@ -27,6 +27,7 @@ from heteroflow.services.lifecycle.scaling import scale_group as scale_service  
 from heteroflow.services.lifecycle.scaling import set_scale_policy as set_policy  # issue 14 (I1)
 from heteroflow.services.placement.dry_run import dry_run as plan_dry_run
 from heteroflow.services.placement.sources import resolve_source
+from heteroflow.services.tenancy import hub_tokens  # issue 29 (H9)
 
 router = api_router(prefix="/api/v1", tags=["task-groups"])
 
@@ -41,8 +42,9 @@ def create_group(
     req: TaskGroupCreate, ctx: Ctx, s: DB, who: Who, response: Response, dry_run: bool = False
 ) -> TaskGroupCreated | DryRunPlan:
     settings = ctx.settings
-    # issue 29: a model source resolves (or is a 400) before the database is read
-    source = resolve_source(req, settings)
+    # issue 29: a model source resolves (or is a 400) before the database is read; a hub
+    # is asked with the tenant's own token (read in its own short session), H9
+    source = resolve_source(req, settings, hub_tokens.reader(ctx.db, ctx.sealer, who.tenant_id))
     if dry_run:
         response.status_code = 200
         plan = plan_dry_run(

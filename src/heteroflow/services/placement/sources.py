@@ -1,6 +1,6 @@
 """A model source resolved before anything is placed (issue 29, FEATURES H9).
 
-``resolve_source(model_path, settings)``: None for a path on the node; for a source
+``resolve_source(req, settings, token_of)``: None for a path on the node; for a source
 (``core.model_sources``) the files, sizes and revision the source names right now, asked
 of the source itself (``models.fetch``: the hub, its mirror, a web server) — or
 ``SourceFailed``, a 400 naming ``task.model_path`` with the reason (not found,
@@ -8,8 +8,11 @@ unauthorised, unreachable, timeout). Only the hubs the operator named are asked:
 ``https://`` URL is a tenant's, and the control plane never contacts it (no probing of
 the server's network through it); the node resolves it when it fetches. Create and dry
 run call it first, before the database is read, so a network wait holds no transaction;
-the dry run shows what it found. The agent resolves again when it fetches (a branch may
-have moved since): the revision shown here is what the source said at create.
+the dry run shows what it found. A hub is asked with the creating tenant's token
+(``token_of``: ``services.tenancy.hub_tokens.reader``, read in a short session of its own,
+so the wait holds no transaction either), else the server's ``hub_token``. The agent
+resolves again when it fetches (a branch may have moved since): the revision shown here
+is what the source said at create.
 
 A route runs in a worker thread (FastAPI's sync routes), where no event loop runs: the
 resolver's coroutine gets its own loop there.
@@ -18,6 +21,7 @@ resolver's coroutine gets its own loop there.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from heteroflow.core.engines import resolve_engine
 from heteroflow.core.errors import ValidationFailed
@@ -33,7 +37,13 @@ __all__ = ["SHOWN_FILES", "resolve_source"]
 SHOWN_FILES = 50
 
 
-def resolve_source(req: TaskGroupCreate, settings: ServerSettings) -> ModelSourceRead | None:
+def resolve_source(
+    req: TaskGroupCreate,
+    settings: ServerSettings,
+    token_of: Callable[[str], str | None] | None = None,
+) -> ModelSourceRead | None:
+    """``token_of(hub)``: the creating tenant's token for a hub (``hf`` | ``modelscope``),
+    or None for the server's own setting; asked only for a hub source."""
     model_path = req.task.model_path
     if not model_path or not is_source_url(model_path):
         return None
@@ -61,7 +71,8 @@ def resolve_source(req: TaskGroupCreate, settings: ServerSettings) -> ModelSourc
             source=source.text, kind=source.kind.value, resolved=False, revision="",
             bytes=None, file_count=0, files=[],
         )
-    token = settings.hub_token.get_secret_value() or None
+    tenants = token_of(source.kind.value) if token_of is not None else None
+    token = tenants or settings.hub_token.get_secret_value() or None
     resolver = SourceResolver(
         hf_endpoint=settings.hf_endpoint,
         modelscope_endpoint=settings.modelscope_endpoint,
