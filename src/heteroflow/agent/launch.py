@@ -141,9 +141,11 @@ def host_port_for(t: TaskAssignment, container_port: int | None = None) -> int:
 def build_launch(
     t: TaskAssignment, config: NodeConfig, *, cpu_threads: int, log_dir: Path,
     host: str = ENGINE_ADDRESS, engines: dict[str, str] | None = None, vllm_python: str = "",
+    address: str = "",
 ) -> LaunchSpec:
     """What the process runtime starts for ``t``; ``engines`` is what this node reports
-    (``local_engines``: None = llama.cpp only), ``vllm_python`` the Python vLLM runs on."""
+    (``local_engines``: None = llama.cpp only), ``vllm_python`` the Python vLLM runs on,
+    ``address`` the node's own (where a pipeline stage's peers reach it)."""
     if t.command:
         raise LaunchFailed(
             "this node runs the process runtime, which never runs a custom task.command "
@@ -156,7 +158,8 @@ def build_launch(
         )
     reported = engines if engines is not None else {"llamacpp": ""}
     node = ProcessNode(
-        python=sys.executable, vllm_python=vllm_python, cpu_threads=cpu_threads, host=host
+        python=sys.executable, vllm_python=vllm_python, cpu_threads=cpu_threads, host=host,
+        address=address,
     )
     sleep = False
     if t.engine == "llamacpp":
@@ -232,6 +235,7 @@ class ProcessLauncher(DoorKeeper):
         spec = build_launch(
             t, self.config, cpu_threads=self.cpu_threads, log_dir=self.log_dir,
             host=self.engine_address, engines=self.engines(), vllm_python=self.vllm_python,
+            address=self.address,
         )
         spec = replace(spec, env={**spec.env, "HOME": str(self.runtime.work_dir)})
         self.open_for(t)

@@ -14,9 +14,17 @@ from heteroflow.agent.health_probe import probe
 from heteroflow.agent.loading import Loading
 from heteroflow.agent.state import Local
 from heteroflow.core.clock import interruptible_sleep
+from heteroflow.core.gang import GangPlace, serves_api
 from heteroflow.core.health import HealthVerdict
 
 log = logging.getLogger(__name__)
+
+
+def _headless(loc: Local) -> bool:
+    """An inference gang's stage past rank 0 (``core.gang.serves_api``)."""
+    t = loc.task
+    place = GangPlace.of(t.gang)
+    return t.task_type == "inference" and not serves_api(t.parallelism, place.rank if place else 0)
 
 
 class Watching(Loading):
@@ -36,10 +44,13 @@ class Watching(Loading):
             if not (loc.tracker.due(now) or self._ready_probe_due(loc, now)):
                 continue
             loc.probed_at = now
-            host = self.launcher.probe_host_for(loc.task, loc.port)
-            ok, detail = await probe(
-                loc.health, host, loc.port, self._session(), key=loc.task.engine_key
-            )
+            if _headless(loc):  # G1: no API to probe; its process is alive (checked above)
+                ok, detail = True, "headless pipeline stage: its process runs"
+            else:
+                host = self.launcher.probe_host_for(loc.task, loc.port)
+                ok, detail = await probe(
+                    loc.health, host, loc.port, self._session(), key=loc.task.engine_key
+                )
             verdict = loc.tracker.record(
                 ok, self.clock.monotonic(), detail, loading=loc.load is not None
             )

@@ -26,6 +26,8 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 
+from heteroflow.core.gang import serves_api
+
 __all__ = [
     "DOOR_PATHS",
     "DOOR_PREFIXES",
@@ -71,11 +73,14 @@ DOOR_PREFIXES = ("/v1/",)
 PLATFORM_ONLY = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 
 
-def door_port(task_type: str, parallelism: str, api_host_port: int) -> int | None:
+def door_port(
+    task_type: str, parallelism: str, api_host_port: int, rank: int = 0
+) -> int | None:
     """The host port that a door guards for a task, or None: an inference task's API
-    port (its first mapping), unless its stages share the host's network (pipeline:
-    nothing is published to stand behind)."""
-    if task_type != "inference" or parallelism == "pipeline" or not api_host_port:
+    port (its first mapping). An inference gang (pipeline) serves its API from rank 0
+    only (``core.gang.serves_api``), which listens on the engine address behind its door
+    as any engine does; its headless stages serve nothing to guard."""
+    if task_type != "inference" or not api_host_port or not serves_api(parallelism, rank):
         return None
     return api_host_port
 

@@ -40,7 +40,9 @@ __all__ = [
     "gang_env",
     "gang_places",
     "rendezvous_port",
+    "serves_api",
     "stage_ports",
+    "stage_shape",
 ]
 
 #: The extra mapping rank 0 books for the gang's rendezvous: a host port from the pool,
@@ -146,4 +148,29 @@ def gang_env(
         "GROUP_RANK": str(place.rank),
         "HETEROFLOW_STAGE_GPU_IDS": ",".join(str(i) for i in gpu_ids),
         "HETEROFLOW_STAGE_PORT": str(served),
+    }
+
+
+def serves_api(parallelism: str, rank: int) -> bool:
+    """Whether a task serves the model's API: every task but an inference gang's stages
+    past rank 0, which run their share of the layers headless (vLLM's ``--headless``)
+    while rank 0 takes the requests. The gateway routes to rank 0 only; the agent judges
+    a headless stage by its process, having no port to probe (issue 32 item 3)."""
+    return parallelism != "pipeline" or rank == 0
+
+
+def stage_shape(place: GangPlace | None, node_address: str) -> dict[str, Any]:
+    """An engine stage's part of its ``LaunchShape`` ({} outside a gang): its rank among
+    ``world_size`` stages, the rendezvous (rank 0's node address and booked port) and the
+    node's own address, where the other stages reach this one. A node address not known
+    (a plan with no placement) falls back to the master's for rank 0, which is its own."""
+    if place is None:
+        return {}
+    own = node_address or (place.master_addr if place.rank == 0 else "")
+    return {
+        "pipeline_parallel_size": place.world_size,
+        "pipeline_rank": place.rank,
+        "master_addr": place.master_addr,
+        "master_port": place.master_port,
+        "node_address": own,
     }

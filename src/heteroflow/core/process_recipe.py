@@ -24,7 +24,7 @@ from heteroflow.core.engines.commands import (
     owned_flag_in,
     process_command,
 )
-from heteroflow.core.gang import gang_env
+from heteroflow.core.gang import gang_env, stage_shape
 from heteroflow.core.recipe import TaskShape
 
 #: The dry run's stand-ins for what only the node knows.
@@ -40,6 +40,8 @@ class ProcessNode:
     vllm_python: str = VLLM_PYTHON  # the interpreter the node's vLLM runs on
     cpu_threads: int = 0  # the agent's cpu_threads (0: the engine's own default)
     host: str = ENGINE_ADDRESS  # where the engine listens (behind the node's door, C14)
+    # the node's own address, where a pipeline stage's peers reach it (G1; "" outside a gang)
+    address: str = ""
 
 
 def process_launch(
@@ -68,6 +70,7 @@ def process_launch(
             tensor_parallel_size=tp, gpu_memory_utilization=task.gpu_memory_utilization,
             extra_args=task.engine_args, kv_offload_gb=task.kv_offload_gb,
             max_loras=task.max_loras, sleep_mode=sleep_mode,
+            **stage_shape(task.gang, node.address),
         )
         return process_command(shape, node.vllm_python)
     return process_command(  # its refusal, in its own words

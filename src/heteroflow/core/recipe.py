@@ -34,7 +34,7 @@ from heteroflow.core.engines.commands import CommandError, LaunchShape, build_co
 from heteroflow.core.engines.kv_offload import parse_version
 from heteroflow.core.engines.registry import DEFAULT_CONTAINER_PORT
 from heteroflow.core.engines.sleep import sleep_mode
-from heteroflow.core.gang import GangPlace, gang_env
+from heteroflow.core.gang import GangPlace, gang_env, stage_shape
 from heteroflow.core.ports import PortMapping
 from heteroflow.core.volumes import Volume, volumes_of
 
@@ -152,6 +152,18 @@ def image_tag_version(image: str) -> str:
     return tag.removeprefix("v")
 
 
+def _listen(task: TaskShape, node: NodeShape) -> dict[str, Any]:
+    """Where the engine listens: its container port, behind the published mapping — but
+    a gang's stage is on the host network (C5), where nothing translates ports, so it
+    binds its booked host port itself, on the engine address behind the node's door
+    (C14; only rank 0 serves one)."""
+    if task.gang is None or not task.ports:
+        port = task.ports[0].container_port if task.ports else DEFAULT_CONTAINER_PORT
+        return {"port": port}
+    first = task.ports[0]  # not placed yet (a dry run): the container port stands in
+    return {"port": first.host_port or first.container_port, "host": node.engine_address}
+
+
 def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) -> RecipeResult:
     """The container of ``task`` on ``node``; ``work_dir_config`` is the host folder under
     which the agent writes engine config files (``<work_dir>/config``)."""
@@ -177,7 +189,7 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
                 engine=task.engine,
                 model_path=engine_path,
                 served_model_name=task.model_name,
-                port=task.ports[0].container_port if task.ports else DEFAULT_CONTAINER_PORT,
+                **_listen(task, node),
                 parallelism=task.parallelism,
                 gpus=task.gpu_required,
                 tensor_parallel_size=task.gpu_required
@@ -189,6 +201,7 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
                 engine_version=task.engine_version,
                 max_loras=task.max_loras,
                 sleep_mode=sleep_mode(task.engine, vendor, task.engine_version).kept,
+                **stage_shape(task.gang, node.address),
             )
         )
         entrypoint, args, engine_env = cmd.entrypoint, cmd.args, dict(cmd.env)
@@ -199,7 +212,8 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
             mounts.append(Mount(source, target))
     ipc, shm, network = shared_memory(task.parallelism, task.gpu_required, task.engine)
     behind = door_port(
-        task.task_type, task.parallelism, task.ports[0].host_port if task.ports else 0
+        task.task_type, task.parallelism, task.ports[0].host_port if task.ports else 0,
+        task.gang.rank if task.gang else 0,
     )
     plan = ContainerPlan(
         name=task.id,

@@ -126,7 +126,7 @@ def _chains(v: dict[str, int]) -> dict[int, int]:
     return nxt
 
 
-def _weights(v: dict[str, int]) -> dict[str, npt.NDArray[np.float32]]:
+def _weights(v: dict[str, int], layers: int = 1) -> dict[str, npt.NDArray[np.float32]]:
     f32 = np.float32
     embed = np.zeros((_VOCAB, _HIDDEN), f32)
     embed[np.arange(_VOCAB), np.arange(_VOCAB)] = 1.0  # one-hot (padding rows unused)
@@ -153,7 +153,7 @@ def _weights(v: dict[str, int]) -> dict[str, npt.NDArray[np.float32]]:
     head[v["<tool_call>"], _MODE] = 2.0  # with tools: 3 + 2 beats 4
     ones = np.ones(_HIDDEN, f32)
     p = "model.layers.0."
-    return {
+    tensors = {
         "model.embed_tokens.weight": embed,
         p + "input_layernorm.weight": ones,
         p + "post_attention_layernorm.weight": ones.copy(),
@@ -167,6 +167,17 @@ def _weights(v: dict[str, int]) -> dict[str, npt.NDArray[np.float32]]:
         "model.norm.weight": ones.copy(),
         "lm_head.weight": head,
     }
+    for n in range(1, layers):  # pass-through layers: zero outputs leave the residual as is
+        tensors |= {
+            f"model.layers.{n}.{name}": np.zeros_like(tensors[p + name])
+            for name in ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                         "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                         "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+        } | {
+            f"model.layers.{n}.input_layernorm.weight": ones.copy(),
+            f"model.layers.{n}.post_attention_layernorm.weight": ones.copy(),
+        }
+    return tensors
 
 
 def _safetensors(tensors: dict[str, npt.NDArray[np.float32]]) -> bytes:
@@ -184,7 +195,7 @@ def _safetensors(tensors: dict[str, npt.NDArray[np.float32]]) -> bytes:
     return struct.pack("<Q", len(head)) + head + b"".join(blobs)
 
 
-def _config(v: dict[str, int]) -> dict[str, object]:
+def _config(v: dict[str, int], layers: int = 1) -> dict[str, object]:
     eos = [v["<|im_end|>"], v["<|endoftext|>"]]
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -193,7 +204,7 @@ def _config(v: dict[str, int]) -> dict[str, object]:
         "mlp_bias": False,
         "hidden_size": _HIDDEN,
         "intermediate_size": _FF,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": layers,
         "num_attention_heads": _HEADS,
         "num_key_value_heads": _HEADS,
         "head_dim": _HEAD_DIM,
@@ -209,12 +220,16 @@ def _config(v: dict[str, int]) -> dict[str, object]:
     }
 
 
-def write_tiny_hf(directory: Path) -> Path:
-    """Write the model into ``directory`` (created; files replaced atomically) and return it."""
+def write_tiny_hf(directory: Path, layers: int = 1) -> Path:
+    """Write the model into ``directory`` (created; files replaced atomically) and return it.
+    ``layers`` > 1 adds pass-through layers (every projection zero: the residual stream
+    goes through unchanged, so the answers stay ``EXPECTED``): a pipeline of N stages
+    needs N layers, since vLLM splits the layers between the stages and a stage given
+    none has no KV cache to size (ZeroDivisionError at start)."""
     directory.mkdir(parents=True, exist_ok=True)
     v = _vocab()
     files: dict[str, bytes] = {
-        "config.json": json.dumps(_config(v), indent=1).encode(),
+        "config.json": json.dumps(_config(v, layers), indent=1).encode(),
         "generation_config.json": json.dumps(
             {"eos_token_id": [v["<|im_end|>"], v["<|endoftext|>"]],
              "bos_token_id": v["<|endoftext|>"], "do_sample": False}
@@ -232,7 +247,7 @@ def write_tiny_hf(directory: Path) -> Path:
             },
             indent=1,
         ).encode(),
-        "model.safetensors": _safetensors(_weights(v)),
+        "model.safetensors": _safetensors(_weights(v, layers)),
     }
     for name, data in files.items():
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")

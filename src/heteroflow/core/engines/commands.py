@@ -27,8 +27,16 @@ real CLI in ``flags.py`` by the tests.
   ``core.engines.sleep`` says vLLM supports it (CUDA cards: the CPU build refuses it),
   and ``sleep_mode`` is ignored for engines without sleep (the sleep flow skips them, F1).
   Pipeline stages use the multi-node MP executor (vllm#23691): ``--nnodes P --node-rank R
-  --master-addr A``, ranks above 0 ``--headless`` (no API server, so no HTTP health on
-  those stages).
+  --master-addr A --master-port M`` (M: the gang's booked rendezvous port, where
+  ``torch.distributed``'s store listens on rank 0), ranks above 0 ``--headless`` (no API
+  server, so no HTTP health on those stages: ``core.gang.serves_api``), and
+  ``VLLM_HOST_IP`` set to the stage's own node address — the address its message queues
+  bind and advertise to the other stages (unset, vLLM guesses it from a route to
+  8.8.8.8, which a node without a default route lacks: it then binds 0.0.0.0 and tells
+  its peers so). On the process runtime a headless stage runs vLLM's ``serve`` command
+  (``VLLM_SERVE``, the code of ``vllm serve`` without its console script): the
+  api_server module parses ``--headless`` but ignores it and would start a second API
+  server and engine on that node.
   Without a GPU (``gpus=0``: vLLM's CPU build, placed only where a node reports it) the
   recipe leaves out ``--gpu-memory-utilization`` (the CPU build sizes its KV cache from
   ``VLLM_CPU_KVCACHE_SPACE`` instead) and gives that variable a default of 1 GiB
@@ -87,6 +95,19 @@ LLAMACPP_LAUNCHER = "heteroflow.engines.llamacpp_server"
 PROCESS_LAUNCHERS = ("llamacpp", "vllm")
 _VLLM_CLI_SINCE = (0, 5, 2, 1)  # first release with `vllm serve`
 _VLLM_MODULE = ("python3", "-m", "vllm.entrypoints.openai.api_server")
+# `vllm serve` without the console script (which the vllm-cpu distribution cannot run):
+# the same parser, then the serve command, which honours --headless (vLLM 0.32)
+VLLM_SERVE = (
+    "from vllm.entrypoints.cli.serve import ServeSubcommand\n"
+    "from vllm.entrypoints.launchers.cli_args import make_arg_parser, "
+    "validate_parsed_serve_args\n"
+    "from vllm.entrypoints.serve.utils.api_utils import cli_env_setup\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "cli_env_setup()\n"
+    "args = make_arg_parser(FlexibleArgumentParser()).parse_args()\n"
+    "validate_parsed_serve_args(args)\n"
+    "ServeSubcommand.cmd(args)\n"
+)
 CPU_KVCACHE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE for a CPU vLLM task whose env sets none
 RUNTIMES = ("docker", "process")
 _TRTLLM_TRT_BACKEND_SINCE = (1, 0, 0, 0)
@@ -127,6 +148,8 @@ class LaunchShape:
     pipeline_parallel_size: int = 1
     pipeline_rank: int = 0
     master_addr: str = ""
+    master_port: int = 0  # the gang's rendezvous (0: the engine's default)
+    node_address: str = ""  # a stage's own node address, where its peers reach it
     gpu_memory_utilization: int = 90
     tensor_split: tuple[float, ...] = ()
     extra_args: tuple[str, ...] = ()
@@ -225,21 +248,33 @@ def _vllm_entrypoint(s: LaunchShape) -> tuple[tuple[str, ...], list[str]]:
     recent or unknown version; the api_server module with ``--model`` for an image older
     than the ``vllm`` CLI and for the process runtime (see the module docstring)."""
     legacy = bool(s.engine_version) and parse_version(s.engine_version) < _VLLM_CLI_SINCE
+    if s.runtime == "process" and _headless(s):
+        return ("python3", "-c", VLLM_SERVE), ["--model", s.model_path]
     if legacy or s.runtime == "process":
         return _VLLM_MODULE, ["--model", s.model_path]
     return ("vllm", "serve"), [s.model_path]
+
+
+def _headless(s: LaunchShape) -> bool:
+    """A pipeline stage past rank 0: vLLM runs its workers only, no API server."""
+    return s.parallelism == "pipeline" and s.pipeline_rank > 0
 
 
 def _vllm(s: LaunchShape) -> EngineCommand:
     entrypoint, args = _vllm_entrypoint(s)
     args += ["--host", s.host, "--port", str(s.port), "--served-model-name", s.served_model_name]
     args += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
+    env: dict[str, str] = {}
     if s.parallelism == "pipeline":
         stages = str(s.pipeline_parallel_size)
         args += ["--pipeline-parallel-size", stages, "--nnodes", stages]
         args += ["--node-rank", str(s.pipeline_rank), "--master-addr", s.master_addr]
+        if s.master_port:
+            args += ["--master-port", str(s.master_port)]
         if s.pipeline_rank > 0:
             args.append("--headless")
+        if s.node_address:
+            env["VLLM_HOST_IP"] = s.node_address
     defaults: dict[str, str] = {}
     if s.gpus:
         args += ["--gpu-memory-utilization", _fraction(s.gpu_memory_utilization)]
@@ -247,12 +282,12 @@ def _vllm(s: LaunchShape) -> EngineCommand:
         defaults["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KVCACHE_GIB)
     if s.runtime == "process":
         defaults["HF_HUB_OFFLINE"] = "1"
-    if not (s.parallelism == "pipeline" and s.pipeline_rank > 0):  # headless: no API server
+    if not _headless(s):  # headless: no API server
         args += _tool_args(s)
     # the development routes (/sleep, /is_sleeping, /wake_up) for the agent, on every vLLM:
     # only the node reaches them (the door answers 404 from the network, C14); the sleep
     # mode that keeps an engine asleep only where vLLM supports it (core.engines.sleep)
-    env: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1"}
+    env["VLLM_SERVER_DEV_MODE"] = "1"
     if s.sleep_mode:
         args.append(SLEEP_MODE_FLAG)
     if s.kv_offload_gb:

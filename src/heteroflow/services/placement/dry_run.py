@@ -245,7 +245,7 @@ def planned_process(
         f"<{spec.model_path} under the node's model folders>"
     )
     port = task.ports[0].host_port if task.ports else 0
-    cmd = process_launch(task, model=model, port=port, node=ProcessNode())
+    cmd = process_launch(task, model=model, port=port, node=ProcessNode(address=node.address))
     return ContainerPlanRead(
         name=task.id,
         image=task.image,

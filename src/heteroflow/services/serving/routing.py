@@ -1,8 +1,9 @@
 """Builds the gateway's routing snapshot from the database.
 
 A backend is a task in ``running`` (its first health check passed) with a host port on a
-node; a key may call the models routed to its endpoint's group and the models of
-routes added for its tenant (``POST /api/v1/model-routes``). Deleted groups have no
+node — of a pipeline group, rank 0 alone (the stages past it run headless, G1); a key may
+call the models routed to its endpoint's group and the models of routes added for its
+tenant (``POST /api/v1/model-routes``). Deleted groups have no
 routes and no endpoints, so their keys and models vanish with the next snapshot.
 
 A sleeping service stays listed (F6): its route target carries ``asleep`` ("sleeping",
@@ -33,6 +34,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from heteroflow.core.gang import serves_api
 from heteroflow.core.ports import host_ports, ports_from_dicts
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import InferenceEndpoint, ModelRoute, Node, Task, TaskGroup, Tenant
@@ -65,7 +67,10 @@ def build_snapshot(
         addresses[node_id] = address
         temperatures[node_id] = _card_temperatures(gpus)
     backends: dict[str, list[Backend]] = defaultdict(list)
-    for t in s.scalars(select(Task).where(running).order_by(Task.rank)):
+    tasks = select(Task, TaskGroup.parallelism).join(TaskGroup, TaskGroup.id == Task.group_id)
+    for t, parallelism in s.execute(tasks.where(running).order_by(Task.rank)):
+        if not serves_api(parallelism, t.rank):
+            continue  # G1: an inference gang answers on rank 0; the others run headless
         host_port = next(iter(host_ports(ports_from_dicts(t.ports), chosen_only=True)), 0)
         if not host_port or t.node_id not in addresses:
             continue  # a task without a port mapping is not a backend (A3)
