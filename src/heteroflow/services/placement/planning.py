@@ -61,6 +61,9 @@ from heteroflow.services.tenancy import quotas
 
 DEFAULT_CONTAINER_PORT = 8000
 KV_OFFLOAD_ENGINES = frozenset({"vllm"})
+# engines whose stages the platform wires into an inference gang (issue 32 item 3): vLLM's
+# multi-node MP executor (no Ray). SGLang's flags are built but never run here.
+PIPELINE_SERVING = ("vllm",)
 
 
 @dataclass
@@ -137,16 +140,19 @@ def infer_task_type(req: TaskGroupCreate, engine: str) -> str:
     return "container"
 
 
-def _replica_shape(req: TaskGroupCreate, task_type: str) -> tuple[int, int]:
+def _replica_shape(req: TaskGroupCreate, task_type: str, engine: str) -> tuple[int, int]:
     """(number of tasks, GPUs per task) for the requested parallelism."""
     if req.parallelism == "pipeline":
-        # G1: world_size stages, placed all-or-nothing across nodes. Serving one model
-        # across nodes needs engine wiring (e.g. vLLM over Ray) that is not built yet.
-        if task_type == "inference":
+        # G1: world_size stages, placed all-or-nothing across nodes. An inference gang
+        # serves one model across nodes where the engine's stages are wired to the gang
+        # (issue 32 item 3): vLLM's multi-node executor, rank 0 answering.
+        if task_type == "inference" and engine not in PIPELINE_SERVING and not req.task.command:
             raise ValidationFailed(
-                "parallelism 'pipeline' is for training and container groups in this "
-                "release: multi-node serving of one model is not wired into the engines "
-                "yet; use single, tensor_parallel or split",
+                "parallelism 'pipeline' serves one model across nodes with "
+                f"{' or '.join(PIPELINE_SERVING)} only (its multi-node executor: rank 0 "
+                "serves the API, the other stages run headless); the engine is "
+                f"{engine or 'not resolved (set task.engine to vllm)'}. For other engines "
+                "use single, tensor_parallel or split",
                 field="parallelism",
             )
         if req.world_size < 2:
@@ -159,6 +165,29 @@ def _replica_shape(req: TaskGroupCreate, task_type: str) -> tuple[int, int]:
     if req.parallelism == "split":
         return req.world_size, req.task.gpu_required
     return 1, req.task.gpu_required
+
+
+def _check_cpu_stages(spec: TaskSpec, gpus: int) -> None:
+    """vLLM 0.32's CPU build allocates a later stage's buffer for the activations it
+    receives only in the warm-up run, which eager mode skips (``--enforce-eager``, and
+    LoRA, which forces it): every stage starts, and the first request fails (``assert
+    self.intermediate_tensors is not None``). Refused here rather than served broken."""
+    if gpus:
+        return
+    if owned_flag_in(spec.engine_args, frozenset({"--enforce-eager"})):
+        raise ValidationFailed(
+            "engine_args: --enforce-eager breaks a pipeline on vLLM's CPU build (its eager "
+            "mode skips the warm-up that sizes a later stage's activation buffer, so the "
+            "first request fails); leave it out, or trace once with the eager backend: "
+            '--compilation-config \'{"mode": 2, "backend": "eager"}\'',
+            field="task.engine_args",
+        )
+    if spec.max_loras:
+        raise ValidationFailed(
+            "max_loras: LoRA puts vLLM's CPU build in eager mode, which breaks a pipeline "
+            "(a later stage has no activation buffer at the first request)",
+            field="task.max_loras",
+        )
 
 
 def _check_kv_offload(spec: TaskSpec, parallelism: str, engine: str, task_type: str) -> None:
@@ -214,10 +243,10 @@ def _check_fields(spec: TaskSpec, parallelism: str, engine: str, task_type: str,
             f"{shapes}",
             field="parallelism",
         )
-    if parallelism == "pipeline" and not spec.command:
+    if parallelism == "pipeline" and not spec.command and task_type != "inference":
         # issue 32 item 4: no engine builds a stage's command for a container or training
-        # gang (vLLM's and SGLang's multi-node flags are an inference gang's, refused
-        # above): every stage would fail at the agent
+        # gang (vLLM's multi-node flags are an inference gang's): every stage would fail
+        # at the agent
         raise ValidationFailed(
             f"a {task_type} pipeline group runs task.command in every stage (each stage "
             "gets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE to find the others, and "
@@ -443,7 +472,9 @@ def plan_group(
         PortMapping(DEFAULT_CONTAINER_PORT),
     )
     container_ports = [p.container_port for p in ports]
-    replicas, gpus = _replica_shape(req, task_type)
+    replicas, gpus = _replica_shape(req, task_type, engine)
+    if task_type == "inference" and req.parallelism == "pipeline" and not spec.command:
+        _check_cpu_stages(spec, gpus)
     # C4 among them, before anything reads the model (the memory estimate below)
     check_task(spec, engine=engine, task_type=task_type, parallelism=req.parallelism,
                gpus=gpus, nodes=nodes, env_allow=env_allow)
