@@ -258,6 +258,10 @@ async def test_eviction_is_least_recently_used_and_never_in_use(
     c.evict(ms["a"].cache_key)
     with pytest.raises(NotFound):
         c.evict(ms["a"].cache_key)
+    for not_a_key in ("..", ".", ".trash", ".incoming", "a/../b", ""):  # never a path
+        with pytest.raises(NotFound):
+            c.evict(not_a_key)
+    assert c.root.is_dir()
     async with c.use(ms["d"]) as entry:  # c is pinned, a is gone: d fits
         assert entry.read_bytes() == bytes([3]) * KB
         assert [e.in_use for e in c.list() if e.key == ms["d"].cache_key] == [1]

@@ -12,12 +12,14 @@ order, each a manifest and how to ask for its files.
   holder's, which the task's status says ("the origin could not be asked"). An origin
   that answers no (not found, unauthorized) is never bypassed by a copy.
 
-Pure of effects but the requests; the fetch itself is ``agent.fetching``'s.
+``fetch_first`` then tries them in order: a launch (``agent.fetching``) and an
+operator's pull (``agent.model_requests``) alike.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,7 @@ from heteroflow.schemas.nodes import PeerCopy
 
 if TYPE_CHECKING:
     from heteroflow.agent.model_cache import ModelCache
+    from heteroflow.agent.model_cache.download import ProgressCallback
     from heteroflow.agent.state import AgentState
 
 log = logging.getLogger(__name__)
@@ -84,6 +87,26 @@ async def ways(
     copies = [Way(via_peer(manifest, p), signer=signer, said=f"copied from node {p.node}")
               for p in peers if p.key == manifest.cache_key]
     return [*copies, Way(manifest, token)]
+
+
+async def fetch_first(
+    cache: ModelCache, tries: list[Way], progress: Callable[[Way], ProgressCallback],
+    what: str,
+) -> Way:
+    """The first way that completes the model: a holder that fails (gone, cut, its bytes
+    not the source's) gives way to the next, the origin last. What the node itself cannot
+    do (its budget, its disk) ends it at once. ``progress(way)``: that way's listener."""
+    for i, way in enumerate(tries):
+        try:
+            await cache.ensure(way.manifest, token=way.token, signer=way.signer,
+                               progress=progress(way))
+            return way
+        except SourceFailed as exc:
+            if i == len(tries) - 1 or exc.reason in ("budget", "disk"):
+                raise
+            log.warning("%s: %s; trying %s", what, exc.message,
+                        tries[i + 1].said or "the origin")
+    raise AssertionError("no way to fetch was given")  # ways() never returns none
 
 
 def held_copy(cache: ModelCache, source: ModelSource) -> Manifest | None:

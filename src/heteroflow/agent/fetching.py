@@ -23,8 +23,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from heteroflow.agent.fetch_plan import Way, ways
-from heteroflow.agent.model_cache.download import Progress
+from heteroflow.agent.fetch_plan import Way, fetch_first, ways
+from heteroflow.agent.model_cache.download import Progress, ProgressCallback
 from heteroflow.agent.runtime.protocol import LaunchFailed
 from heteroflow.agent.state import AgentState
 from heteroflow.core.errors import ValidationFailed
@@ -144,31 +144,21 @@ def _said(way: Way) -> str:
 
 async def _fetch(agent: AgentState, task_id: str, shown: str, tries: list[Way],
                  every: float) -> Way:
-    """The first way that completes the model; a holder that fails (gone, cut, its bytes
-    not the source's) gives way to the next, the origin last. What the node itself
-    cannot do (its budget, its disk) ends it at once."""
+    """``fetch_first`` with the task's progress notes (at most every ``every`` s)."""
     last = [agent.clock.monotonic()]
-    for i, way in enumerate(tries):
+
+    def noting(way: Way) -> ProgressCallback:
         verb = f"copying model {shown} from node {way.manifest.copied_from}" \
             if way.manifest.copied_from else f"fetching model {shown}"
 
-        def noted(p: Progress, verb: str = verb) -> None:
+        def noted(p: Progress) -> None:
             now = agent.clock.monotonic()
             if now - last[0] >= every:
                 last[0] = now
                 agent.note_later(task_id, progress_text(verb, p), "fetching")
+        return noted
 
-        try:
-            await agent.model_cache.ensure(
-                way.manifest, token=way.token, signer=way.signer, progress=noted
-            )
-            return way
-        except SourceFailed as exc:
-            if i == len(tries) - 1 or exc.reason in ("budget", "disk"):
-                raise
-            log.warning("task %s: model %s: %s; trying %s", task_id, shown, exc.message,
-                        tries[i + 1].said or "the origin")
-    raise AssertionError("no way to fetch was given")  # ways() never returns none
+    return await fetch_first(agent.model_cache, tries, noting, f"task {task_id}: model {shown}")
 
 
 def with_fetched(t: TaskAssignment, entry: Path) -> TaskAssignment:

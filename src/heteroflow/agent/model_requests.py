@@ -30,9 +30,9 @@ import logging
 import re
 
 from heteroflow.agent.client import ServerError
-from heteroflow.agent.fetch_plan import Way, ways
+from heteroflow.agent.fetch_plan import Way, fetch_first, ways
 from heteroflow.agent.fetching import resolver_for, token_for
-from heteroflow.agent.model_cache.download import Progress
+from heteroflow.agent.model_cache.download import Progress, ProgressCallback
 from heteroflow.agent.state import AgentState
 from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
 from heteroflow.core.images import size_text
@@ -174,23 +174,14 @@ class _Pull:
 
 
 async def _fetch(agent: AgentState, shown: str, tries: list[Way], pull: _Pull) -> Way:
-    """The first way that completes the model (a holder's copy first, the origin last,
-    as ``fetch_plan.ways`` orders them); what the node itself cannot do (its budget, its
-    disk) ends it at once."""
-    for i, way in enumerate(tries):
+    """``fetch_first`` (a holder's copy first, the origin last), its progress kept on
+    ``pull`` for the reports."""
+
+    def watching(way: Way) -> ProgressCallback:
         pull.way, pull.latest = way, None
-        try:
-            await agent.model_cache.ensure(
-                way.manifest, token=way.token, signer=way.signer,
-                progress=lambda p: setattr(pull, "latest", p),
-            )
-            return way
-        except SourceFailed as exc:
-            if i == len(tries) - 1 or exc.reason in ("budget", "disk"):
-                raise
-            log.warning("pull of %s: %s; trying %s", shown, exc.message,
-                        tries[i + 1].said or "the origin")
-    raise AssertionError("no way to fetch was given")  # ways() never returns none
+        return lambda p: setattr(pull, "latest", p)
+
+    return await fetch_first(agent.model_cache, tries, watching, f"pull of {shown}")
 
 
 def _token(agent: AgentState, text: str) -> str | None:

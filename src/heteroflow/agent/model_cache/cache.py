@@ -58,7 +58,7 @@ from heteroflow.agent.model_cache.unpack import unpack
 from heteroflow.core.clock import Clock
 from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
 from heteroflow.core.images import size_text
-from heteroflow.core.model_sources import SourceKind
+from heteroflow.core.model_sources import CACHE_KEY, SourceKind
 from heteroflow.models.fetch.http import Signer, token_form
 from heteroflow.models.fetch.manifest import Manifest, SourceFailed
 
@@ -363,6 +363,8 @@ class ModelCache:
         """Remove a complete model no task uses: ``Conflict`` when in use or
         downloading, ``NotFound`` when the node does not hold it. Blocking (the files
         are removed before it returns): an async caller runs it in a thread."""
+        if not CACHE_KEY.match(key):  # never a path: "..", ".trash" are not models
+            raise NotFound(f"this node holds no model {key!r}", field="key")
         if self._in_use[key] or key in self._inflight:
             raise Conflict(f"model {key} is in use or downloading on this node", field="key")
         if not self.is_complete(key):

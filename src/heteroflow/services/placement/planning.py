@@ -45,7 +45,6 @@ from heteroflow.core.gang import stage_ports
 from heteroflow.core.lora import lora_refusal
 from heteroflow.core.paths import GGUF_ONLY, VolumeRule, model_path_refusal
 from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
-from heteroflow.core.placement.model import source_text
 from heteroflow.core.ports import PortMapping, host_ports
 from heteroflow.core.quotas import new_service, task_usage
 from heteroflow.core.volumes import volumes_of, volumes_refusal
@@ -56,6 +55,7 @@ from heteroflow.schemas.windows import check_for_group
 from heteroflow.services.identity.auth import Principal
 from heteroflow.services.placement.fleet import Fleet
 from heteroflow.services.placement.one_click import one_click
+from heteroflow.services.placement.sources import check_fleet_copy
 from heteroflow.services.serving.adapters import check_not_an_adapter
 from heteroflow.services.tenancy import quotas
 
@@ -319,7 +319,7 @@ def check_task(
     )
     if problem:
         raise ValidationFailed(problem, field="task.model_path")
-    _check_fleet_copy(spec.model_path, nodes)
+    check_fleet_copy(spec.model_path, nodes)  # issue 29: fleet:// from the reports
     if spec.volumes and nodes and all(n.runtime == "process" for n in nodes):
         # as _check_runs_somewhere; the scheduler's node gate says NO_MOUNTS
         raise ValidationFailed(
@@ -338,22 +338,6 @@ def check_task(
         not nodes or any(n.cpu_build(engine) for n in nodes)
     )
     _check_fields(spec, parallelism, engine, task_type, gpus, env_allow, cpu_build=cpu_build)
-
-
-def _check_fleet_copy(model_path: str, nodes: list[NodeView]) -> None:
-    """Issue 29: a ``fleet://`` copy must exist on a node the caller may use (online or
-    not: a node back from a restart still holds its cache) — it is resolved from the
-    fleet's own reports, never from the network, so the answer is immediate."""
-    text = source_text(model_path)
-    if not text.startswith("fleet://"):
-        return
-    if any(c.complete and c.fleet == text for n in nodes for c in n.cached_models):
-        return
-    raise ValidationFailed(
-        f"task.model_path: no node you may use holds {text} (`heteroflow models list` "
-        "shows the copies nodes hold, by key)",
-        field="task.model_path",
-    )
 
 
 def _check_operator_only(req: TaskGroupCreate, who: Principal) -> None:

@@ -27,11 +27,13 @@ from heteroflow.core.engines import resolve_engine
 from heteroflow.core.errors import ValidationFailed
 from heteroflow.core.model_sources import FIELD, SourceKind, is_source_url, parse_model_source
 from heteroflow.core.paths import model_source_refusal
+from heteroflow.core.placement import NodeView
+from heteroflow.core.placement.model import source_text
 from heteroflow.models.fetch.resolve import SourceResolver
 from heteroflow.schemas.task_groups import ModelSourceRead, TaskGroupCreate
 from heteroflow.settings import ServerSettings
 
-__all__ = ["SHOWN_FILES", "resolve_source"]
+__all__ = ["SHOWN_FILES", "check_fleet_copy", "resolve_source"]
 
 #: Files listed in the dry run (a hub repository may hold hundreds); the sums count all.
 SHOWN_FILES = 50
@@ -89,4 +91,20 @@ def resolve_source(
             {"path": f.path, "bytes": f.size, "sha256": f.sha256}
             for f in manifest.files[:SHOWN_FILES]
         ],
+    )
+
+
+def check_fleet_copy(model_path: str, nodes: list[NodeView]) -> None:
+    """Issue 29: a ``fleet://`` copy must exist on a node the caller may use (online or
+    not: a node back from a restart still holds its cache) — resolved from the fleet's
+    own reports, never from the network, so the answer is immediate (``check_task``)."""
+    text = source_text(model_path)
+    if not text.startswith("fleet://"):
+        return
+    if any(c.complete and c.fleet == text for n in nodes for c in n.cached_models):
+        return
+    raise ValidationFailed(
+        f"task.model_path: no node you may use holds {text} (`heteroflow models list` "
+        "shows the copies nodes hold, by key)",
+        field=FIELD,
     )
