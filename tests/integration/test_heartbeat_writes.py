@@ -135,7 +135,7 @@ def test_a_steady_beat_rewrites_none_of_the_large_columns(api: Api) -> None:
     assert len(updates) == 1
     assert set_columns(updates[0]) == {
         "address", "runtime", "cpu_count", "memory_total_mb", "memory_available_mb",
-        "cpu_percent", "memory_percent", "last_heartbeat_at",
+        "cpu_percent", "memory_percent", "last_heartbeat_at", "peer_url",  # all small
     }
     api.clock.advance(5)
     moved = beat(models=[], inventory={"gpus": [{**CARD, "memory_used_mb": 9000}]})

@@ -124,9 +124,12 @@ def test_pipeline_gpu_type_is_strict_with_distinct_messages(api: Api) -> None:
     api.app.scheduler.run_round()
     msg = task(api, admin, g["tasks"][0]["id"])["status_message"]
     assert msg.startswith("Waiting: all 1 node(s) with gpu_type 'A100' are offline")
+    # an inference pipeline is vLLM's alone (issue 32): llama.cpp's is a 400 naming vLLM
+    llama = {"image": "ghcr.io/ggml-org/llama.cpp:server", "command": []}
     r = api.client.post("/api/v1/task-groups", json=job("inf-pp", parallelism="pipeline",
-                        world_size=2, task_type="inference"), headers=admin)
-    assert r.status_code == 400 and "parallelism" in r.text
+                        world_size=2, task_type="inference", task=llama), headers=admin)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "parallelism", r.text
+    assert "with vllm only" in r.text
 
 
 @pytest.mark.feature("B5")

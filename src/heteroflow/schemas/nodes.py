@@ -118,6 +118,7 @@ PeerUrl = Annotated[
         max_length=300,
         pattern=r"^(https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):[0-9]{1,5})?$",
     ),
+    AfterValidator(no_nul),
 ]
 
 
