@@ -31,20 +31,26 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from heteroflow.core.errors import Conflict, ValidationFailed
 from heteroflow.core.ids import new_id
 from heteroflow.core.model_sources import is_source_url, parse_model_source
 from heteroflow.db.engine import Database
-from heteroflow.db.tables import HubToken, Task, Tenant
+from heteroflow.db.tables import HubToken, Task
 from heteroflow.logs import register_secrets
 from heteroflow.schemas.hub_tokens import HUBS, HubTokenCreate, HubTokenRead, HubTokenUpdate
 from heteroflow.services.identity.auth import Principal
 from heteroflow.services.tenancy.registry_credentials import Sealer
+from heteroflow.services.tenancy.tenant_secrets import (
+    PLATFORM,
+    owner_tenant,
+    refuse_members,
+    visible,
+)
 from heteroflow.services.unique import taken_as
 
 log = logging.getLogger(__name__)
 
-PLATFORM = ""  # the tenant_id of the platform's own tokens
+WHAT = "hub tokens"
 #: A token shorter than this shows no character of itself (4 of 8 would be half of it).
 HINT_MIN_CHARS = 16
 
@@ -60,40 +66,12 @@ def hint(token: str) -> str:
     return ("hf_" if token.startswith("hf_") else "") + "…" + token[-4:]
 
 
-def _may_manage(who: Principal, tenant_id: str) -> bool:
-    if who.is_operator:
-        return True
-    return who.is_tenant_admin and tenant_id == who.tenant_id and tenant_id != PLATFORM
-
-
-def _refuse_members(who: Principal) -> None:
-    if not (who.is_operator or who.is_tenant_admin):
-        raise Forbidden("only an operator or a tenant admin manages hub tokens")
-
-
 def _visible(s: Session, who: Principal, token_id: str) -> HubToken:
-    _refuse_members(who)
-    row = s.get(HubToken, token_id)
-    if row is None or not _may_manage(who, row.tenant_id):
-        raise NotFound(f"hub token {token_id!r} not found")
-    return row
+    return visible(s, who, HubToken, token_id, "hub token", WHAT)
 
 
 def _owner_tenant(s: Session, who: Principal, asked: str | None) -> str:
-    """Whose token a create writes (see ``HubTokenCreate``)."""
-    if who.is_operator:
-        tenant_id = asked or PLATFORM
-        if tenant_id != PLATFORM and s.get(Tenant, tenant_id) is None:
-            raise NotFound(f"tenant {tenant_id!r} not found", field="tenant_id")
-        return tenant_id
-    tenant_id = who.tenant_id if asked is None else asked
-    if tenant_id != who.tenant_id:
-        raise Forbidden(
-            "a tenant admin sets only their own tenant's hub tokens (the platform's are "
-            "an operator's)",
-            field="tenant_id",
-        )
-    return tenant_id
+    return owner_tenant(s, who, asked, WHAT)
 
 
 def _read(row: HubToken) -> HubTokenRead:
@@ -103,7 +81,7 @@ def _read(row: HubToken) -> HubTokenRead:
 def create(
     s: Session, clock: Clock, who: Principal, sealer: Sealer, req: HubTokenCreate
 ) -> HubTokenRead:
-    _refuse_members(who)
+    refuse_members(who, WHAT)
     token = req.token.get_secret_value()
     register_secrets(token)
     tenant_id = _owner_tenant(s, who, req.tenant_id)
@@ -131,7 +109,7 @@ def create(
 
 
 def list_tokens(s: Session, who: Principal) -> list[HubTokenRead]:
-    _refuse_members(who)
+    refuse_members(who, WHAT)
     q = select(HubToken).order_by(HubToken.tenant_id, HubToken.hub)
     if not who.is_operator:
         q = q.where(HubToken.tenant_id == who.tenant_id)

@@ -35,10 +35,10 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.errors import Conflict, Forbidden, NotFound
+from heteroflow.core.errors import Conflict
 from heteroflow.core.ids import new_id
 from heteroflow.core.images import registry_host
-from heteroflow.db.tables import RegistryCredential, Task, Tenant
+from heteroflow.db.tables import RegistryCredential, Task
 from heteroflow.logs import register_secrets
 from heteroflow.schemas.registry_credentials import (
     RegistryAuth,
@@ -47,11 +47,17 @@ from heteroflow.schemas.registry_credentials import (
     RegistryCredentialUpdate,
 )
 from heteroflow.services.identity.auth import Principal
+from heteroflow.services.tenancy.tenant_secrets import (
+    PLATFORM,
+    owner_tenant,
+    refuse_members,
+    visible,
+)
 from heteroflow.services.unique import taken_as
 
 log = logging.getLogger(__name__)
 
-PLATFORM = ""  # the tenant_id of the platform's own credentials
+WHAT = "registry credentials"
 _SEAL_INFO = b"heteroflow/registry-credentials/v1"
 _SEAL_PREFIX = "v1."
 
@@ -81,46 +87,18 @@ class Sealer:
             raise ValueError("sealed with another key or for another row") from exc
 
 
-def _may_manage(who: Principal, tenant_id: str) -> bool:
-    if who.is_operator:
-        return True
-    return who.is_tenant_admin and tenant_id == who.tenant_id and tenant_id != PLATFORM
-
-
-def _refuse_members(who: Principal) -> None:
-    if not (who.is_operator or who.is_tenant_admin):
-        raise Forbidden("only an operator or a tenant admin manages registry credentials")
-
-
 def _visible(s: Session, who: Principal, credential_id: str) -> RegistryCredential:
-    _refuse_members(who)
-    row = s.get(RegistryCredential, credential_id)
-    if row is None or not _may_manage(who, row.tenant_id):
-        raise NotFound(f"registry credential {credential_id!r} not found")
-    return row
+    return visible(s, who, RegistryCredential, credential_id, "registry credential", WHAT)
 
 
 def _owner_tenant(s: Session, who: Principal, asked: str | None) -> str:
-    """Whose credential a create writes (see ``RegistryCredentialCreate``)."""
-    if who.is_operator:
-        tenant_id = asked or PLATFORM
-        if tenant_id != PLATFORM and s.get(Tenant, tenant_id) is None:
-            raise NotFound(f"tenant {tenant_id!r} not found", field="tenant_id")
-        return tenant_id
-    tenant_id = who.tenant_id if asked is None else asked
-    if tenant_id != who.tenant_id:
-        raise Forbidden(
-            "a tenant admin sets only their own tenant's registry credentials "
-            "(the platform's are an operator's)",
-            field="tenant_id",
-        )
-    return tenant_id
+    return owner_tenant(s, who, asked, WHAT)
 
 
 def create(
     s: Session, clock: Clock, who: Principal, sealer: Sealer, req: RegistryCredentialCreate
 ) -> RegistryCredentialRead:
-    _refuse_members(who)
+    refuse_members(who, WHAT)
     password = req.password.get_secret_value()
     register_secrets(password)
     tenant_id = _owner_tenant(s, who, req.tenant_id)
@@ -156,7 +134,7 @@ def create(
 
 
 def list_credentials(s: Session, who: Principal) -> list[RegistryCredentialRead]:
-    _refuse_members(who)
+    refuse_members(who, WHAT)
     q = select(RegistryCredential).order_by(
         RegistryCredential.tenant_id, RegistryCredential.registry_host
     )
