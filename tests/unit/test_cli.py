@@ -168,7 +168,7 @@ def test_show_prints_a_pending_tasks_whole_reason(
         "PORTS",
         "MESSAGE",
     ]
-    assert out[tasks_at + 2].split()[:6] == ["task-1", "0", "pending", "-", "-", "8000->0"]
+    assert out[tasks_at + 2].split()[:6] == ["task-1", "0", "pending", "-", "-", "8000"]
     assert out[tasks_at + 3 :] == [
         "why task-1 is pending:",
         "  InsufficientResources: 0/3 nodes fit",

@@ -116,7 +116,7 @@ def test_service_block_has_fields_tasks_and_every_pending_reason() -> None:
 def test_task_block() -> None:
     text = tables.task_block(task("running", draining=True))
     assert "gpus:       0,1" in text.splitlines()
-    assert "ports:      8000->21000" in text.splitlines()
+    assert "ports:      21000->8000" in text.splitlines()  # host->container, as Docker
     assert "draining:   yes" in text.splitlines()
 
 

@@ -117,10 +117,15 @@ def services_table(groups: Sequence[Mapping[str, Any]]) -> str:
     return table(("ID", "NAME", "MODEL", "STATUS", "REPLICAS", "ENDPOINT", "REASON"), rows)
 
 
+def port(p: Mapping[str, Any]) -> str:
+    """One port in Docker's direction, as the console writes it too: ``host->container``
+    (``21000->8000``); a port not booked on a host yet is its container port alone."""
+    host, container = p.get("host_port"), p.get("container_port")
+    return f"{host}->{container}" if host else str(container)
+
+
 def ports(task: Mapping[str, Any]) -> str:
-    return ",".join(
-        f"{p.get('container_port')}->{p.get('host_port')}" for p in task.get("ports") or []
-    )
+    return ",".join(port(p) for p in task.get("ports") or [])
 
 
 def tasks_table(tasks: Sequence[Mapping[str, Any]]) -> str:

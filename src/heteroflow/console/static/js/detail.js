@@ -139,8 +139,7 @@ export function detailPage(main, [groupId], ctx) {
     replicasSig = sig;
     const row = (t) => {
       const node = nodes.get(t.node_id);
-      const ports = (t.ports || []).filter((p) => p.host_port)
-        .map((p) => `${p.host_port}→${p.container_port}`).join(', ');
+      const ports = (t.ports || []).map(fmt.port).join(', ');
       return [
         h('span', { class: 'mono' }, t.name), String(t.generation),
         badge(t.draining ? 'draining' : t.status),

@@ -92,9 +92,19 @@ export function gpuCount(group) {
   return n > 1 ? `${per * n} (${per} × ${n})` : String(per);
 }
 
+/** The shape of a service. `split` is N independent copies of the model (its world_size
+ *  is the replica count; one-click services are made split so that they can scale):
+ *  shown only when there is more than one copy — one copy is a single replica. */
 export function parallelism(group) {
   const p = group.parallelism || 'single';
+  if (p === 'split') return group.world_size > 1 ? `split × ${group.world_size} replicas` : 'single';
   return group.world_size > 1 ? `${p.replace('_', ' ')} × ${group.world_size}` : p.replace('_', ' ');
+}
+
+/** A port in Docker's direction, as the CLI writes it: host→container; a port not
+ *  booked on a host yet is its container port alone. */
+export function port(p) {
+  return p.host_port ? `${p.host_port}→${p.container_port}` : String(p.container_port);
 }
 
 export function replicaRange(group) {
