@@ -8,6 +8,11 @@
 # errors_c450, added_p50_ms_c1, added_p99_ms_c32 and added_p99_ms_c450 (our p99 minus the
 # direct call's under wrk, same run; median of RUNS), redis_cpu_ms_per_req, soak_rss_growth_pct.
 #
+# MODE=openloop: the arrival-rate mode instead (bench/gateway_openloop.py, same Redis): nginx's
+# closed-loop capacity, then direct, nginx and our gateway at FRACTIONS (25,50,80) % of it,
+# non-stream and stream, each point DUR s (10) at a fixed rate with bench/openloop (latency
+# from each request's intended send time); last line its JSON (added_p99_ms_at_50pct, ...).
+#
 # Knobs: RUNS (harness runs, default 1; the target is the median of 3),
 #   SOAK_S (0 = no soak; 600 = the 10-minute soak at SOAK_C=450 streams, after the runs),
 #   REDIS_PORT (16379), GATEWAY_PORT (18090), and the harness's own (DUR, TARGETS, CONCS,
@@ -46,6 +51,11 @@ redis_stats() {  # "cpu_seconds commands"
 }
 export HETEROFLOW_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 export GATEWAY_NAME=heteroflow GATEWAY_URL="http://127.0.0.1:$GATEWAY_PORT" GATEWAY_KEY=sk-bench-heteroflow
+if [[ "${MODE:-closed}" == "openloop" ]]; then
+  "$PY" "$ROOT/bench/gateway_openloop.py" --harness "$HARNESS" --out "$OUT" \
+    --gateway-port "$GATEWAY_PORT" --key "$GATEWAY_KEY"
+  exit
+fi
 
 runs=()
 for i in $(seq "$RUNS"); do
