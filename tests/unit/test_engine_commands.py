@@ -40,6 +40,7 @@ SGLANG = ("python3", "-m", "sglang.launch_server")
 # issue 15: the tool-call parser of the model's family ("qwen" in the path: Hermes format)
 VLLM_TOOLS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 SGLANG_TOOLS = ("--tool-call-parser", "qwen25")
+LLAMACPP_CTX = ("-c", "4096")  # the context the platform passes when a task sets none
 
 
 def shape(engine: str, **kw: Any) -> LaunchShape:
@@ -114,19 +115,19 @@ GOLDEN: list[tuple[str, LaunchShape, tuple[str, ...] | None, tuple[str, ...]]] =
       *SGLANG_TOOLS)),
     ("llamacpp-single", shape("llamacpp"), None,
      ("-m", M, "--host", "0.0.0.0", "--port", "8000", "--alias", "qwen", "-ngl", "999",
-      "--metrics", "--jinja")),
+      "--metrics", "--jinja", *LLAMACPP_CTX)),
     ("llamacpp-cpu", shape("llamacpp", gpus=0), None,
      ("-m", M, "--host", "0.0.0.0", "--port", "8000", "--alias", "qwen", "-ngl", "0", "--metrics",
-      "--jinja")),
+      "--jinja", *LLAMACPP_CTX)),
     ("llamacpp-tp", tp("llamacpp"), None,
      ("-m", M, "--host", "0.0.0.0", "--port", "8000", "--alias", "qwen", "-ngl", "999",
-      "--tensor-split", "1,1", "--metrics", "--jinja")),
+      "--tensor-split", "1,1", "--metrics", "--jinja", *LLAMACPP_CTX)),
     ("llamacpp-tp-proportions", tp("llamacpp", 3, tensor_split=(3.0, 1.0, 0.5)), None,
      ("-m", M, "--host", "0.0.0.0", "--port", "8000", "--alias", "qwen", "-ngl", "999",
-      "--tensor-split", "3,1,0.5", "--metrics", "--jinja")),
+      "--tensor-split", "3,1,0.5", "--metrics", "--jinja", *LLAMACPP_CTX)),
     ("llamacpp-split", shape("llamacpp", parallelism="split"), None,
      ("-m", M, "--host", "0.0.0.0", "--port", "8000", "--alias", "qwen", "-ngl", "999",
-      "--metrics", "--jinja")),
+      "--metrics", "--jinja", *LLAMACPP_CTX)),
     ("trtllm-single", shape("trtllm"), ("trtllm-serve",),
      (M, "--host", "0.0.0.0", "--port", "8000", "--backend", "trt")),
     ("trtllm-tp", tp("trtllm"), ("trtllm-serve",),
@@ -346,7 +347,8 @@ def test_kv_offload_through_the_builder() -> None:
 @pytest.mark.feature("H4")
 def test_embeddings_extra_args_and_model_name_rules() -> None:
     assert build_command(shape("sglang", embeddings=True)).args[-1] == "--is-embedding"
-    assert build_command(shape("llamacpp", embeddings=True)).args[-1] == "--embeddings"
+    llama = build_command(shape("llamacpp", embeddings=True)).args
+    assert llama[-3:] == ("--embeddings", *LLAMACPP_CTX)
     extra = ("--max-model-len", "4096")
     assert build_command(shape("vllm", extra_args=extra)).args[-2:] == extra
 

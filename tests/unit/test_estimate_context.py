@@ -46,8 +46,10 @@ def _ctx(engine: str, *args: str) -> EngineContext | None:
         (["-c", "many"], None),  # refused by the engine: nothing to read
         (["-c", "-5"], None),
         (["-c"], None),  # no value
-        (["-ngl", "0"], None),
-        ([], None),
+        # none set: the platform passes its own -c (issue 33: the estimate said 32,768 while
+        # the process runtime ran 4,096)
+        (["-ngl", "0"], EngineContext(4096, "HeteroFlow's default -c")),
+        ([], EngineContext(4096, "HeteroFlow's default -c")),
     ],
 )
 def test_llamacpp_ctx_size(args: list[str], expected: EngineContext | None) -> None:
@@ -157,10 +159,12 @@ def test_gguf_estimate_with_llamacpp_c() -> None:
     demo = estimate_gguf_meta(
         meta, file_bytes=241 * MIB, engine_context=_ctx("llamacpp", "-np", "2", "-c", "4096")
     )
-    bare = estimate_gguf_meta(meta, file_bytes=241 * MIB, engine_context=_ctx("llamacpp"))
+    bare = estimate_gguf_meta(
+        meta, file_bytes=241 * MIB, engine_context=_ctx("llamacpp", "-c", "0")
+    )
     assert (demo.context_tokens, bare.context_tokens) == (4096, 32768)
     assert demo.kv_cache_mb == 18 * 2 * 256 * 2 * 4096 // MIB == 72
     assert bare.kv_cache_mb == 8 * demo.kv_cache_mb
     assert demo.total_mb < bare.total_mb
     assert "(ctx 4096 from -c)" in demo.detail
-    assert "(ctx 32768: the model's trained length)" in bare.detail
+    assert "(ctx 32768 from -c 0: the model's trained length)" in bare.detail

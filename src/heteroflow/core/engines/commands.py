@@ -51,10 +51,14 @@ real CLI in ``flags.py`` by the tests.
   ``--enable-metrics``; pipeline: ``--pp-size --nnodes --node-rank --dist-init-addr A:50000``.
 * llama.cpp: the official image's ENTRYPOINT is already ``/app/llama-server``
   (.devops/*.Dockerfile), so only flags: ``-m --host --port --alias -ngl 999|0
-  [--tensor-split 1,1] --metrics --jinja [--embeddings]``; the same args run our
+  [--tensor-split 1,1] --metrics --jinja [--embeddings] [-c 4096]``; the same args run our
   process-runtime launcher (``process_argv``). ``--jinja`` always: the Jinja template
   engine is what renders ``tools`` and parses tool calls; current builds default to it,
   older images (before it became the default) need the flag, and both accept it.
+  ``-c 4096`` (``registry.LLAMACPP_DEFAULT_CONTEXT``) unless the task sets a context:
+  llama-server would load the model's trained length, our launcher 4096, so the memory
+  estimate and the dry run could not say what runs (issue 33); ``-c 0`` asks for the
+  trained length.
 * Tool calling (vLLM, SGLang): the parser of the model's family (``tool_parsers``) after
   the platform's flags, unless the task's ``engine_args`` choose their own.
 * TensorRT-LLM: ``trtllm-serve <engine dir> --host 0.0.0.0 --port P [--tp_size N]``; since
@@ -72,7 +76,7 @@ from dataclasses import dataclass, field, replace
 from heteroflow.core.engines import mindie, tool_parsers
 from heteroflow.core.engines.errors import CommandError
 from heteroflow.core.engines.kv_offload import kv_offload_args, parse_version
-from heteroflow.core.engines.registry import ENGINES, EngineSpec
+from heteroflow.core.engines.registry import ENGINES, EngineSpec, context_args
 from heteroflow.core.lora import lora_args
 
 __all__ = [
@@ -328,6 +332,7 @@ def _llamacpp(s: LaunchShape) -> EngineCommand:
     args += ["--metrics", "--jinja"]
     if s.embeddings:
         args.append("--embeddings")
+    args += context_args("llamacpp", s.extra_args)  # the same on every runtime (issue 33)
     return EngineCommand((*args, *s.extra_args), None)
 
 

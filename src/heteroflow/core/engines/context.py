@@ -91,6 +91,17 @@ def _tokens(text: str, flag: ContextFlag) -> int | None:
     return tokens
 
 
+def names_flag(flag: ContextFlag, args: Sequence[str]) -> bool:
+    """Whether ``args`` name the context flag at all (whatever the value)."""
+    spellings = set(flag.spellings)
+    for arg in args:
+        if _name(arg, flag) in spellings:
+            return True
+        if "=" in arg and _name(arg.partition("=")[0], flag) in spellings:
+            return True  # also where the engine refuses the form: it is not "unset"
+    return False
+
+
 def read_context(flag: ContextFlag, args: Sequence[str]) -> EngineContext | None:
     """The context ``args`` set through ``flag`` (the last occurrence wins); None when
     they do not set it, or set it to something the engine would refuse."""

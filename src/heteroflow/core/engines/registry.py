@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from heteroflow.core.engines.context import ContextFlag, EngineContext, read_context
+from heteroflow.core.engines.context import ContextFlag, EngineContext, names_flag, read_context
 from heteroflow.core.engines.mindie import MAX_SEQ_LEN as MINDIE_MAX_SEQ_LEN
 
 ALL_SHAPES = frozenset({"single", "tensor_parallel", "split", "pipeline"})
@@ -45,6 +45,9 @@ CPU_BUILD = "cpu"
 
 # Every engine's command line sets the port explicitly, so one container port for all.
 DEFAULT_CONTAINER_PORT = 8000
+
+#: llama.cpp's context when a task sets none (HeteroFlow's launcher's own default too)
+LLAMACPP_DEFAULT_CONTEXT = 4096
 
 # The context flag of each engine (see ``context.py`` for the sources and value rules).
 _VLLM_CONTEXT = ContextFlag(("--max-model-len",), underscores=True, human_ints=True)
@@ -85,6 +88,10 @@ class EngineSpec:
     # tokens), and the context it runs with whatever the arguments (MindIE's config).
     context_flag: ContextFlag | None = None
     fixed_context: int | None = None
+    # The context the platform passes (through ``context_flag``'s first spelling) when a
+    # task's arguments set none, on every runtime, so the estimate, the dry run and what
+    # runs agree (issue 33; None: the engine's own default, the model's trained length).
+    default_context: int | None = None
     # loads LoRA adapters at runtime, each served under its own model name (core.lora)
     runtime_lora: bool = False
 
@@ -133,6 +140,11 @@ _SPECS = (
         context_flag=ContextFlag(
             ("-c", "--ctx-size"), equals_form=False, underscores=True, zero_is_model=True
         ),
+        # llama-server loads the trained length when no -c is given (a 128k-token model's
+        # KV cache would not fit where it was placed), the process runtime's launcher
+        # 4096: one value for both, written into the command (``-c 0`` asks for the
+        # trained length)
+        default_context=LLAMACPP_DEFAULT_CONTEXT,
     ),
     EngineSpec(
         name="trtllm",
@@ -215,4 +227,18 @@ def engine_context(name: str, args: Sequence[str]) -> EngineContext | None:
         return EngineContext(spec.fixed_context, f"{name}'s generated config")
     if spec.context_flag is None:
         return None
+    if spec.default_context is not None and not names_flag(spec.context_flag, args):
+        flag = spec.context_flag.spellings[0]
+        return EngineContext(spec.default_context, f"HeteroFlow's default {flag}")
     return read_context(spec.context_flag, args)
+
+
+def context_args(name: str, args: Sequence[str]) -> tuple[str, ...]:
+    """The context flag the platform adds to engine ``name``'s command when ``args``
+    set none (``EngineSpec.default_context``); () when they do, or it has no default."""
+    spec = ENGINES.get(name)
+    if spec is None or spec.default_context is None or spec.context_flag is None:
+        return ()
+    if names_flag(spec.context_flag, args):
+        return ()
+    return (spec.context_flag.spellings[0], str(spec.default_context))
