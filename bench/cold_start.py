@@ -98,6 +98,18 @@ def phases(events: list[dict[str, Any]], created: float, first: float) -> dict[s
     return out
 
 
+def wait_running(api: Api, gid: str, timeout_s: float) -> None:
+    """Until the service runs; a failed service ends the wait with its record."""
+
+    def running() -> bool:
+        group = api.group(gid)
+        if group["status"] == "failed":
+            raise RuntimeError(f"the service failed: {group}")
+        return bool(group["status"] == "running")
+
+    wait_for("the service running", running, timeout_s, 0.05)
+
+
 def serve_once(api: Api, url: str, body: dict[str, Any], model: Path) -> dict[str, Any]:
     """One cold start and one wake of a service on ``model``; the service is deleted."""
     evicted = evict(model)
@@ -107,13 +119,7 @@ def serve_once(api: Api, url: str, body: dict[str, Any], model: Path) -> dict[st
     g = r.json()
     gid, key = g["id"], g["api_key"]
     try:
-        def running() -> bool:
-            status = api.group(gid)["status"]
-            if status == "failed":
-                raise RuntimeError(f"the service failed: {api.group(gid)}")
-            return bool(status == "running")
-
-        wait_for("the service running", running, 900, 0.1)
+        wait_running(api, gid, 900)
         refused: list[str] = []
 
         def answered() -> bool:
@@ -331,13 +337,7 @@ def serve_from_source(api: Api, url: str, source: str, cache: Path) -> dict[str,
     client = openai.OpenAI(base_url=url + "/v1", api_key=r.json()["api_key"], max_retries=0,
                            timeout=300)
     try:
-        def running() -> bool:
-            status = api.group(gid)["status"]
-            if status == "failed":
-                raise RuntimeError(f"the service failed: {api.group(gid)}")
-            return bool(status == "running")
-
-        wait_for("the service running", running, 1800, 0.05)
+        wait_running(api, gid, 1800)
         refused: list[int] = []
         accepted, first = wait_for("a first chunk", lambda: first_chunk(client, refused), 120)
         out = node_phases(api.events(gid), created, accepted, first)
