@@ -212,6 +212,10 @@ class ServerSettings(BaseSettings):
     # gateway_start_hold_s (0 = 503 at once): shorter, since a first start may pull and
     # load for minutes — its 503 says how long the replicas have been starting.
     idle_check_interval_s: float = Field(default=15.0, gt=0.0)
+    # Live series (issue 33): the leader samples every series_interval_s (the raw
+    # points' 10 s resolution; shorter only in tests: two samples in one 10 s bucket
+    # keep the latest)
+    series_interval_s: float = Field(default=10.0, gt=0.0, le=60.0)
     idle_minute_s: float = Field(default=60.0, gt=0.0)
     gateway_wake_hold_s: float = Field(default=120.0, ge=0.0)
     gateway_start_hold_s: float = Field(default=30.0, ge=0.0)

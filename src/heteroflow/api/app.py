@@ -27,6 +27,7 @@ from heteroflow.api.routes import (
     platform_settings,  # issue 16 (L1)
     registry_credentials,  # issue 28 (H7)
     root,
+    series,
     servers,
     sharing_groups,
     task_groups,
@@ -78,6 +79,7 @@ def create_api(ctx: ServerContext, metrics: ServerMetrics | None = None) -> Fast
         drain.router,
         task_life.router,  # sleep / wake (F1-F3)
         gateway.router,
+        series.router,
         usage.router,
         logs.router,
         files.router,

@@ -23,6 +23,7 @@ from heteroflow.controllers.node_watch import NodeWatch
 from heteroflow.controllers.recovery import Recovery
 from heteroflow.controllers.rollout import Rollouts
 from heteroflow.controllers.scheduler import Scheduler
+from heteroflow.controllers.series import SeriesSampler
 from heteroflow.controllers.snapshot import SnapshotPublisher
 from heteroflow.controllers.wakes import WakeRetrier
 from heteroflow.controllers.windows import WindowExecutor
@@ -77,6 +78,7 @@ class Controllers:
     scale_drainer: ScaleDrainer  # leader-only (I2)
     windows: WindowExecutor  # leader-only (K1)
     rollouts: Rollouts  # every instance: the rollouts whose lease it took (J1-J4)
+    series: SeriesSampler  # leader-only: the live series (issue 33)
 
     def __iter__(self) -> Iterator[Controller]:
         return (getattr(self, f.name) for f in fields(self))
@@ -144,5 +146,9 @@ def build(
             scan_interval_s=s.rollout_scan_interval_s, policy=s.rollout_policy(),
             # drains end when every gateway reports nothing in flight on the replica
             in_flight=gateway_reports(clock, s.gateway_load_stale_s),
+        ),
+        series=SeriesSampler(
+            db, clock, leadership, interval_s=s.series_interval_s,
+            load_stale_s=s.gateway_load_stale_s, offline_after_s=offline,
         ),
     )

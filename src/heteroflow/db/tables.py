@@ -526,3 +526,18 @@ class HubToken(Base):
     created_by: Mapped[str] = mapped_column(String(32), default="")
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+
+
+class SeriesPoint(Base):
+    """One point of a live time series (issue 33, 0019; ``core/series.py``): a service,
+    a node or a card (``scope``, ``key``), at one resolution (``step``: 10 or 60 s), the
+    bucket starting ``at``; ``values`` maps metric names to numbers (a minute point also
+    holds each metric's sample count as ``#name``). Bounded: the sampler deletes points
+    past their resolution's window (1 h raw, 24 h minutes) every round."""
+
+    __tablename__ = "series_points"
+    scope: Mapped[str] = mapped_column(String(8), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(primary_key=True)
+    values: Mapped[dict[str, Any]] = mapped_column(default=dict)

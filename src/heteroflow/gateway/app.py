@@ -28,6 +28,7 @@ scale-in or a rolling update wait for.
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable, Sequence
 
 from heteroflow.core.clock import Clock, SystemClock
@@ -357,10 +358,16 @@ class GatewayApp:
             slot = await self._fair.wait(slot, call, receive, send)
             if slot is None:  # answered (429, 503) or the client left
                 return
+        started = time.monotonic()
         try:
             if not await self._admission.admit(scope, call, send, path):
                 return
             await self._forwarder.relay_and_settle(scope, receive, call, send, path)
+            if self._usage is not None and call.backend is not None:
+                # issue 33: the live series' latency, TTFT and errors per backend
+                self._usage.backend_done(
+                    call.backend.task_id, send.status, started, send.first_at, time.monotonic()
+                )
         finally:
             if slot is not None:
                 self._fair.leave(slot, call)  # a stream's slot is held until it ended
@@ -391,6 +398,9 @@ class GatewayApp:
                             tokens_per_s=rates.get(b.task_id, 0.0),
                             waiting=None if engine is None else engine.waiting,
                             kv_use=None if engine is None else engine.kv_use,
+                            prefix=None if engine is None or engine.prefix_queries is None
+                            else (engine.prefix_hits or 0.0, engine.prefix_queries),
+                            **(self._usage.answer_stats(b.task_id) if self._usage else {}),
                         )
                     )
         return GatewayLoad(self.gateway_id, tuple(out))

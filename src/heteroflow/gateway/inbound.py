@@ -12,6 +12,7 @@ a dict: the gateway's CPU time per request is its throughput limit.
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import orjson
@@ -61,7 +62,7 @@ class Call:
 class Exchange:
     """The ``send`` of one inference request: notes the status and model for metrics."""
 
-    __slots__ = ("extra_headers", "model", "recorder", "send", "status")
+    __slots__ = ("extra_headers", "first_at", "model", "recorder", "send", "status")
 
     def __init__(self, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
         self.send = send
@@ -70,6 +71,9 @@ class Exchange:
         # added to the response start: x-request-id and CORS (http_conventions), ...
         self.extra_headers = headers
         self.recorder: Recorder | None = None  # M9: keeps the answer for replays
+        # issue 33: when the answer's first body bytes went out (time.monotonic(); 0: not
+        # yet): the time to first token of a stream, the live series' TTFT
+        self.first_at = 0.0
 
     async def __call__(self, msg: Message) -> None:
         if self.recorder is not None:
@@ -78,6 +82,8 @@ class Exchange:
             self.status = msg["status"]
             if self.extra_headers:
                 msg = {**msg, "headers": [*msg.get("headers", ()), *self.extra_headers]}
+        elif not self.first_at and msg.get("body"):
+            self.first_at = time.monotonic()
         await self.send(msg)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, Field
 
@@ -123,6 +123,7 @@ class UsageReport(BaseModel):
 # ---- the gateway's load (issue 14: I1 autoscaler, I2 scale-in drains, J1 drains) ----
 
 MAX_LOAD_BACKENDS = 100_000
+ErrorKind = Literal["4xx", "429", "5xx", "client_left"]  # core.series.error_kind
 # a gateway id: "gw-" + 12 hex digits (a new one at every gateway start)
 GATEWAY_ID_PATTERN = r"^[A-Za-z0-9._-]{1,48}$"
 
@@ -138,9 +139,17 @@ class BackendLoad:
     tokens_per_s: float  # tokens (prompt + completion) it answered, over the last 30 s
     waiting: float | None = None  # the engine's queue (its /metrics), when scraped
     kv_use: float | None = None  # the engine's KV-cache use 0..1, when it exports it
+    # issue 33 (the live series): answers through this gateway since it started, its
+    # errors by kind (core.series.error_kind), [p50, p95] of latency and of time to
+    # first bytes over the last 30 s (ms), the engine's prefix-cache [hits, queries]
+    answered: int | None = None
+    errors: dict[str, int] | None = None
+    latency_ms: list[float] | None = None
+    ttft_ms: list[float] | None = None
+    prefix: tuple[float, float] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "task_id": self.task_id,
             "group_id": self.group_id,
             "draining": self.draining,
@@ -149,6 +158,11 @@ class BackendLoad:
             "waiting": self.waiting,
             "kv_use": self.kv_use,
         }
+        for name in ("answered", "errors", "latency_ms", "ttft_ms", "prefix"):
+            v = getattr(self, name)
+            if v is not None:
+                out[name] = list(v) if isinstance(v, tuple) else v
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +184,18 @@ class BackendLoadIn(Strict):
     tokens_per_s: float = Field(default=0.0, ge=0.0, le=1e12, strict=False)
     waiting: float | None = Field(default=None, ge=0.0, le=1e9, strict=False)
     kv_use: float | None = Field(default=None, ge=0.0, le=1.0, strict=False)
+    # issue 33 (the live series); older gateways send none of them
+    answered: int | None = Field(default=None, ge=0, le=2**62)
+    errors: dict[ErrorKind, Annotated[int, Field(ge=0, le=2**62)]] | None = None
+    latency_ms: list[Annotated[float, Field(ge=0.0, le=1e9, strict=False)]] | None = Field(
+        default=None, min_length=2, max_length=2
+    )
+    ttft_ms: list[Annotated[float, Field(ge=0.0, le=1e9, strict=False)]] | None = Field(
+        default=None, min_length=2, max_length=2
+    )
+    prefix: list[Annotated[float, Field(ge=0.0, le=1e18, strict=False)]] | None = Field(
+        default=None, min_length=2, max_length=2
+    )
 
     def to_load(self) -> BackendLoad:
         return BackendLoad(
@@ -180,6 +206,11 @@ class BackendLoadIn(Strict):
             tokens_per_s=self.tokens_per_s,
             waiting=self.waiting,
             kv_use=self.kv_use,
+            answered=self.answered,
+            errors=None if self.errors is None else {str(k): v for k, v in self.errors.items()},
+            latency_ms=self.latency_ms,
+            ttft_ms=self.ttft_ms,
+            prefix=(self.prefix[0], self.prefix[1]) if self.prefix is not None else None,
         )
 
 

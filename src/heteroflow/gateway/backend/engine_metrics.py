@@ -48,6 +48,10 @@ _KV = frozenset(
     }
 )
 
+# issue 33: vLLM's prefix-cache counters (tokens; llama.cpp and SGLang export none)
+_PREFIX_HITS = "vllm:prefix_cache_hits_total"
+_PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
@@ -58,6 +62,10 @@ class EngineLoad:
     kv_use: float | None  # 0..1; None when the engine does not export it
     # this gateway's in-flight requests to the backend when the scrape was taken
     in_flight_at_scrape: int = 0
+    # issue 33: prefix-cache counters (tokens) since the engine started, where it exports
+    # them (vLLM's prefix_cache_hits_total / _queries_total); None: not reported
+    prefix_hits: float | None = None
+    prefix_queries: float | None = None
 
 
 def parse_engine_metrics(text: str) -> EngineLoad | None:
@@ -65,6 +73,8 @@ def parse_engine_metrics(text: str) -> EngineLoad | None:
     running: float | None = None
     waiting: float | None = None
     kv: float | None = None
+    hits: float | None = None
+    queries: float | None = None
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -80,6 +90,10 @@ def parse_engine_metrics(text: str) -> EngineLoad | None:
             kind = 1
         elif name in _KV:
             kind = 2
+        elif name == _PREFIX_HITS:
+            kind = 3
+        elif name == _PREFIX_QUERIES:
+            kind = 4
         else:
             continue
         value = _sample_value(line, brace if end == brace else -1)
@@ -89,6 +103,10 @@ def parse_engine_metrics(text: str) -> EngineLoad | None:
             running = value if running is None else running + value
         elif kind == 1:
             waiting = value if waiting is None else waiting + value
+        elif kind == 3:
+            hits = value if hits is None else hits + value
+        elif kind == 4:
+            queries = value if queries is None else queries + value
         else:
             kv = value if kv is None else max(kv, value)
     if running is None and waiting is None:
@@ -97,6 +115,8 @@ def parse_engine_metrics(text: str) -> EngineLoad | None:
         running=running or 0.0,
         waiting=waiting or 0.0,
         kv_use=None if kv is None else min(max(kv, 0.0), 1.0),
+        prefix_hits=hits,
+        prefix_queries=queries,
     )
 
 

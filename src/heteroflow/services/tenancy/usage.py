@@ -418,11 +418,13 @@ def _sample(b: Mapping[str, Any]) -> Sample:
     )
 
 
-def read_load(s: Session, now: datetime, stale_s: float) -> LoadView:
-    """The reports received within ``stale_s`` of ``now``, as one view."""
+def fresh_reports(
+    s: Session, now: datetime, stale_s: float
+) -> list[tuple[str, datetime, list[dict[str, Any]]]]:
+    """(gateway id, received at, backends) of the reports received within ``stale_s``
+    of ``now`` (what ``read_load`` sums; the live series read them too, issue 33)."""
     cutoff = now - timedelta(seconds=stale_s)
-    gateways, oldest = 0, None
-    samples: dict[str, list[Sample]] = defaultdict(list)
+    out = []
     rows = s.scalars(
         select(PlatformSetting).where(PlatformSetting.key.startswith(LOAD_KEY_PREFIX))
     )
@@ -432,8 +434,16 @@ def read_load(s: Session, now: datetime, stale_s: float) -> LoadView:
             log.warning("gateway load %s: unreadable; ignored", row.key)
             continue
         at, backends = parsed
-        if at < cutoff:
-            continue
+        if at >= cutoff:
+            out.append((row.key.removeprefix(LOAD_KEY_PREFIX), at, backends))
+    return out
+
+
+def read_load(s: Session, now: datetime, stale_s: float) -> LoadView:
+    """The reports received within ``stale_s`` of ``now``, as one view."""
+    gateways, oldest = 0, None
+    samples: dict[str, list[Sample]] = defaultdict(list)
+    for _, at, backends in fresh_reports(s, now, stale_s):
         gateways += 1
         oldest = at if oldest is None else min(oldest, at)
         for b in backends:
@@ -459,4 +469,3 @@ def prune_load(s: Session, now: datetime, stale_s: float) -> int:
     if gone:
         s.execute(delete(PlatformSetting).where(PlatformSetting.key.in_(gone)))
     return len(gone)
-

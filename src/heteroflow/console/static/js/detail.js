@@ -7,6 +7,7 @@ import { h, fill, badge, setText, poll, pageHead, field, confirmDialog, toast, s
   copyButton, setOptions, table, modal } from './dom.js';
 import { API, api, get, getOr, byId, rememberKey, knownKey } from './api.js';
 import * as fmt from './fmt.js';
+import { liveCharts } from './charts.js'; // issue 33: the live series
 
 const LOG_KEEP_CHARS = 400000; // the log view keeps the newest ~400 kB
 
@@ -71,6 +72,7 @@ export function detailPage(main, [groupId], ctx) {
   // ----- key -----
   const rotateBtn = h('button', { type: 'button' }, 'Rotate key');
 
+  const live = liveCharts(groupId);
   const back = h('a', { href: '#/services', class: 'back' }, '← Services');
   main.append(back,
     pageHead(h('span', { class: 'title-row' }, title, refs.status), actions),
@@ -79,6 +81,7 @@ export function detailPage(main, [groupId], ctx) {
       section('Overview', refs.facts, refs.rollout),
       section('API access', refs.key, rotateBtn, refs.newKey, refs.snippetsHost)),
     section('Replicas', refs.replicas),
+    section('Live', live.el),
     h('div', { class: 'columns' },
       section('Logs', h('div', { class: 'row' }, logPick.wrap,
         h('label', { class: 'check', htmlFor: 'log-follow' }, follow, 'Follow (live)')),
@@ -415,6 +418,6 @@ export function detailPage(main, [groupId], ctx) {
     }
   });
 
-  const stops = [poll(refresh, 2500), poll(pollLogs, 1500)];
+  const stops = [poll(refresh, 2500), poll(pollLogs, 1500), live.stop];
   return () => stops.forEach((s) => s());
 }
