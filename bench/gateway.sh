@@ -12,6 +12,7 @@
 # closed-loop capacity, then direct, nginx and our gateway at FRACTIONS (25,50,80) % of it,
 # non-stream and stream, each point DUR s (10) at a fixed rate with bench/openloop (latency
 # from each request's intended send time); last line its JSON (added_p99_ms_at_50pct, ...).
+# ANCHOR=heteroflow takes the fractions of our own closed-loop capacity instead of nginx's.
 #
 # Knobs: RUNS (harness runs, default 1; the target is the median of 3),
 #   SOAK_S (0 = no soak; 600 = the 10-minute soak at SOAK_C=450 streams, after the runs),

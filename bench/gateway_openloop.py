@@ -294,13 +294,16 @@ class Bench:
         for name in self.targets:  # warm every target up (unrecorded)
             for mode in ("nonstream", "stream"):
                 self.load(name, mode, 0, 32, a.warmup, "warmup")
-        anchor = "nginx" if "nginx" in self.targets else "direct"
-        caps = {mode: self.capacity(anchor, mode) for mode in ("nonstream", "stream")}
-        own = {mode: self.capacity(OURS, mode) for mode in ("nonstream", "stream")}
-        rates: dict[str, dict[int, float]] = {m: {} for m in caps}
+        # the rates are fractions of the anchor's capacity: nginx's (the issue's), or with
+        # --anchor heteroflow our own (below our saturation on a machine where nginx's is
+        # beyond one gateway process's)
+        base = "nginx" if "nginx" in self.targets else "direct"
+        anchor = OURS if a.anchor == OURS else base
+        caps = {t: {m: self.capacity(t, m) for m in ("nonstream", "stream")} for t in (base, OURS)}
+        rates: dict[str, dict[int, float]] = {"nonstream": {}, "stream": {}}
         for mode in ("nonstream", "stream"):
             for pct in a.fractions:
-                rate = round(caps[mode] * pct / 100, 1)
+                rate = round(caps[anchor][mode] * pct / 100, 1)
                 rates[mode][pct] = rate
                 for name in self.targets:  # interleaved: noise hits every column alike
                     res = self.load(name, mode, rate, a.connections, a.duration, f"{mode}/{pct}pct")
@@ -315,7 +318,7 @@ class Bench:
         with (self.out / "results.jsonl").open("w") as f:
             for r in self.results:
                 f.write(json.dumps(r) + "\n")
-        return summarize(self.results, anchor, caps, own, rates)
+        return summarize(self.results, anchor, caps, rates)
 
 
 # ---------------------------------------------------------------- summary
@@ -336,11 +339,12 @@ def _added(results: list[dict[str, Any]], cell: str, target: str, q: str) -> flo
 def summarize(
     results: list[dict[str, Any]],
     anchor: str,
-    caps: dict[str, float],
-    own: dict[str, float],
+    caps: dict[str, dict[str, float]],
     rates: dict[str, dict[int, float]],
 ) -> dict[str, Any]:
-    """The last JSON line: what each proxy adds over direct at each rate, same run."""
+    """The last JSON line: what each proxy adds over direct at each rate, same run.
+    ``caps``: closed-loop capacity per target and mode (req/s); ``rates``: per mode, the
+    rate run at each percentage of ``anchor``'s capacity."""
     out: dict[str, Any] = {"capacity_anchor": anchor}
     for mode, prefix in (("nonstream", ""), ("stream", "stream_")):
         for pct in rates[mode]:
@@ -360,10 +364,10 @@ def summarize(
         t: sum(int(r["errors"]) for r in cells if r["target"] == t)
         for t in dict.fromkeys(r["target"] for r in cells)
     }
-    out["nginx_capacity_rps"] = caps["nonstream"]
-    out["nginx_stream_capacity_rps"] = caps["stream"]
-    out["gateway_capacity_rps"] = own["nonstream"]
-    out["gateway_stream_capacity_rps"] = own["stream"]
+    for target, name in (("nginx", "nginx"), ("direct", "direct"), (OURS, "gateway")):
+        if target in caps:
+            out[f"{name}_capacity_rps"] = caps[target]["nonstream"]
+            out[f"{name}_stream_capacity_rps"] = caps[target]["stream"]
     out["rates_rps"] = {str(p): v for p, v in rates["nonstream"].items()}
     out["stream_rates_rps"] = {str(p): v for p, v in rates["stream"].items()}
     return out
@@ -433,6 +437,10 @@ def main() -> None:
         "--fractions", default=env("FRACTIONS") or "25,50,80", help="%% of nginx's capacity"
     )
     p.add_argument("--connections", type=int, default=int(env("OL_CONNS") or 64))
+    p.add_argument(
+        "--anchor", choices=["nginx", OURS], default=env("ANCHOR") or "nginx",
+        help="whose closed-loop capacity the fractions are of",
+    )  # fmt: skip
     p.add_argument("--cap-connections", type=int, default=32)
     p.add_argument("--cap-duration", type=float, default=None, help="default: --duration")
     p.add_argument("--warmup", type=float, default=float(env("WARMUP") or 2))

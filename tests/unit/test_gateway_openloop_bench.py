@@ -35,9 +35,11 @@ def test_added_latency_is_the_same_cells_difference_and_errors_count_every_point
         cell("heteroflow", "stream", 50, 4.0, 9.0),
     ]
     rates = {"nonstream": {50: 5000.0, 80: 8000.0}, "stream": {50: 1000.0}}
-    caps = {"nonstream": 10000.0, "stream": 2000.0}
-    own = {"nonstream": 4000.0, "stream": 900.0}
-    out = ol.summarize(results, "nginx", caps, own, rates)
+    caps = {
+        "nginx": {"nonstream": 10000.0, "stream": 2000.0},
+        "heteroflow": {"nonstream": 4000.0, "stream": 900.0},
+    }
+    out = ol.summarize(results, "nginx", caps, rates)
     assert out["added_p50_ms_at_50pct"] == 0.5
     assert out["added_p99_ms_at_50pct"] == 1.5
     assert out["added_p99_ms_at_80pct"] == 31.0
@@ -49,3 +51,4 @@ def test_added_latency_is_the_same_cells_difference_and_errors_count_every_point
     assert out["errors_by_target"] == {"direct": 0, "nginx": 1, "heteroflow": 2}
     assert out["rates_rps"] == {"50": 5000.0, "80": 8000.0}
     assert out["nginx_capacity_rps"] == 10000.0 and out["gateway_capacity_rps"] == 4000.0
+    assert out["gateway_stream_capacity_rps"] == 900.0 and "direct_capacity_rps" not in out
