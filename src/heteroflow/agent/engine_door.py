@@ -31,7 +31,6 @@ import httptools
 
 from heteroflow.agent.runtime.protocol import PortInUse
 from heteroflow.core.engine_access import ENGINE_ADDRESS, bearer_matches, door_admits, door_port
-from heteroflow.core.gang import GangPlace
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.schemas.nodes import TaskAssignment
 
@@ -347,9 +346,9 @@ class EngineDoors:
 
 def _door_port(t: TaskAssignment) -> int | None:
     ports = ports_from_dicts(t.ports)
-    place = GangPlace.of(t.gang)  # G1: only rank 0 of a gang serves the API
-    rank = place.rank if place else 0
-    return door_port(t.task_type, t.parallelism, ports[0].host_port if ports else 0, rank)
+    # G1: only rank 0 of a gang serves the API; the rank comes with every assignment (a
+    # heartbeat's too), so a headless stage never opens a door
+    return door_port(t.task_type, t.parallelism, ports[0].host_port if ports else 0, t.rank)
 
 
 class DoorKeeper:

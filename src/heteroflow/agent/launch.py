@@ -167,7 +167,9 @@ def build_launch(
     elif t.engine == "vllm" and "vllm" in reported and vllm_python:
         model = _vllm_model(t, config, reported["vllm"])
         vendor = next((g.vendor for g in config.gpus if g.index in t.gpu_ids), "")
-        sleep = sleep_mode("vllm", vendor if t.gpu_required else "").kept
+        sleep = sleep_mode(
+            "vllm", vendor if t.gpu_required else "", parallelism=t.parallelism
+        ).kept
     else:
         raise LaunchFailed(
             f"engine {t.engine or '(none)'} needs a container runtime; this node runs the "

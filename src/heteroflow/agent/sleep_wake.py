@@ -39,6 +39,7 @@ from heteroflow.core.clock import interruptible_sleep
 from heteroflow.core.containers import VLLM_FAMILY
 from heteroflow.core.engines.commands import SLEEP_MODE_FLAG
 from heteroflow.core.engines.sleep import SleepMode, keep_fits, sleep_mode
+from heteroflow.core.gang import serves_api
 from heteroflow.core.health import HealthCheckConfig
 from heteroflow.core.loading import size_text
 from heteroflow.schemas.nodes import TaskAssignment
@@ -96,9 +97,9 @@ class SleepWake(Loading):
         if not loc.argv and t.engine in VLLM_FAMILY and await self._asleep_already(t):
             return SleepMode(True, "kept asleep before the agent restarted")
         if SLEEP_MODE_FLAG not in loc.argv:
-            if t.engine in VLLM_FAMILY and t.gpu_required:
+            if t.engine in VLLM_FAMILY and t.gpu_required and t.parallelism != "pipeline":
                 return SleepMode(False, "started without vLLM's sleep mode")
-            return sleep_mode(t.engine, "")
+            return sleep_mode(t.engine, "", parallelism=t.parallelism)
         size = await asyncio.to_thread(model_size, t, self.runtime.name, self.config)
         free = self.host_memory()
         if size.bytes is not None and not keep_fits(size.bytes, free):
@@ -126,7 +127,9 @@ class SleepWake(Loading):
     async def _stop_engine_for_sleep(self, t: TaskAssignment) -> None:
         """The spec's sleep (F1): vLLM's ``/sleep?level=2`` where it answers, then the
         engine stopped — the container kept (Docker), a process simply gone."""
-        how = await self._engine_sleep(t) if t.engine in VLLM_FAMILY else ""
+        # a headless stage (rank > 0 of a gang) has no HTTP routes to ask
+        api = serves_api(t.parallelism, t.rank)
+        how = await self._engine_sleep(t) if t.engine in VLLM_FAMILY and api else ""
         try:  # its last output first; a shipping error must never block the sleep
             await self.shipper.ship_once([t.id])
         except Exception:
@@ -170,6 +173,10 @@ class SleepWake(Loading):
                 await self._open_load(loc, wake=True)
             return
         loc = self.asleep.pop(t.id, None) or self._local_for(t)
+        if t.gang is None and loc.task.gang is not None and t.parallelism == "pipeline":
+            # issue 32: a stage keeps its placement while asleep, so its place in the gang
+            # is the one it slept with (the heartbeat lists none while the gang is not whole)
+            t = t.model_copy(update={"gang": loc.task.gang})
         try:
             health = HealthCheckConfig.from_api(t.health_check)  # D4: maybe changed
             loc.task, loc.health, loc.port = t, health, host_port_for(t, health.port)

@@ -14,17 +14,17 @@ from heteroflow.agent.health_probe import probe
 from heteroflow.agent.loading import Loading
 from heteroflow.agent.state import Local
 from heteroflow.core.clock import interruptible_sleep
-from heteroflow.core.gang import GangPlace, serves_api
+from heteroflow.core.gang import serves_api
 from heteroflow.core.health import HealthVerdict
 
 log = logging.getLogger(__name__)
 
 
 def _headless(loc: Local) -> bool:
-    """An inference gang's stage past rank 0 (``core.gang.serves_api``)."""
+    """An inference gang's stage past rank 0 (``core.gang.serves_api``): its rank comes
+    with every assignment, so a heartbeat's word (which replaces the claim's) keeps it."""
     t = loc.task
-    place = GangPlace.of(t.gang)
-    return t.task_type == "inference" and not serves_api(t.parallelism, place.rank if place else 0)
+    return t.task_type == "inference" and not serves_api(t.parallelism, t.rank)
 
 
 class Watching(Loading):

@@ -200,7 +200,9 @@ def container_plan(task: TaskShape, node: NodeShape, *, work_dir_config: str) ->
                 kv_offload_gb=task.kv_offload_gb,
                 engine_version=task.engine_version,
                 max_loras=task.max_loras,
-                sleep_mode=sleep_mode(task.engine, vendor, task.engine_version).kept,
+                sleep_mode=sleep_mode(
+                    task.engine, vendor, task.engine_version, parallelism=task.parallelism
+                ).kept,
                 **stage_shape(task.gang, node.address),
             )
         )

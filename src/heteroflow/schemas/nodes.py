@@ -191,6 +191,9 @@ class TaskAssignment(BaseModel):
     memory_mb: int
     kv_offload_gb: int = 0
     generation: int = 1
+    # G1 / issue 32: its stage's rank in a pipeline gang (0 outside one): only rank 0
+    # serves the API (core.gang.serves_api), so only it gets a door and an HTTP probe
+    rank: int = 0
     gpu_memory_utilization: int = 90
     parallelism: str = "single"
     health_check: dict[str, Any]
@@ -210,7 +213,8 @@ class TaskAssignment(BaseModel):
     # node's ``hub_token``), only in the claim reply, as ``registry_auth``; never in a repr
     hub_token: str | None = Field(default=None, repr=False)
     # G1: a pipeline stage's place in its gang (core.gang.GangPlace as a dict: rank,
-    # world_size, master_addr, master_port), in the claim reply only; None elsewhere
+    # world_size, master_addr, master_port), in the claim reply and the heartbeat's (a
+    # wake relaunches a stage from it); None outside a gang or while it is not whole
     gang: dict[str, Any] | None = None
     # issue 29: set by the agent alone, once it fetched a model source into its cache and
     # put the cache's path in ``model_path`` (agent/fetching.py): that path, and only it,

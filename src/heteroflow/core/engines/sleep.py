@@ -55,9 +55,15 @@ class SleepMode:
         return f"engine stopped ({self.reason}); a wake loads the model again"
 
 
-def sleep_mode(engine: str, vendor: str, engine_version: str = "") -> SleepMode:
+def sleep_mode(
+    engine: str, vendor: str, engine_version: str = "", *, parallelism: str = "single"
+) -> SleepMode:
     """How ``engine`` on cards of ``vendor`` ("" = no card) sleeps; ``engine_version`` is
-    the image's version where known ("" = a current release)."""
+    the image's version where known ("" = a current release). A pipeline gang's stages
+    are stopped (issue 32): vLLM's sleep mode across a pipeline is not proven, and a gang
+    sleeps whole, the same way on every stage."""
+    if parallelism == "pipeline":
+        return SleepMode(False, "a pipeline gang sleeps by stopping every stage")
     if engine == "vllm-mtt":
         return SleepMode(False, "Moore Threads' vLLM build has no sleep mode")
     if engine != "vllm":

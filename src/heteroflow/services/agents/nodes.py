@@ -50,7 +50,7 @@ from heteroflow.services.agents.copies import model_peers
 from heteroflow.services.identity.access import task_on_node
 from heteroflow.services.lifecycle import faults
 from heteroflow.services.lifecycle.transitions import KEEP, TaskUpdate, note, transition
-from heteroflow.services.placement.gangs import gang_place
+from heteroflow.services.placement.gangs import gang_place, gang_places_of
 
 # What an agent is told about: tasks placed on it that it should be starting or running,
 # and the ones asleep there (their engines stay stopped, their containers kept) or waking.
@@ -93,7 +93,7 @@ _FIND_NODES = (
                 "image", "engine", "command", "engine_args", "env", "ports", "gpu_ids",
                 "gpu_required", "memory_mb", "kv_offload_gb", "generation",
                 "gpu_memory_utilization", "health_check", "volumes",
-                "max_loras",
+                "max_loras", "rank",
             )
         ),
         _GROUPS.c.parallelism,
@@ -192,6 +192,7 @@ def heartbeat(s: Session, clock: Clock, hb: Heartbeat) -> HeartbeatReply:
             faults.gpu_lost(s, clock, node, vanished)
     write, reply = _refreshed(rows, reported, now)
     s.execute(_UPDATE_NODE, write)
+    _with_gangs(s, [reply])
     return reply
 
 
@@ -226,6 +227,22 @@ def refresh_many(
         replies.append(reply)
     for rows_alike in writes.values():
         conn.execute(_UPDATE_NODE, rows_alike)
+    return _with_gangs(conn, replies)
+
+
+def _with_gangs(
+    db: Session | Connection, replies: list[HeartbeatReply | None]
+) -> list[HeartbeatReply | None]:
+    """G1 / issue 32: each pipeline stage listed with its place in its gang, as its claim
+    gave it (a wake relaunches the stage from what the heartbeat lists) — one more read
+    for the batch, only when it lists a pipeline stage."""
+    stages = [t for r in replies if r is not None for t in r.tasks if t.parallelism == "pipeline"]
+    if not stages:
+        return replies
+    places = gang_places_of(db, {(t.group_id, t.generation) for t in stages})
+    for t in stages:
+        place = places.get(t.id)
+        t.gang = place.to_dict() if place is not None else None
     return replies
 
 
@@ -367,6 +384,12 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
         return current.value
     if current not in _REPORT_FROM[to]:
         raise Conflict(f"task {task_id} is {current}; cannot report {to}")
+    if current == TaskStatus.SLEEPING and to == TaskStatus.FAILED and _in_gang(s, t):
+        # issue 32: a stage whose peers were stopped for the gang's sleep may exit before
+        # its own agent stops it; it was meant to stop: still asleep, woken with the gang
+        said = rep.message.splitlines()[0] if rep.message else "its engine exited"
+        note(s, clock, t.id, current, None, f"asleep with its gang ({said})", node_id)
+        return current.value
     if current == TaskStatus.STOPPING and to == TaskStatus.STOPPED and t.preempted_by:
         group = s.get(TaskGroup, t.group_id)
         if group is not None and group.deleted_at is None:
@@ -378,6 +401,11 @@ def report(s: Session, clock: Clock, node_id: str, task_id: str, rep: TaskReport
     if not transition(s, clock, t.id, current, to, rep.message):
         raise Conflict(f"task {task_id} changed concurrently; report again")
     return to.value
+
+
+def _in_gang(s: Session, t: Task) -> bool:
+    group = s.get(TaskGroup, t.group_id)
+    return group is not None and group.parallelism == "pipeline"
 
 
 # How many times one task may find its pool ports taken at launch before it fails.

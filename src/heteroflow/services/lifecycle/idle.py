@@ -10,11 +10,14 @@ forward, so batches from several gateways (or a late retry) never move it back.
 - is a live inference service with ``idle_timeout_minutes`` > 0 (0 = never),
 - is meant to run (``desired`` = "running": a user stop is not a sleep),
 - has current tasks and every one is ``running`` (a service that is starting, waking,
-  partly asleep or failing is left alone: its timer starts when it runs), and
+  partly asleep or failing is left alone: its timer starts when it runs; a pipeline
+  gang's stages likewise: it sleeps whole or not at all), and
 - has had no activity for the timeout, where its last activity is the later of its last
   routed request and the moment its newest task last became running (``running_at``) —
   so a service that never got a request still gets its full timeout after it started or
-  woke.
+  woke. Of a pipeline gang only rank 0, the stage that serves the API
+  (``core.gang.serves_api``), counts: the gateway routes to it alone, and a headless
+  stage neither keeps the gang awake nor puts it to sleep by itself.
 
 It is then put to sleep through ``services.sleep.sleep_group`` with the reason
 "idle for N min". The check is repeated inside the sleeping transaction, so activity
@@ -39,6 +42,7 @@ from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.errors import Conflict, NotFound
+from heteroflow.core.gang import serves_api
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import Task, TaskGroup
 from heteroflow.schemas.routing import WakeOutcome
@@ -102,7 +106,8 @@ def idle_groups(
 ) -> list[IdleGroup]:
     """The groups to put to sleep at ``now`` (all, or only ``group_ids``)."""
     q = select(
-        TaskGroup.id, TaskGroup.idle_timeout_minutes, TaskGroup.desired, TaskGroup.last_request_at
+        TaskGroup.id, TaskGroup.idle_timeout_minutes, TaskGroup.desired,
+        TaskGroup.last_request_at, TaskGroup.parallelism,
     ).where(
         TaskGroup.deleted_at.is_(None),
         TaskGroup.idle_timeout_minutes > 0,
@@ -113,18 +118,24 @@ def idle_groups(
     only = list(group_ids)
     if only:
         q = q.where(TaskGroup.id.in_(only))
-    groups = {gid: (minutes, desired, last) for gid, minutes, desired, last in s.execute(q)}
+    groups: dict[str, tuple[int, str, datetime | None]] = {}
+    parallelism: dict[str, str] = {}
+    for gid, minutes, desired, last, par in s.execute(q):
+        groups[gid] = (minutes, desired, last)
+        parallelism[gid] = par
     if not groups:
         return []
     statuses: dict[str, set[str]] = defaultdict(set)
     became_running: dict[str, datetime] = {}
-    for gid, status, running_at in s.execute(
-        select(Task.group_id, Task.status, Task.running_at).where(
+    for gid, status, running_at, rank in s.execute(
+        select(Task.group_id, Task.status, Task.running_at, Task.rank).where(
             Task.group_id.in_(list(groups)), Task.replaced_by == ""
         )
     ):
-        statuses[gid].add(status)
-        if running_at is not None:
+        statuses[gid].add(status)  # a gang idles only whole: every stage running
+        # issue 32: only the stage that serves the API is judged busy (a headless
+        # stage's restart is no activity); it is rank 0 of a gang
+        if running_at is not None and serves_api(parallelism[gid], rank):
             ran = _utc(running_at)
             if gid not in became_running or became_running[gid] < ran:
                 became_running[gid] = ran

@@ -20,6 +20,18 @@ stays ``sleeping`` with ``wake_requested`` set, the answer's ``branch`` says why
 the cards are free, or fails it once its node has been gone ``node_lost_after_s``, so
 the recovery loop rebuilds it elsewhere. Nothing is ever silent.
 
+**A gang sleeps and wakes whole** (issue 32, G3). The stages of a ``pipeline`` group
+meet at one rendezvous: a stage that slept alone would leave its peers hanging in a
+collective, and one woken alone would wait for peers that are gone. So a sleep or a wake
+of any stage — through the task's route, the group's, the idle timer, a window or a
+request's wake — acts on every current stage of its gang in one transaction: a gang
+sleeps only when every stage runs (else 409 naming the stage that does not, and nothing
+moves), and wakes only when no stage is blocked (else every stage keeps sleeping with
+``wake_requested`` and one ``task.wake_deferred`` for the gang, on the blocked stage).
+A gang's stages sleep the stopped way (``core.engines.sleep``: vLLM's sleep mode across
+a pipeline is not proven), so a wake starts every stage again from its placement, which
+it kept; it serves once rank 0 does (only rank 0 is routed).
+
 Who calls: the API (``who`` is the caller: what it may not see is 404, the rule in
 services/identity/access.py), the idle timer and the gateway's wake-on-request (``who=None``:
 the platform).
@@ -128,11 +140,58 @@ def sleep_task(
     s: Session, clock: Clock, who: Principal | None, task_id: str, reason: str = ""
 ) -> TaskRead:
     """running -> sleeping (F1). Idempotent for a task already asleep; 409 naming its
-    state for any other; 404 for a task ``who`` may not see."""
+    state for any other; 404 for a task ``who`` may not see. A gang's stage sleeps with
+    its whole gang."""
     t = _task(s, who, task_id)
     _only_inference(t, "sleep")
-    _sleep(s, clock, t, f"put to sleep{_by(who, reason)}")
+    stages = _gang_of(s, t)
+    if stages is None:
+        _sleep(s, clock, t, f"put to sleep{_by(who, reason)}")
+    else:
+        _sleep_gang(s, clock, stages, f"put to sleep with its gang{_by(who, reason)}")
     return task_read(_fresh(s, t.id))
+
+
+def _gang_of(s: Session, t: Task) -> list[Task] | None:
+    """The current stages of ``t``'s gang, by rank; None when ``t`` is no current stage
+    of a ``pipeline`` group."""
+    if t.replaced_by:
+        return None
+    g = s.get(TaskGroup, t.group_id)
+    if g is None or g.parallelism != "pipeline":
+        return None
+    return _current_tasks(s, g.id)
+
+
+def gang_sleep_blocker(stages: list[Task]) -> Task | None:
+    """The first stage that keeps a gang from sleeping: one neither running nor asleep
+    (a gang sleeps whole or not at all). Pure over the stages as read."""
+    return next(
+        (t for t in stages if T(t.status) not in (T.RUNNING, T.SLEEPING)), None
+    )
+
+
+def _sleep_gang(s: Session, clock: Clock, stages: list[Task], message: str) -> list[str]:
+    """Every running stage of a gang -> sleeping, or none (409 naming the stage that is
+    neither running nor asleep). The ids put to sleep ([] when it already slept)."""
+    fresh = [_fresh(s, t.id) for t in stages]
+    o = gang_sleep_blocker(fresh)
+    if o is not None:
+        hint = " (wait until it runs)" if T(o.status) in (T.WAKING, *_ON_ITS_WAY) else ""
+        raise Conflict(
+            f"stage {o.rank} of the gang ({o.id}) is {o.status}: a pipeline gang sleeps "
+            f"whole, once every stage runs{hint}"
+        )
+    out: list[str] = []
+    for t in fresh:
+        if T(t.status) == T.SLEEPING:
+            continue
+        if not transition(s, clock, t.id, T.RUNNING, T.SLEEPING, message):
+            # the caller's transaction rolls back: never half asleep
+            raise Conflict(f"stage {t.rank} of the gang ({t.id}) changed state; retry")
+        _set_wake_requested(s, t.id, T.SLEEPING, False)
+        out.append(t.id)
+    return out
 
 
 def _sleep(s: Session, clock: Clock, t: Task, message: str) -> bool:
@@ -162,6 +221,16 @@ def sleep_group_result(
         raise Conflict(f"service {g.id} is a {g.task_type} group: only inference services sleep")
     out = GroupSleepResult(group_id=g.id)
     message = f"put to sleep{_by(who, reason)}"
+    if g.parallelism == "pipeline":  # issue 32: the gang sleeps whole or not at all
+        stages = [_fresh(s, t.id) for t in _current_tasks(s, g.id)]
+        if gang_sleep_blocker(stages) is not None:
+            out.skipped.update((t.id, t.status) for t in stages)
+            return out
+        out.slept = _sleep_gang(s, clock, stages, message)
+        out.skipped.update(
+            (t.id, T.SLEEPING.value) for t in stages if t.id not in out.slept
+        )
+        return out
     for t in _current_tasks(s, g.id):
         try:
             slept = _sleep(s, clock, t, message)
@@ -200,6 +269,10 @@ def wake_task(
     not an inference task; 404 for one ``who`` may not see."""
     t = _task(s, who, task_id)
     _only_inference(t, "sleep and wake")
+    stages = _gang_of(s, t)
+    if stages is not None:  # a stage wakes with its whole gang
+        results = _wake_gang(s, clock, stages, _by(who, reason), offline_after_s)
+        return next(r for r in results if r.task_id == t.id)
     return _wake(s, clock, t, _by(who, reason), offline_after_s)
 
 
@@ -219,11 +292,70 @@ def wake_group(
     if g.desired == "stopped":
         raise Conflict(f"service {g.id} was stopped by its owner: start it instead of waking it")
     by = _by(who, reason)
+    if g.parallelism == "pipeline":
+        return _wake_gang(s, clock, _current_tasks(s, g.id), by, offline_after_s)
     return [
         _wake(s, clock, t, by, offline_after_s)
         for t in _current_tasks(s, g.id)
         if T(t.status) not in _ENDED
     ]
+
+
+def _wake_gang(
+    s: Session, clock: Clock, stages: list[Task], by: str, offline_after_s: float
+) -> list[WakeResult]:
+    """Wake a gang whole: every sleeping stage -> waking in this transaction, or — when
+    any stage cannot wake now (F3) — none, the wake requested on each and said once for
+    the gang. A gang with a failed stage is being rebuilt as one (recovery): not woken."""
+    fresh = [t for t in (_fresh(s, x.id) for x in stages) if T(t.status) not in _ENDED]
+    asleep = [t for t in fresh if T(t.status) == T.SLEEPING]
+    asleep_ids = {t.id for t in asleep}
+    failed = next((t for t in fresh if T(t.status) == T.FAILED), None)
+    if not asleep:  # nothing to wake: each stage's own answer (running, waking, ...)
+        return [_wake(s, clock, t, by, offline_after_s) for t in fresh]
+    if failed is not None:
+        why = (
+            f"stage {failed.rank} of its gang ({failed.id}) failed: the gang is rebuilt "
+            "as one, not woken"
+        )
+        return [_failed(s, t) if t is failed else _result(t, "failed", why) for t in fresh]
+    now = clock.now()
+    for t in asleep:
+        blocked = _blocker(s, now, t, offline_after_s)
+        if blocked is not None:
+            branch, why = blocked
+            _defer_gang(s, clock, asleep, t, why)
+            return [
+                _result(_fresh(s, x.id), branch, _fresh(s, x.id).status_message)
+                if x.id in asleep_ids else _wake(s, clock, x, by, offline_after_s)
+                for x in fresh
+            ]
+    out: list[WakeResult] = []
+    for t in fresh:
+        if t.id not in asleep_ids:
+            out.append(_wake(s, clock, t, by, offline_after_s))
+            continue
+        if not transition(s, clock, t.id, T.SLEEPING, T.WAKING, f"woken with its gang{by}"):
+            raise Conflict(f"stage {t.rank} of the gang ({t.id}) changed state; retry")
+        _set_wake_requested(s, t.id, T.WAKING, False)
+        out.append(_result(
+            _fresh(s, t.id), "waking",
+            f"task {t.id} is waking with its gang ({len(asleep)} stage(s)) on node "
+            f"{_node_name(s, t.node_id)}; the gang serves once rank 0 passes its health check",
+        ))
+    return out
+
+
+def _defer_gang(s: Session, clock: Clock, asleep: list[Task], blocked: Task, why: str) -> None:
+    """A gang's wake that must wait: every sleeping stage keeps ``wake_requested`` and the
+    reason; one ``task.wake_deferred`` for the gang, on the stage that blocks it."""
+    said = f"gang wake requested: stage {blocked.rank} ({blocked.id}): {why}"
+    for t in asleep:
+        if t.id == blocked.id:
+            _defer(s, clock, t, said)
+        elif not (t.wake_requested and t.status_message == said):
+            _set_wake_requested(s, t.id, T.SLEEPING, True)
+            note(s, clock, t.id, T.SLEEPING, None, said, t.node_id)
 
 
 def _result(t: Task, branch: WakeBranch, message: str) -> WakeResult:
@@ -405,7 +537,11 @@ def retry_wakes(
         )
         .order_by(Task.created_at)
     )
+    gangs: dict[str, None] = {}
     for t in list(s.scalars(q)):
+        if t.status == T.SLEEPING.value and _is_gang(s, t):
+            gangs[t.group_id] = None  # a gang wakes whole: below
+            continue
         node = s.get(Node, t.node_id) if t.node_id else None
         gone_s = (now - node.last_heartbeat_at).total_seconds() if node is not None else None
         lost = gone_s is None or gone_s > node_lost_after_s
@@ -437,7 +573,56 @@ def retry_wakes(
         else:
             _defer(s, clock, t, blocked[1])
             out.waiting.append(t.id)
+    for group_id in gangs:
+        _retry_gang(
+            s, clock, _current_tasks(s, group_id), out,
+            offline_after_s=offline_after_s, node_lost_after_s=node_lost_after_s,
+        )
     return out
+
+
+def _is_gang(s: Session, t: Task) -> bool:
+    g = s.get(TaskGroup, t.group_id)
+    return g is not None and g.parallelism == "pipeline" and not t.replaced_by
+
+
+def _retry_gang(
+    s: Session, clock: Clock, stages: list[Task], out: WakeRound, *,
+    offline_after_s: float, node_lost_after_s: float,
+) -> None:
+    """A gang whose wake was requested: woken whole once no stage is blocked; a stage
+    whose node has been gone ``node_lost_after_s`` is failed (the recovery loop then
+    rebuilds the gang as one, elsewhere); else it keeps waiting, said once."""
+    now = clock.now()
+    asleep = [t for t in stages if t.status == T.SLEEPING.value]
+    if not any(t.wake_requested for t in asleep):
+        return
+    for t in asleep:
+        blocked = _blocker(s, now, t, offline_after_s)
+        if blocked is None:
+            continue
+        node = s.get(Node, t.node_id) if t.node_id else None
+        gone_s = (now - node.last_heartbeat_at).total_seconds() if node is not None else None
+        if blocked[0] == "node_offline" and (gone_s is None or gone_s > node_lost_after_s):
+            name = node.name if node is not None else str(t.node_id)
+            if transition(
+                s, clock, t.id, T.SLEEPING, T.FAILED,
+                f"gang wake requested, but node {name} of stage {t.rank} has had no "
+                f"heartbeat for {gone_s or 0:.0f} s; failed so the gang is rebuilt elsewhere",
+            ):
+                out.failed.append(t.id)
+            return
+        _defer_gang(s, clock, asleep, t, blocked[1])
+        out.waiting.extend(x.id for x in asleep)
+        return
+    for t in asleep:
+        if not transition(
+            s, clock, t.id, T.SLEEPING, T.WAKING,
+            "woken with its gang: the wake requested earlier can happen now",
+        ):
+            raise Conflict(f"stage {t.rank} of the gang ({t.id}) changed state; retry")
+        _set_wake_requested(s, t.id, T.WAKING, False)
+        out.woken.append(t.id)
 
 
 def node_task_life(s: Session, node_id: str) -> NodeTaskLife:
