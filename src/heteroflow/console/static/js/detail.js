@@ -8,6 +8,7 @@ import { h, fill, badge, setText, poll, pageHead, field, confirmDialog, toast, s
 import { API, api, get, getOr, byId, rememberKey, knownKey } from './api.js';
 import * as fmt from './fmt.js';
 import { liveCharts } from './charts.js'; // issue 33: the live series
+import { MAX_REPLICAS, scaleTo, openRangeDialog } from './scaling.js';
 
 const LOG_KEEP_CHARS = 400000; // the log view keeps the newest ~400 kB
 
@@ -56,9 +57,10 @@ export function detailPage(main, [groupId], ctx) {
     update: h('button', { type: 'button' }, 'Update…'),
     del: h('button', { type: 'button', class: 'danger' }, 'Delete'),
   };
-  const scale = field('Replicas', { type: 'number', min: 1, max: 64, step: 1, class: 'narrow' });
+  const scale = field('Replicas', { type: 'number', min: 1, max: MAX_REPLICAS, step: 1, class: 'narrow' });
   const scaleBtn = h('button', { type: 'button' }, 'Scale');
-  const scaleForm = h('div', { class: 'inline-form' }, scale.wrap, scaleBtn);
+  const rangeBtn = h('button', { type: 'button' }, 'Replica range…');
+  const scaleForm = h('div', { class: 'inline-form' }, scale.wrap, scaleBtn, rangeBtn);
   const actions = h('div', { class: 'actions', role: 'group', 'aria-label': 'Actions' },
     act.sleep, act.wake, act.stop, act.start, act.update, scaleForm, act.del);
 
@@ -221,11 +223,8 @@ export function detailPage(main, [groupId], ctx) {
     act.start.hidden = g.desired !== 'stopped' && g.status !== 'failed';
     act.update.disabled = ['rolling', 'recreating', 'rolling_back'].includes(g.rolling_update_state);
     scaleForm.hidden = !inference || g.parallelism === 'pipeline';
-    scale.input.min = g.min_replicas;
-    scale.input.max = g.max_replicas;
+    // a count outside the range widens it when autoscaling is off (scaling.js, as the CLI)
     if (document.activeElement !== scale.input) scale.input.value = g.current_replicas;
-    scaleBtn.disabled = g.min_replicas === g.max_replicas;
-    scaleBtn.title = scaleBtn.disabled ? 'min = max replicas: change the scale policy to scale' : '';
   }
 
   async function refresh() {
@@ -346,10 +345,11 @@ export function detailPage(main, [groupId], ctx) {
     await api('POST', `${API}/task-groups/${groupId}/start`);
     return 'Starting';
   }));
-  scaleBtn.addEventListener('click', () => run(scaleBtn, 'Scale', async () => {
-    const n = Number(scale.input.value);
-    await api('PUT', `${API}/task-groups/${groupId}/scale`, { replicas: n });
-    return `Scaling to ${n} replica(s)`;
+  scaleBtn.addEventListener('click', () => run(scaleBtn, 'Scale',
+    () => scaleTo(group, Number(scale.input.value))));
+  rangeBtn.addEventListener('click', () => group && openRangeDialog(group, (msg) => {
+    toast(msg, 'success');
+    refresh();
   }));
   act.update.addEventListener('click', () => {
     const current = ((group && fmt.liveTasks(group)[0]) || {}).image || '';

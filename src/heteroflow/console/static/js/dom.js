@@ -201,10 +201,14 @@ export function pageHead(title, ...controls) {
     h('div', { class: 'controls' }, ...controls));
 }
 
-/** A table from column titles and rows of cells (cells: text or nodes). */
+/** A table from column titles and rows of cells (cells: text or nodes), in a box that
+ *  scrolls sideways on its own when the table is wider than the window (the page never
+ *  does); the box takes the keyboard focus so that it can be scrolled without a mouse. */
 export function table(caption, columns, rows, cls = '') {
-  return h('table', { class: `grid ${cls}` },
+  return h('div', { class: 'table-scroll', role: 'region', tabIndex: 0,
+    'aria-label': caption || 'Table' },
+  h('table', { class: `grid ${cls}` },
     caption ? h('caption', { class: 'sr-only' }, caption) : null,
     h('thead', {}, h('tr', {}, columns.map((c) => h('th', { scope: 'col' }, c)))),
-    h('tbody', {}, rows.map((r) => h('tr', {}, r.map((c) => h('td', {}, c))))));
+    h('tbody', {}, rows.map((r) => h('tr', {}, r.map((c) => h('td', {}, c)))))));
 }
