@@ -75,3 +75,21 @@ def test_a_loadable_gguf_and_a_path_only_the_nodes_have_pass(api: Api, tmp_path:
             "model_path": str(elsewhere)}), headers=admin,
     )
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.feature("C4")
+def test_a_gguf_cut_short_after_its_header_is_a_400(api: Api, tmp_path: Path) -> None:
+    """Its header reads, but the file holds fewer bytes than its tensors need (an
+    interrupted download): llama.cpp would fail to load it on the node."""
+    admin = api.login()
+    beat(api, tmp_path)
+    whole = write_tiny_gguf(tmp_path / "whole.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) - 1024])
+    for dry in ("true", "false"):
+        r = api.client.post(f"/api/v1/task-groups?dry_run={dry}", json=body(cut), headers=admin)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["field"] == "task.model_path", err
+        assert f"its tensors need {len(whole)} bytes" in err["message"], err
+    assert written(api) == [0, 0, 0]

@@ -102,9 +102,15 @@ def read_gguf_meta(path: Path) -> dict[str, Any]:
     ``GGUFReader(path).fields[key].contents()`` returns (the tests check this). Raises
     ``ValueError`` or ``OSError`` for a file that is not a readable GGUF.
     """
+    return _read_gguf(path, tensors=False)[0]
+
+
+def _read_gguf(path: Path, *, tensors: bool) -> tuple[dict[str, Any], int]:
+    """The header's key/values and, with ``tensors``, the bytes the file must hold: the
+    tensor infos walked, the data section aligned, the furthest tensor's end (0 without)."""
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         try:
-            magic, version, _tensors, kv_count = struct.unpack_from("<IIQQ", buf, 0)
+            magic, version, n_tensors, kv_count = struct.unpack_from("<IIQQ", buf, 0)
             if magic != gguf.GGUF_MAGIC or version not in (2, 3):
                 raise ValueError(f"{path} is not a little-endian GGUF v2/v3 file")
             meta: dict[str, Any] = {}
@@ -115,15 +121,51 @@ def read_gguf_meta(path: Path) -> dict[str, Any]:
                 value, off = _value(buf, off + 4, vtype, True)
                 if value is not None:
                     meta[key] = value
+            needed = _tensor_data_end(buf, off, n_tensors, meta) if tensors else 0
         except struct.error as exc:
             raise ValueError(f"{path}: truncated GGUF header ({exc})") from exc
-    return meta
+    return meta, needed
+
+
+def _tensor_data_end(buf: mmap.mmap, off: int, n_tensors: int, meta: dict[str, Any]) -> int:
+    """Where the last tensor's data ends: after the tensor infos (name, dims, type,
+    offset), the data section starts at the next multiple of ``general.alignment``."""
+    if n_tensors > (len(buf) - off) // 24:  # each info takes at least 24 bytes
+        raise ValueError("GGUF tensor count exceeds the file")
+    furthest = 0
+    for _ in range(n_tensors):
+        _, off = _string(buf, off)
+        (n_dims,) = struct.unpack_from("<I", buf, off)
+        dims = struct.unpack_from(f"<{n_dims}Q", buf, off + 4)
+        ggml_type, offset = struct.unpack_from("<IQ", buf, off + 4 + 8 * n_dims)
+        off += 4 + 8 * n_dims + 12
+        try:
+            block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+        except (ValueError, KeyError):
+            raise ValueError(f"unknown GGML tensor type {ggml_type}") from None
+        elements = 1
+        for d in dims:
+            elements *= d
+        furthest = max(furthest, offset + elements // block * type_bytes)
+    align = meta.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
+    align = align if isinstance(align, int) and align > 0 else gguf.GGUF_DEFAULT_ALIGNMENT
+    return -(-off // align) * align + furthest
+
+
+def gguf_meta_of(path: Path) -> dict[str, Any] | None:
+    """The header of the GGUF file at ``path`` (a split model's own shard), or None when
+    there is no readable GGUF file here (a folder, a path only the nodes have)."""
+    try:
+        return read_gguf_meta(path) if path.is_file() and path.suffix == ".gguf" else None
+    except (ValueError, OSError):
+        return None
 
 
 def gguf_problem(path: Path) -> str | None:
     """Why the GGUF file at ``path`` cannot be loaded, as far as its header tells (empty,
-    not GGUF, truncated); None when it reads, or when there is no regular file here to
-    read (a path only the nodes have)."""
+    not GGUF, a truncated header, or fewer bytes than its tensors need); None when it
+    reads, or when there is no regular file here to read (a path only the nodes have).
+    A shard's tensors are its own, so each shard is checked alone."""
     try:
         st = path.stat()
     except OSError:
@@ -133,9 +175,14 @@ def gguf_problem(path: Path) -> str | None:
     if st.st_size == 0:
         return f"{path} is empty (0 bytes): not a GGUF model"
     try:
-        read_gguf_meta(path)
+        _, needed = _read_gguf(path, tensors=True)
     except (ValueError, OSError) as exc:
         return f"{path} is not a loadable GGUF model: {exc}"
+    if needed > st.st_size:  # a copy cut short: the header reads, the weights are missing
+        return (
+            f"{path} is truncated: its tensors need {needed} bytes, the file holds "
+            f"{st.st_size} (an interrupted download or copy?)"
+        )
     return None
 
 
