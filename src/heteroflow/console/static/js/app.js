@@ -1,5 +1,5 @@
 // The console's shell: login, navigation, and a hash router (#/services, #/services/<id>,
-// #/models, #/nodes, #/usage, #/admin). Each page is a function that fills <main> and
+// #/models, #/nodes, #/fleet, #/usage, #/admin). Each page is a function that fills <main> and
 // returns what stops its refresh timers when the user leaves it.
 
 import { h, fill, field, toast } from './dom.js';
@@ -10,6 +10,7 @@ import { modelsPage } from './models.js';
 import { nodesPage } from './nodes.js';
 import { usagePage } from './usage.js';
 import { adminPage } from './admin.js';
+import { fleetPage } from './fleet.js'; // issue 33
 
 const PAGES = [
   { re: /^#\/services\/([A-Za-z0-9._-]+)$/, page: detailPage, nav: '#/services' },
@@ -17,11 +18,12 @@ const PAGES = [
   { re: /^#\/models$/, page: modelsPage, nav: '#/models', title: 'Models' },
   { re: /^#\/nodes$/, page: nodesPage, nav: '#/nodes', title: 'Nodes and cards' },
   { re: /^#\/usage$/, page: usagePage, nav: '#/usage', title: 'Usage' },
+  { re: /^#\/fleet$/, page: fleetPage, nav: '#/fleet', title: 'Fleet overview' },
   { re: /^#\/admin$/, page: adminPage, nav: '#/admin', title: 'Control panel', operator: true },
 ];
 const NAV = [
   ['#/services', 'Services'], ['#/models', 'Models'], ['#/nodes', 'Nodes'],
-  ['#/usage', 'Usage'], ['#/admin', 'Control panel', true],
+  ['#/fleet', 'Fleet'], ['#/usage', 'Usage'], ['#/admin', 'Control panel', true],
 ];
 
 const main = document.getElementById('main');

@@ -22,7 +22,9 @@ const CHARTS = [
 ];
 const LABEL = { latency_p50_ms: 'p50', latency_p95_ms: 'p95', ttft_p50_ms: 'p50',
   ttft_p95_ms: 'p95', errors_4xx_per_s: '4xx', errors_429_per_s: '429', errors_5xx_per_s: '5xx',
-  client_left_per_s: 'client left', in_flight: 'in flight', queue: 'queue' };
+  client_left_per_s: 'client left', in_flight: 'in flight', queue: 'queue',
+  cpu_percent: 'CPU', memory_percent: 'memory', memory_used_mb: 'used', memory_total_mb: 'total',
+  committed_pct: 'committed', temperature_c: '°C', utilisation_pct: 'utilisation' };
 const W = 420;
 const H = 150;
 const PAD = { l: 46, r: 8, t: 8, b: 20 };
@@ -81,7 +83,7 @@ function replicaTable(rows) {
   if (!rows.length) return h('p', { class: 'note' }, 'No replica holds resources now.');
   const head = ['Replica', 'Status', 'In flight / slots', 'Tokens/s', 'Engine queue', 'KV cache',
     'p95 latency', 'Prefix-cache hits'];
-  return h('table', { class: 'data', dataset: { testid: 'replica-load' } },
+  return h('table', { class: 'grid', dataset: { testid: 'replica-load' } },
     h('thead', {}, h('tr', {}, head.map((c) => h('th', { scope: 'col' }, c)))),
     h('tbody', {}, rows.map((r) => h('tr', {},
       h('td', { class: 'mono' }, r.name),
@@ -122,4 +124,29 @@ export function liveCharts(groupId) {
   range.input.addEventListener('change', () => refresh());
   const stop = poll(refresh, 5000);
   return { el, stop };
+}
+
+/** A node's live charts (GET /nodes/{id}/series): CPU and memory, and per card its
+ * memory and what the scheduler committed of it; { el, stop }. */
+export function nodeCharts(nodeId) {
+  const grid = h('div', { class: 'chart-grid', dataset: { testid: `node-live-${nodeId}` } });
+  async function refresh() {
+    const r = await get(`${API}/nodes/${nodeId}/series?since=1h`);
+    const to = Date.parse(r.node.until);
+    const from = Date.parse(r.node.since);
+    const at = (s) => s.times.map((t) => Date.parse(t));
+    const charts = [lineChart('node', 'CPU · memory (%)', at(r.node), r.node.values,
+      ['cpu_percent', 'memory_percent'], [], from, to)];
+    for (const c of r.cards) {
+      const card = c.key.split('/').pop();
+      charts.push(lineChart(`card-${card}-memory`, `Card ${card}: memory used · total (MiB)`, at(c),
+        c.values, ['memory_used_mb', 'memory_total_mb'], [], from, to));
+      charts.push(lineChart(`card-${card}-committed`,
+        `Card ${card}: committed (%) · temperature (°C) · utilisation (%)`, at(c), c.values,
+        ['committed_pct', 'temperature_c', 'utilisation_pct'], [], from, to));
+    }
+    fill(grid, charts);
+  }
+  const stop = poll(refresh, 10000);
+  return { el: grid, stop };
 }

@@ -5,6 +5,7 @@
 import { h, fill, poll, pageHead, table, badge, setText } from './dom.js';
 import { API, get, getOr } from './api.js';
 import * as fmt from './fmt.js';
+import { nodeCharts } from './charts.js'; // issue 33: the live series
 
 /** card key "node/index" -> [{label, share}] from the replicas the user can see. */
 function holders(groups) {
@@ -34,10 +35,11 @@ function utilisation(card) {
 function makePanel(n) {
   const refs = { name: h('span'), status: h('span'), hb: h('span'), facts: h('dl', { class: 'kv' }),
     cards: h('div') };
+  const live = nodeCharts(n.id);
   const el = h('section', { class: 'panel node', dataset: { node: n.id } },
     h('h2', {}, refs.name, ' ', refs.status),
-    h('p', { class: 'note' }, 'Last heartbeat ', refs.hb), refs.facts, refs.cards);
-  return { el, refs, sig: '' };
+    h('p', { class: 'note' }, 'Last heartbeat ', refs.hb), refs.facts, refs.cards, live.el);
+  return { el, refs, sig: '', live };
 }
 
 function updatePanel(p, n, held) {
@@ -95,7 +97,7 @@ export function nodesPage(main) {
         if (!p) { p = makePanel(n); panels.set(n.id, p); list.append(p.el); }
         updatePanel(p, n, held);
       }
-      for (const [id, p] of panels) if (!seen.has(id)) { p.el.remove(); panels.delete(id); }
+      for (const [id, p] of panels) if (!seen.has(id)) { p.live.stop(); p.el.remove(); panels.delete(id); }
       empty.hidden = nodes.length > 0;
       setText(error, '');
       main.dataset.loaded = 'true';
@@ -104,5 +106,6 @@ export function nodesPage(main) {
       main.dataset.loaded = 'true';
     }
   }
-  return poll(refresh, 3000);
+  const stop = poll(refresh, 3000);
+  return () => { stop(); for (const p of panels.values()) p.live.stop(); };
 }
