@@ -16,9 +16,11 @@ id of the request a line was written for.
   ``logger``, ``message``, ``request_id`` inside a request, ``exception`` with a
   traceback. Nothing else of the record is written (an ``extra`` could hold anything).
 * ``configure``: the root handler on stderr, ``HETEROFLOW_LOG_FORMAT`` = ``text`` (the
-  default, as before) or ``json``; redaction applies to both.
+  default, as before) or ``json``; redaction applies to both. ``to_file``: the lines to a
+  file as well, the terminal keeping warnings and errors (``up``'s own progress lines
+  are its terminal output).
 
-No I/O beyond the handler's stream; the gateway and the agent import it as the server
+No I/O beyond the handlers' streams; the gateway and the agent import it as the server
 does (it sits outside the layers, like ``serving``).
 """
 
@@ -31,6 +33,7 @@ import re
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO, Literal
 
 LogFormat = Literal["text", "json"]
@@ -143,9 +146,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, object] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(
-                timespec="milliseconds"
-            ),
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -169,6 +170,24 @@ def make_handler(fmt: LogFormat = "text", stream: IO[str] | None = None) -> logg
     handler.addFilter(RequestIdFilter())
     handler.addFilter(RedactSecrets())
     return handler
+
+
+def to_file(path: Path, terminal_level: int = logging.WARNING) -> Path:
+    """Log lines go to ``path`` (appended, owner-only, in the process's format, redacted)
+    and the terminal keeps ``terminal_level`` and above: ``up`` prints its own progress
+    lines there, and INFO lines between them read as noise (issue 33). A verbose process
+    (root at DEBUG) keeps everything on the terminal too."""
+    root = logging.getLogger()
+    fmt: LogFormat = "text"
+    for h in root.handlers:
+        if isinstance(h.formatter, JsonFormatter):
+            fmt = "json"
+        if root.level > logging.DEBUG:
+            h.setLevel(max(h.level, terminal_level))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    root.addHandler(make_handler(fmt, os.fdopen(fd, "a", buffering=1, encoding="utf-8")))
+    return path
 
 
 def configure(level: int, fmt: LogFormat = "text") -> None:

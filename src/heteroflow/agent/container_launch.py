@@ -39,12 +39,14 @@ from heteroflow.agent.models import (
 from heteroflow.agent.runtime.protocol import LaunchFailed
 from heteroflow.core.containers import MODEL_IN_IMAGE, ContainerPlan
 from heteroflow.core.engine_access import key_env
+from heteroflow.core.engines.chat_templates import chat_template_args
 from heteroflow.core.images import PullProgress
 from heteroflow.core.paths import VolumeRule, model_path_refusal, task_roots
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.core.recipe import NodeShape, TaskShape, container_plan
 from heteroflow.core.volumes import volumes_of, volumes_refusal
 from heteroflow.logs import register_secrets
+from heteroflow.models.estimate import gguf_meta_of
 from heteroflow.private_files import private_dir, private_file
 from heteroflow.schemas.nodes import TaskAssignment
 
@@ -105,8 +107,14 @@ def _check_volumes(t: TaskAssignment, config: NodeConfig) -> None:
 
 
 def task_shape(t: TaskAssignment, engine_version: str = "") -> TaskShape:
-    """The recipe's view of an assignment (the wire's port dicts become ``PortMapping``)."""
-    return TaskShape.of(t, ports=ports_from_dicts(t.ports), engine_version=engine_version)
+    """The recipe's view of an assignment (the wire's port dicts become ``PortMapping``),
+    with the chat template its GGUF needs (``core.engines.chat_templates``, read from
+    the host's file, as the dry run reads it where the server can)."""
+    meta = gguf_meta_of(Path(t.model_path)) if os.path.isabs(t.model_path) else None
+    args = (*t.engine_args, *chat_template_args(t.engine, t.engine_args, meta))
+    return TaskShape.of(
+        t, ports=ports_from_dicts(t.ports), engine_version=engine_version, engine_args=args
+    )
 
 
 def build_container(

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from heteroflow import logs
 from heteroflow.agent.config import NodeConfig
 from heteroflow.agent.daemon import Agent
 from heteroflow.agent.factory import RuntimeUnavailable, make_launcher
@@ -40,7 +41,7 @@ from heteroflow.core.ids import new_api_key
 from heteroflow.core.ports import ephemeral_overlap, local_ephemeral_range
 from heteroflow.core.states import AGENT_OWNED
 from heteroflow.db.tables import InferenceEndpoint, Node, Task, TaskGroup, User
-from heteroflow.models.demo import GEMMA_CHAT_TEMPLATE, DemoModelUnavailable, ensure_demo_model
+from heteroflow.models.demo import DemoModelUnavailable, ensure_demo_model
 from heteroflow.private_files import private_file
 from heteroflow.schemas.task_groups import TaskGroupCreate
 from heteroflow.server import ServerApp
@@ -60,6 +61,9 @@ CLI_TOKEN_TTL_S = 30 * 24 * 3600.0
 # tasks an agent runs an engine for: the one definition (core/states.py)
 ENGINE_OWNED = frozenset(st.value for st in AGENT_OWNED)
 DONE = frozenset({"running", "failed", "stopped", "missing"})
+LOG_FILE = "logs/heteroflow.log"  # under the data directory
+# how long up follows the user's own services after a restart before it stops saying
+RESTORE_WATCH_S = 180.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +157,6 @@ def _admin(app: ServerApp) -> Principal:
 
 def _demo_request(model: Path, kind: str) -> TaskGroupCreate:
     model_name = "gemma-3-270m" if kind == "gemma" else "heteroflow-tiny"
-    template = ["--chat-template", GEMMA_CHAT_TEMPLATE] if kind == "gemma" else []
     return TaskGroupCreate.model_validate(
         {
             "name": DEMO_NAME,
@@ -168,9 +171,9 @@ def _demo_request(model: Path, kind: str) -> TaskGroupCreate:
                 "memory_mb": 1024,
                 # mean pooling: the Gemma GGUF declares none, and llama.cpp then refuses
                 # /v1/embeddings ("Pooling type 'none' is not OAI compatible")
-                "engine_args": [
-                    "-np", "2", "-c", "4096", "--embeddings", "--pooling", "mean", *template
-                ],
+                # no chat template: the Gemma GGUF carries none, and every llama.cpp
+                # service gets its family's (core.engines.chat_templates), as this one
+                "engine_args": ["-np", "2", "-c", "4096", "--embeddings", "--pooling", "mean"],
             },
         }
     )
@@ -264,6 +267,20 @@ async def _wait_heartbeat(
 def _last_heartbeat(app: ServerApp, node_name: str) -> datetime | None:
     with app.db.session() as s:
         return s.scalar(select(Node.last_heartbeat_at).where(Node.name == node_name))
+
+
+def _own_services(app: ServerApp) -> dict[str, str]:
+    """The services of the last run up brings back, by id: every group but the demo's
+    that is neither deleted nor stopped (a stopped one stays stopped)."""
+    with app.db.session() as s:
+        groups = s.scalars(
+            select(TaskGroup).where(TaskGroup.deleted_at.is_(None), TaskGroup.name != DEMO_NAME)
+        )
+        return {g.id: g.name for g in groups if g.status not in ("stopped", "completed")}
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _demo_state(app: ServerApp, group_id: str) -> tuple[str, str]:
@@ -425,11 +442,12 @@ class _Run:
         """Deploy (or keep) the demo, report its progress, and say how to call it."""
         opts, app = self.opts, self.app
         key_file = opts.data_dir / DEMO_KEY_FILE
+        # printed once it answers (issue 33: printed here, it got 401 until the demo ran)
         key = await asyncio.to_thread(demo_key, opts.data_dir)
-        say(f"demo API key: {key}  (kept in {key_file}; the same at every start)")
         if not await _wait_heartbeat(app, self.node_name, self.stop, self.started_at):
             if not self.stop.is_set():
                 say("the local agent did not register within 60 s; no demo deployed")
+                say(f"  the demo's API key, once it runs: {key}  (kept in {key_file})")
             return
         req = _demo_request(model, kind)
         d = await asyncio.to_thread(_deploy_demo, app, req, key, keep=True)
@@ -466,6 +484,13 @@ class _Run:
             log.warning("the CLI login was not written", exc_info=True)
             cli_line = f"CLI: its login could not be written ({exc}); log in as below"
         say(management_hints(self.base, self.opts.data_dir, cli, cli_line, password_shown))
+        names = await asyncio.to_thread(_own_services, self.app)
+        if names:  # the last run's shutdown gave them back as scheduled: they start again
+            say(
+                f"restoring {_count(len(names), 'service')} of the last run: "
+                + ", ".join(sorted(names.values()))
+                + " (said here when each is back)"
+            )
         if picked is not None:
             try:
                 await self.demo(*picked)
@@ -474,6 +499,28 @@ class _Run:
                 say(f"the demo could not be deployed: {exc}")
         if not self.stop.is_set():
             say("Press Ctrl-C to stop (engines are stopped with it).")
+        await self.own_services(names)
+
+    async def own_services(self, names: dict[str, str]) -> None:
+        """Issue 33: after a restart, say how the users' own services (``_own_services``)
+        came back, once each has settled (running, failed or stopped), or after
+        ``RESTORE_WATCH_S`` where each one is. Silent when there are none."""
+        if not names:
+            return
+        deadline = asyncio.get_running_loop().time() + RESTORE_WATCH_S
+        states: dict[str, tuple[str, str]] = {}
+        while not self.stop.is_set():
+            states = {g: await asyncio.to_thread(_demo_state, self.app, g) for g in names}
+            if all(st in DONE for st, _ in states.values()):
+                break
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        if self.stop.is_set():
+            return
+        for g, (status, reason) in sorted(states.items(), key=lambda kv: names[kv[0]]):
+            more = f": {reason}" if reason and status != "running" else ""
+            say(f"  {self.elapsed} {names[g]} ({g}): {status}{more}")
 
 
 async def run_up(opts: UpOptions, lock: instance_lock.InstanceLock | None = None) -> int:
@@ -486,10 +533,15 @@ async def run_up(opts: UpOptions, lock: instance_lock.InstanceLock | None = None
         settings = ServerSettings(data_dir=opts.data_dir, host=opts.host, port=opts.port)
     else:
         settings = ServerSettings(
-            data_dir=opts.data_dir, host=opts.host, port=opts.port,
-            port_pool_start=opts.port_range[0], port_pool_end=opts.port_range[1],
+            data_dir=opts.data_dir,
+            host=opts.host,
+            port=opts.port,
+            port_pool_start=opts.port_range[0],
+            port_pool_end=opts.port_range[1],
         )
     opts.models_dir.mkdir(parents=True, exist_ok=True)
+    # issue 33: the terminal is for up's progress; INFO lines go to the log file
+    log_file = logs.to_file(opts.data_dir / LOG_FILE)
     picked = _pick_model(opts)
     overlap = ephemeral_overlap(settings.port_pool(), local_ephemeral_range())
     if overlap is not None:
@@ -535,6 +587,7 @@ async def run_up(opts: UpOptions, lock: instance_lock.InstanceLock | None = None
     settle_heap()  # start-up is done: no GC pass walks its objects again (the gateway's tail)
     server = asyncio.create_task(app.serve(stop, sock, extra=[agent.run]))
     say(f"HeteroFlow server on {base} (data: {opts.data_dir}, models: {opts.models_dir})")
+    say(f"  its log: {log_file} (warnings and errors are shown here too)")
     run = _Run(opts, app, base, agent_settings.node_name, stop, elapsed, app.clock.now())
     startup = asyncio.create_task(run.startup(picked, password_shown=bool(password)))
     stopped = asyncio.create_task(stop.wait())

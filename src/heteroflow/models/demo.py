@@ -99,15 +99,3 @@ def ensure_demo_model(models_dir: Path, kind: str, progress: Progress | None = N
         models_dir.mkdir(parents=True, exist_ok=True)
         return _assemble_gemma(target, say)
     raise ValueError(f"unknown demo model kind {kind!r}; expected one of {', '.join(DEMO_KINDS)}")
-
-
-# Gemma's own turn format. The 270M package's GGUF carries no chat template, and
-# llama.cpp would fall back to ChatML, which this model was never trained on.
-GEMMA_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
-    "{% else %}{% set role = message['role'] %}{% endif %}"
-    "<start_of_turn>{{ role }}\n{{ message['content'] | trim }}<end_of_turn>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-)

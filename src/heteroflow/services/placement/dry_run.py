@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.containers import DEFAULT_ENV_ALLOW, ContainerPlan
 from heteroflow.core.engine_access import ENGINE_ADDRESS
+from heteroflow.core.engines.chat_templates import chat_template_args
 from heteroflow.core.engines.commands import CommandError
 from heteroflow.core.engines.selection import NoEngineAvailable, select_engine
 from heteroflow.core.gang import GangPlace, Stage, gang_places
@@ -33,6 +35,7 @@ from heteroflow.core.recipe import (
     container_plan,
     image_tag_version,
 )
+from heteroflow.models.estimate import gguf_meta_of
 from heteroflow.schemas.task_groups import (
     ContainerPlanRead,
     DryRunPlan,
@@ -199,8 +202,13 @@ def _task_shape(
     spec = plan.req.task
     ports = plan.task_ports(rank)
     chosen = placement.host_ports if placement else host_ports(ports)
+    # the chat template its GGUF needs, as the agent adds it (issue 33), where the
+    # server can read the file (the path rule of the create allowed it)
+    meta = gguf_meta_of(Path(spec.model_path)) if spec.model_path.startswith("/") else None
+    template = chat_template_args(engine, spec.engine_args, meta)
     return TaskShape.of(
         spec,  # its image, model path, command, engine args, env and kv offload
+        engine_args=(*spec.engine_args, *template),
         id=PLANNED_ID,
         group_id=PLANNED_GROUP_ID,
         name=spec.name or f"{plan.req.name}-{rank}",
