@@ -304,6 +304,42 @@ def test_without_gpu_the_report_keeps_its_shape(api: Api) -> None:
 
 
 @pytest.mark.feature("N4")
+def test_a_deleted_service_is_one_row_by_service(api: Api) -> None:
+    """issue 33: the usage page showed a deleted service twice. Its key is deleted with it,
+    and the report found a record's service through the key: the tokens fell under no
+    service while the GPU time (kept per task) stayed under the service's id. The record
+    keeps its service from when it was written, so both sum in one row, as before it was
+    deleted; a service that never had tokens is not mixed in."""
+    admin = api.login()
+    node = api.heartbeat("gpu-node", gpus=cards(2))
+    gone = create(api, admin, name="gone", task={"gpu_required": 1})
+    kept = create(api, admin, name="kept", task={"gpu_required": 1})
+    api.app.scheduler.run_round()
+    for g in (gone, kept):
+        agent(api, node, g["tasks"][0]["id"], None)
+    api.clock.advance(60)
+    rec = {"endpoint_id": gone["endpoint"], "tenant_id": gone["tenant_id"], "model": "gone",
+           "requests": 3, "prompt_tokens": 30, "completion_tokens": 3,
+           "recorded_at": iso(DAY1)}
+    assert api.client.post("/api/v1/gateway/usage", json={"records": [rec]},
+                           headers=GW).status_code == 200
+    before = usage(api, admin, "group_by=service")["rows"]
+    r = api.client.delete(f"/api/v1/task-groups/{gone['id']}", headers=admin)
+    assert r.status_code in (200, 202, 204), r.text
+    after = usage(api, admin, "group_by=service")
+    rows = {row["service_id"]: (row["requests"], row["total_tokens"], gpu(row)[0])
+            for row in after["rows"]}
+    assert len(after["rows"]) == 2, after["rows"]  # one row each, none without a service
+    assert rows == {row["service_id"]: (row["requests"], row["total_tokens"], gpu(row)[0])
+                    for row in before}
+    assert rows[gone["id"]] == (3, 33, 54.0)
+    assert rows[kept["id"]][:2] == (0, 0)
+    # and the filter by service still finds the deleted one's tokens
+    only = usage(api, admin, f"service_id={gone['id']}&group_by=")["total"]
+    assert (only["requests"], only["total_tokens"]) == (3, 33)
+
+
+@pytest.mark.feature("N4")
 def test_a_failed_task_stops_counting(api: Api) -> None:
     admin = api.login()
     node = api.heartbeat("gpu-node", gpus=cards(1))

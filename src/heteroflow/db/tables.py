@@ -422,6 +422,8 @@ class UsageRecord(Base):
     endpoint_id: Mapped[str] = mapped_column(String(32), index=True)
     tenant_id: Mapped[str] = mapped_column(String(32))
     user_id: Mapped[str] = mapped_column(String(32))  # the member who created the key
+    # the key's service when written (0020): it outlives the endpoint, deleted with it
+    group_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
     model_name: Mapped[str] = mapped_column(String(256))
     requests: Mapped[int] = mapped_column(Integer, default=0)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)

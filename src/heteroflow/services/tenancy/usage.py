@@ -4,7 +4,8 @@ A batch row names the endpoint (the API key), its tenant and the routed model. T
 member is the one who created the endpoint's key, looked up here; a key deleted between
 the request and the flush (at most a flush interval, 5 s) keeps its tenant and gets an
 empty member. Reports sum the rows of a time range by any of tenant / member / endpoint
-/ model / service (the key's endpoint's group) / UTC hour / day; members see their own
+/ model / service (the key's service, kept with the record: it outlives the key, which is
+deleted with its service) / UTC hour / day; members see their own
 tenant only (a member of a ``members_see_own`` tenant: their own keys and tasks only),
 operators any.
 
@@ -70,7 +71,7 @@ GROUPS: dict[str, Any] = {
     "member": UsageRecord.user_id,
     "endpoint": UsageRecord.endpoint_id,
     "model": UsageRecord.model_name,
-    "service": InferenceEndpoint.group_id,  # through the key's endpoint
+    "service": UsageRecord.group_id,  # the key's service when written (outlives the key)
     "hour": None,  # UTC buckets of recorded_at (_bucket)
     "day": None,
 }
@@ -87,22 +88,24 @@ def write_batch(s: Session, rows: Sequence[UsageRow]) -> int:
     if not rows:
         return 0
     owners = {
-        eid: (tenant, member)
-        for eid, tenant, member in s.execute(
+        eid: (tenant, member, group)
+        for eid, tenant, member, group in s.execute(
             select(
-                InferenceEndpoint.id, InferenceEndpoint.tenant_id, InferenceEndpoint.created_by
+                InferenceEndpoint.id, InferenceEndpoint.tenant_id, InferenceEndpoint.created_by,
+                InferenceEndpoint.group_id,
             ).where(InferenceEndpoint.id.in_({r.endpoint_id for r in rows}))
         )
     }
     values = []
     for r in rows:
-        tenant, member = owners.get(r.endpoint_id, (r.tenant_id, ""))
+        tenant, member, group = owners.get(r.endpoint_id, (r.tenant_id, "", None))
         values.append(
             {
                 "recorded_at": r.recorded_at,
                 "endpoint_id": r.endpoint_id,
                 "tenant_id": tenant,
                 "user_id": member,
+                "group_id": group,
                 "model_name": r.model,
                 "requests": r.requests,
                 "prompt_tokens": r.prompt_tokens,
@@ -261,7 +264,7 @@ def _token_sums(
         (UsageRecord.user_id, member_id),
         (UsageRecord.endpoint_id, endpoint_id),
         (UsageRecord.model_name, model),
-        (InferenceEndpoint.group_id, service_id),
+        (UsageRecord.group_id, service_id),
     ):
         if value is not None:
             where.append(column == value)
@@ -273,8 +276,6 @@ def _token_sums(
         func.sum(UsageRecord.prompt_tokens),
         func.sum(UsageRecord.completion_tokens),
     )
-    if "service" in group_by or service_id is not None:
-        q = q.outerjoin(InferenceEndpoint, InferenceEndpoint.id == UsageRecord.endpoint_id)
     q = q.where(*where).group_by(*cols)
     out: dict[Key, tuple[int, int, int]] = {}
     for row in s.execute(q):
@@ -469,3 +470,4 @@ def prune_load(s: Session, now: datetime, stale_s: float) -> int:
     if gone:
         s.execute(delete(PlatformSetting).where(PlatformSetting.key.in_(gone)))
     return len(gone)
+

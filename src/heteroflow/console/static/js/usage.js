@@ -127,6 +127,10 @@ export function usagePage(main, _p, ctx) {
   async function load() {
     try {
       const rep = await get(query());
+      // a service created since the names were read is named; one still unknown was deleted
+      if ((rep.rows || []).some((r) => r.service_id && !names.service.has(r.service_id))) {
+        await loadNames().catch(() => {});
+      }
       last = rep;
       draw();
       setText(error, '');
@@ -148,7 +152,7 @@ export function usagePage(main, _p, ctx) {
     if ([...measure.input.options].some((o) => o.value === keep)) measure.input.value = keep;
     const [mKey, , mFmt] = MEASURES.find((m) => m[0] === measure.input.value);
     const label = (id) => (id === 'other' ? 'other' : id === null || id === undefined ? '(none)'
-      : (names[by] && names[by].get(id)) || id);
+      : (names[by] && names[by].get(id)) || (by === 'service' && id ? `${id} (deleted)` : id));
     const t = rep.total || {};
     setText(summary, `${fmt.num(t.requests)} requests, ${fmt.num(t.total_tokens)} tokens`
       + `${hasGpu ? `, ${nice((t.gpu_running_card_seconds || 0) / 3600)} GPU card-hours running,`
