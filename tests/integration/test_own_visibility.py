@@ -42,6 +42,7 @@ TENANT_LEVEL = {
     "GET /api/v1/usage",  # an own-only member's report is their own (member_id forced)
     "GET /api/v1/tenants/{tenant_id}/quota",
     "GET /api/v1/nodes/{node_id}/inference-template",
+    "GET /api/v1/nodes/{node_id}/series",  # issue 33: a node's, as its template
 }
 # Operator-only operations: a member gets 403 whoever's object it names.
 OPERATORS_ONLY = {

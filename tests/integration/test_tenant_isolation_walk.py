@@ -200,6 +200,10 @@ def operations(a: World, b: World) -> dict[str, tuple[str, dict[str, Any]]]:
         "GET /api/v1/usage": (BODY_REF, {"params": {"tenant_id": a.tenant_id}}),
         "GET /api/v1/nodes": (GLOBAL, {}),
         "GET /api/v1/nodes/{node_id}/inference-template": (OBJECT, {}),
+        # issue 33: the live series and the fleet overview
+        "GET /api/v1/task-groups/{group_id}/series": (OBJECT, {}),
+        "GET /api/v1/nodes/{node_id}/series": (OBJECT, {}),
+        "GET /api/v1/fleet/overview": (GLOBAL, {}),
         "POST /api/v1/agent/heartbeat": (OBJECT, {"json": {
             "name": "node-a", "address": "127.0.0.1", "inventory": {}}}),
         "POST /api/v1/agent/tasks/{task_id}/claim": (OBJECT, {"json": {}}),

@@ -19,7 +19,7 @@ from heteroflow.testing.fake_leases import InMemoryLeaseStore
 
 LEADER_ONLY = {
     "node-watch", "wake-retrier", "recovery", "idle-sleep", "autoscaler", "scale-drainer",
-    "schedule-windows",
+    "schedule-windows", "series",
 }
 
 
@@ -35,6 +35,7 @@ def _table(tmp_path: Path, clock: FakeClock) -> tuple[Controllers, Leadership]:
         scale_drain_interval_s=7.5,
         schedule_window_interval_s=8.5,
         rollout_interval_s=9.5,
+        series_interval_s=10.5,
     )
     # no schema: any statement a round ran would fail with "no such table"
     db = Database.from_url(f"sqlite:///{tmp_path / 'empty.db'}")
@@ -63,6 +64,7 @@ def test_the_table_starts_the_elector_first_each_loop_on_its_own_interval(
         "scale-drainer": 7.5,
         "schedule-windows": 8.5,
         "rollouts": 9.5,
+        "series": 10.5,
     }
     assert {c.name for c in rows if c.leader_only} == LEADER_ONLY
     # every leader-only loop is fenced the one way, under this instance's elector
