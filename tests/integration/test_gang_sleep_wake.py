@@ -212,7 +212,7 @@ def deferred_events(api: Api, group_id: str) -> int:
         )
 
 
-@pytest.mark.feature("G3")
+@pytest.mark.feature("G3", "F1", "F2", "F3", "F4")
 def test_a_gang_sleeps_whole_and_a_request_wakes_it_whole(
     api: Api, tmp_path: Path, runtimes: list[ProcessRuntime]
 ) -> None:

@@ -94,7 +94,7 @@ def dispose(
         r = v.by_id.get(tid)
         if r is None or not r.live:
             continue
-        if r.status == TaskStatus.RUNNING:
+        if r.status == TaskStatus.RUNNING and r.serves:
             retiring.setdefault(tid, now)
         else:
             stop.append(tid)

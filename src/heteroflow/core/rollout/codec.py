@@ -38,6 +38,7 @@ def progress_to_json(p: Progress) -> dict[str, Any]:
         "progress_at": _iso(p.progress_at),
         "prepull_image": p.prepull_image,
         "prepulled": p.prepulled,
+        "gang": p.gang,
     }
 
 
@@ -65,4 +66,5 @@ def progress_from_json(d: Mapping[str, Any]) -> Progress:
         progress_at=_dt(d.get("progress_at")),
         prepull_image=str(d.get("prepull_image", "")),
         prepulled=bool(d.get("prepulled", False)),
+        gang=bool(d.get("gang", False)),
     )

@@ -17,6 +17,14 @@ why in its status), so it never holds the group's update lock until ``max_hold_s
 (issue 26). A candidate whose image cannot be pulled (not found, unauthorised: H7) fails
 the update at once — no retry can change it — with nothing drained.
 
+**A gang (issue 32)** — the stages of a ``pipeline`` group — is replaced as a unit:
+every stage in one batch (rolling: the new gang starts whole beside the old, placed all
+or nothing, is switched in once every stage runs — its rank 0 then serves — and the old
+gang stops; recreate: the old gang stops whole, then the new one starts whole). Only
+stages that serve (``Replica.serves``: rank 0) drain; a headless one has no request to
+finish. A failed attempt is not retried (``Progress.gang``): the update rolls back at
+once and the old gang, never stopped by a rolling update, serves on.
+
 **Recreate (J2):** make the new image present on the node of every old replica that
 has one (``prepull``: each replica's agent pulls it and says so, H7), then drain every
 old replica, stop them all, create every candidate, switch them all once they all run
@@ -203,7 +211,7 @@ def _switch_when_drained(
     if (now - newest).total_seconds() < policy.settle_s:
         return wait(p, f"{label}: new generation running; the gateways learn of it")
     olds = [r for rank in p.batch for r in v.current_of(rank) if r.generation != p.generation]
-    serving = [r for r in olds if r.status == TaskStatus.RUNNING]
+    serving = [r for r in olds if r.status == TaskStatus.RUNNING and r.serves]
     if not serving:  # nothing to drain (failed, never placed, asleep): switch now
         return switch(p, v, now, label, "new generation running")
     if p.drain_since is None:
@@ -232,6 +240,7 @@ def _batch_failed(
     """The batch's attempt failed: tried again while attempts are left (and ``retry``),
     else the update rolls back."""
     retiring, stop, undrain = dispose(p, v, now)
+    retry = retry and not p.gang  # a gang's attempt is not retried: see Progress.gang
     if retry and p.attempt < policy.attempts:
         text = (
             f"{label}: attempt {p.attempt} of {policy.attempts} failed ({why}); trying again"
@@ -314,7 +323,7 @@ def _recreate_stop_old(
     p: Progress, v: View, now: datetime, policy: RolloutPolicy, in_flight: InFlight
 ) -> Step:
     olds = [r for r in v.current if r.live and r.generation != p.generation]
-    serving = [r for r in olds if r.status == TaskStatus.RUNNING] if p.drain else []
+    serving = [r for r in olds if r.status == TaskStatus.RUNNING and r.serves] if p.drain else []
     if serving and p.drain_since is None:
         text = f"recreate: old generation draining ({len(serving)} replica(s))"
         return Step(

@@ -87,6 +87,9 @@ class Replica:
     # unauthorised); "" = none yet — and the words that came with it
     prepull: str = ""
     prepull_message: str = ""
+    # issue 32: it serves the API (``core.gang.serves_api``): a gang's headless stage
+    # takes no request, so it has nothing to drain and stops at once
+    serves: bool = True
 
     @property
     def current(self) -> bool:
@@ -128,6 +131,10 @@ class Progress:
     # before any of them drains ("" = nothing to pull: the image did not change)
     prepull_image: str = ""
     prepulled: bool = False
+    # issue 32: a pipeline gang, replaced as a unit — every stage in one batch, and an
+    # attempt that fails rolls back at once (a second attempt of the same generation
+    # would meet the first one's stages at its rendezvous while they retire)
+    gang: bool = False
 
 
 @dataclass(frozen=True, slots=True)

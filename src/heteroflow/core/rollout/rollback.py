@@ -104,7 +104,8 @@ def rollback(
     if (now - newest).total_seconds() < policy.settle_s:
         return wait(p, f"{label}: generation {back} running; the gateways learn of it")
     serving = [
-        r for rank in p.batch for r in v.current_of(rank) if r.status == TaskStatus.RUNNING
+        r for rank in p.batch for r in v.current_of(rank)
+        if r.status == TaskStatus.RUNNING and r.serves
     ]
     if p.drain_since is None and serving:
         text = f"{label}: generation {g} draining"

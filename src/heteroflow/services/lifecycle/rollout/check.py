@@ -52,12 +52,6 @@ def check_update(
                 "strategy recreate",
                 field="strategy",
             )
-        if g.parallelism == "pipeline":
-            raise ValidationFailed(
-                "pipeline stages run as one gang and cannot be replaced one by one; use "
-                "strategy recreate",
-                field="strategy",
-            )
         fixed = [p.host_port for p in ports_from_dicts(head.ports) if not p.from_pool]
         fixed = [p for p in fixed if p]
         if fixed:

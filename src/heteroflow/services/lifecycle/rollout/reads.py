@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.events import EventKind
+from heteroflow.core.gang import serves_api
 from heteroflow.core.rollout import CANDIDATE, InFlight, Replica
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import Event, Task, TaskGroup
@@ -47,7 +48,7 @@ def gateway_reports(clock: Clock, stale_s: float) -> InFlightReader:
 
 def replica(
     t: Task, unpullable: bool = False, busy: tuple[str, datetime] | None = None,
-    prepull: tuple[str, str] = ("", ""),
+    prepull: tuple[str, str] = ("", ""), parallelism: str = "single",
 ) -> Replica:
     """A task row as the machine sees it (``busy``: what its agent last said it does before
     it serves, and since when — see ``_busy``)."""
@@ -68,6 +69,7 @@ def replica(
         news_at=news_at,
         prepull=prepull[0],
         prepull_message=prepull[1],
+        serves=serves_api(parallelism, t.rank),
     )
 
 
@@ -91,8 +93,9 @@ def replicas(
     ]
     busy = _busy(s, starting) if starting else {}
     pulls = _prepulls(s, group_id, since) if since is not None else {}
+    par = s.scalar(select(TaskGroup.parallelism).where(TaskGroup.id == group_id)) or "single"
     return tasks, [
-        replica(t, t.id in unpullable, busy.get(t.id), pulls.get(t.id, ("", "")))
+        replica(t, t.id in unpullable, busy.get(t.id), pulls.get(t.id, ("", "")), par)
         for t in tasks
     ]
 

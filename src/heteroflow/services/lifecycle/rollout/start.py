@@ -100,11 +100,13 @@ def start_update(
         abandon_expired(s, clock, g, policy)
     gen = g.current_generation
     ranks = sorted({t.rank for t in current})
+    gang = g.parallelism == "pipeline"  # issue 32: replaced as a unit, one batch
     p = Progress(
         strategy=Strategy(req.strategy),
         generation=gen + 1,
         from_generation=gen,
-        batch_size=min(req.batch_size, max(1, len(ranks))),
+        batch_size=len(ranks) if gang else min(req.batch_size, max(1, len(ranks))),
+        gang=gang,
         # only a service behind the gateway has requests to finish before a stop
         drain=g.task_type == "inference",
         progress_at=now,  # the progress deadline counts from here (issue 26)
@@ -120,12 +122,16 @@ def start_update(
         quotas.lock_tenant(s, g.tenant_id)
         quotas.require(
             s, g.tenant_id, quotas.per_replica(head).times(p.batch_size),
-            f"a rolling update in batches of {p.batch_size} (new replicas run beside the "
-            "old until they are switched in; strategy recreate needs none)",
+            f"a rolling update of a {p.batch_size}-stage gang (the new gang runs beside "
+            "the old until it is switched in; strategy recreate needs none)" if gang
+            else f"a rolling update in batches of {p.batch_size} (new replicas run beside "
+            "the old until they are switched in; strategy recreate needs none)",
         )
     what = describe(head, changes)
     how = (
-        f"batches of {p.batch_size} over {len(ranks)} replica(s)"
+        f"a new gang of {len(ranks)} stage(s) beside the old, switched as one"
+        if p.strategy == Strategy.ROLLING and gang
+        else f"batches of {p.batch_size} over {len(ranks)} replica(s)"
         if p.strategy == Strategy.ROLLING
         else f"{len(ranks)} replica(s) stopped, then created"
     )
