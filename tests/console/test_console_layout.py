@@ -137,6 +137,7 @@ def pages(group_id: str) -> list[tuple[str, str, Any]]:
         ),
         ("models", "#/models", lambda p: p.get_by_role("button", name="Deploy tiny from e2e-node")),
         ("nodes", "#/nodes", None),  # a CPU node: nothing to act on, only to read
+        ("fleet", "#/fleet", None),  # charts and tables to read, no action
         ("usage", "#/usage", lambda p: p.get_by_role("button", name="Export CSV")),
         ("control-panel", "#/admin", lambda p: p.get_by_role("button", name="Create tenant")),
     ]
@@ -147,6 +148,16 @@ def pages(group_id: str) -> list[tuple[str, str, Any]]:
 def test_every_page_fits_the_width_and_tab_reaches_its_action(
     browser: Browser, console_stack: Stack, one_click: dict[str, Any], viewport: ViewportSize
 ) -> None:
+    # the login form, before anyone is logged in
+    login = browser.new_context(viewport=viewport).new_page()
+    try:
+        login.goto(console_stack.server_url + "/")
+        button = login.get_by_role("button", name="Log in")
+        expect(button).to_be_visible(timeout=30_000)
+        assert overflow(login) <= 0, ("login", viewport["width"], too_wide(login))
+        tab_to(login, button)
+    finally:
+        login.context.close()
     c = tab(browser, console_stack, viewport)
     page = c.page
     try:
