@@ -40,6 +40,7 @@ from heteroflow.agent.runtime.process import ProcessRuntime
 from heteroflow.agent.runtime.protocol import LaunchFailed, LaunchSpec, Runtime
 from heteroflow.core.containers import AGENT_OWNED_ENV
 from heteroflow.core.engine_access import ENGINE_ADDRESS, key_env
+from heteroflow.core.engines.chat_templates import chat_template_args
 from heteroflow.core.engines.commands import CommandError, EngineCommand
 from heteroflow.core.engines.registry import CPU_BUILD
 from heteroflow.core.engines.sleep import sleep_mode
@@ -47,6 +48,7 @@ from heteroflow.core.ports import host_ports as mapped_host_ports
 from heteroflow.core.ports import ports_from_dicts
 from heteroflow.core.process_recipe import ProcessNode, process_env, process_launch
 from heteroflow.core.recipe import TaskShape
+from heteroflow.models.estimate import gguf_meta_of
 from heteroflow.schemas.nodes import TaskAssignment
 
 __all__ = [
@@ -176,10 +178,14 @@ def build_launch(
             f"process runtime, which starts {' and '.join(sorted(reported)) or 'no engine'} "
             "here (vLLM where the agent has HETEROFLOW_AGENT_VLLM_PYTHON)"
         )
+    # the chat template its GGUF needs (issue 33), on the command line as the dry run
+    # shows it (the launcher would apply the same rule itself)
+    meta = gguf_meta_of(Path(model)) if t.engine == "llamacpp" else None
+    args = (*t.engine_args, *chat_template_args(t.engine, t.engine_args, meta))
     try:  # the one recipe of a process launch, the dry run's too
         cmd = process_launch(
-            TaskShape.of(t, ports=ports_from_dicts(t.ports)), model=str(model),
-            port=host_port_for(t), node=node, sleep_mode=sleep,
+            TaskShape.of(t, ports=ports_from_dicts(t.ports), engine_args=args),
+            model=str(model), port=host_port_for(t), node=node, sleep_mode=sleep,
         )
     except CommandError as exc:
         raise LaunchFailed(str(exc)) from exc

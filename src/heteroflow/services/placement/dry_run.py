@@ -13,14 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 
 from sqlalchemy.orm import Session
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.containers import DEFAULT_ENV_ALLOW, ContainerPlan
 from heteroflow.core.engine_access import ENGINE_ADDRESS
-from heteroflow.core.engines.chat_templates import chat_template_args
 from heteroflow.core.engines.commands import CommandError
 from heteroflow.core.engines.selection import NoEngineAvailable, select_engine
 from heteroflow.core.gang import GangPlace, Stage, gang_places
@@ -35,7 +33,6 @@ from heteroflow.core.recipe import (
     container_plan,
     image_tag_version,
 )
-from heteroflow.models.estimate import gguf_meta_of
 from heteroflow.schemas.task_groups import (
     ContainerPlanRead,
     DryRunPlan,
@@ -44,7 +41,7 @@ from heteroflow.schemas.task_groups import (
     TaskGroupCreate,
 )
 from heteroflow.services.identity.auth import Principal
-from heteroflow.services.placement import dedup  # issue 16 (dedup)
+from heteroflow.services.placement import dedup, model_files  # issue 16 (dedup)
 from heteroflow.services.placement.fleet import engines_of, read_fleet
 from heteroflow.services.placement.placer import Intent, Outcome, Placer
 from heteroflow.services.placement.planning import GroupPlan, check_quota, plan_group
@@ -183,6 +180,7 @@ def planned_recipe(
     if not engine and not spec.command and node is not None:
         chain = engines_of(node)
         engine = select_engine(explicit="", label="", image=spec.image, node=chain).engine
+    # a name is looked up under DATA_MODELS inside the container, not read here
     task = _task_shape(plan, rank, placement, engine, gang)
     where = NodeShape(
         address=address or UNPLACED_ADDRESS,
@@ -197,15 +195,15 @@ def _task_shape(
     placement: Placement | None,
     engine: str,
     gang: GangPlace | None = None,
+    node: NodeView | None = None,
 ) -> TaskShape:
     """Task ``rank`` of ``plan`` as the create will write it (placeholder ids)."""
     spec = plan.req.task
     ports = plan.task_ports(rank)
     chosen = placement.host_ports if placement else host_ports(ports)
     # the chat template its GGUF needs, as the agent adds it (issue 33), where the
-    # server can read the file (the path rule of the create allowed it)
-    meta = gguf_meta_of(Path(spec.model_path)) if spec.model_path.startswith("/") else None
-    template = chat_template_args(engine, spec.engine_args, meta)
+    # server can read the file as that node finds it
+    template = model_files.template_args(spec, engine, [node] if node is not None else [])
     return TaskShape.of(
         spec,  # its image, model path, command, engine args, env and kv offload
         engine_args=(*spec.engine_args, *template),
@@ -248,9 +246,10 @@ def planned_process(
     if not engine:  # the round's chain on this node (H1)
         chain = engines_of(node)
         engine = select_engine(explicit="", label="", image=spec.image, node=chain).engine
-    task = _task_shape(plan, rank, placement, engine, gang)
+    task = _task_shape(plan, rank, placement, engine, gang, node)
+    found = model_files.model_here(spec.model_path, [node])  # as its agent finds a name
     model = spec.model_path if spec.model_path.startswith("/") else (
-        f"<{spec.model_path} under the node's model folders>"
+        str(found) if found is not None else f"<{spec.model_path} under the node's model folders>"
     )
     port = task.ports[0].host_port if task.ports else 0
     cmd = process_launch(task, model=model, port=port, node=ProcessNode(address=node.address))

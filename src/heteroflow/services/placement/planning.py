@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -26,7 +25,6 @@ from sqlalchemy.orm import Session
 from heteroflow.core.autoscale import ScalePolicy, create_bounds
 from heteroflow.core.containers import (
     DEFAULT_ENV_ALLOW,
-    MODEL_IN_IMAGE,
     env_problem,
     needs_container,
     process_runs,
@@ -38,21 +36,21 @@ from heteroflow.core.engines import (
     owned_flag_in,
     resolve_engine,
 )
-from heteroflow.core.engines.registry import engine_context, vendors_of
+from heteroflow.core.engines.registry import vendors_of
 from heteroflow.core.errors import Conflict, ValidationFailed
 from heteroflow.core.estimate import MemoryEstimate
 from heteroflow.core.gang import stage_ports
 from heteroflow.core.lora import lora_refusal
-from heteroflow.core.paths import GGUF_ONLY, VolumeRule, model_path_refusal
+from heteroflow.core.paths import VolumeRule, model_path_refusal
 from heteroflow.core.placement import NodeView, Reservation, TaskDemand, never_fits
 from heteroflow.core.ports import PortMapping, host_ports
 from heteroflow.core.quotas import new_service, task_usage
 from heteroflow.core.volumes import volumes_of, volumes_refusal
 from heteroflow.db.tables import InferenceEndpoint, Tenant
-from heteroflow.models.estimate import estimate_model_path, gguf_problem
 from heteroflow.schemas.task_groups import HealthCheckIn, TaskGroupCreate, TaskSpec
 from heteroflow.schemas.windows import check_for_group
 from heteroflow.services.identity.auth import Principal
+from heteroflow.services.placement import model_files
 from heteroflow.services.placement.fleet import Fleet
 from heteroflow.services.placement.one_click import one_click
 from heteroflow.services.placement.sources import check_fleet_copy
@@ -393,30 +391,6 @@ def _health(req: TaskGroupCreate, container_ports: list[int]) -> dict[str, Any]:
     return health
 
 
-def _check_model_file(req: TaskGroupCreate, engine: str) -> None:
-    """Issue 33: a GGUF the server itself can read — inside the nodes' allow-list, which
-    the path rule checked first, so no other file of the server is ever opened — and that
-    no engine could load (empty, not GGUF, a truncated header) is a 400 naming
-    ``task.model_path``, not a 201 for a service that fails on its node. A path only the
-    nodes hold (no regular file here) is theirs to check."""
-    path = req.task.model_path
-    if not path.startswith("/") or (engine not in GGUF_ONLY and not path.endswith(".gguf")):
-        return
-    problem = gguf_problem(Path(path))
-    if problem:
-        raise ValidationFailed(f"task.model_path: {problem}", field="task.model_path")
-
-
-def _estimate(req: TaskGroupCreate, engine: str) -> MemoryEstimate | None:
-    """The model's memory need when the server can read the model (else None: skipped),
-    its KV cache sized for the context the engine's own arguments set."""
-    path = req.task.model_path
-    if not path or not Path(path).is_absolute() or engine in MODEL_IN_IMAGE:
-        return None  # a name on the node, or a folder inside the image: nothing here
-    args = req.task.command or req.task.engine_args  # a custom command is the whole line
-    return estimate_model_path(Path(path), engine_context=engine_context(engine, args))
-
-
 def _check_priority(s: Session, who: Principal, priority: int) -> None:
     """B4: operators set any priority 0-1000; members up to their tenant's ceiling."""
     if who.is_operator:
@@ -489,7 +463,7 @@ def plan_group(
         templates=templates,
     )
     _check_group(plan)
-    _check_model_file(plan.req, plan.engine)
+    model_files.check_model_file(plan.req.task, plan.engine, nodes)
     _apply_estimate(plan, nodes, reservation)
     check_endpoint_name(s, who, plan)
     return plan
@@ -580,7 +554,7 @@ def check_quota(s: Session, who: Principal, plan: GroupPlan) -> None:
 
 def _apply_estimate(plan: GroupPlan, nodes: list[NodeView], reservation: Reservation) -> None:
     """B8: use the estimate for placement and refuse what no registered node could hold."""
-    est = _estimate(plan.req, plan.engine)
+    est = model_files.estimate(plan.req.task, plan.engine, nodes)
     plan.estimate = est
     if est is None:
         return
