@@ -15,12 +15,25 @@ error: llama.cpp failed to start on /m/empty.gguf: Failed to init server
 0.00.006.903 E srv          init: exiting due to model loading error
 """
 
+# measured: a GGUF of an architecture llama.cpp does not know, on the process runtime
+LLAMA_UNKNOWN_ARCH = """\
+0.00.004.946 I srv    load_model: loading model '/m/weird.gguf'
+0.00.005.248 E llama_model_load: error loading model: unknown model architecture: 'nosucharch'
+0.00.005.276 E llama_model_load_from_file_impl: failed to load model
+0.00.005.402 E cmn  common_init_: failed to load model '/m/weird.gguf'
+0.00.005.634 E srv          init: exiting due to model loading error
+error: llama.cpp failed to start on /m/weird.gguf: Failed to init server, please check the \
+input params.
+"""
+
 
 @pytest.mark.parametrize(
     ("tail", "said"),
     [
-        (LLAMA_EMPTY_GGUF,
-         "error: llama.cpp failed to start on /m/empty.gguf: Failed to init server"),
+        (LLAMA_EMPTY_GGUF, "common_init_: failed to load model '/m/empty.gguf'"),
+        (LLAMA_UNKNOWN_ARCH, "error loading model: unknown model architecture: 'nosucharch'"),
+        ("llamacpp_server: error: invalid argument: --x\n(see --help)\n",
+         "llamacpp_server: error: invalid argument: --x"),
         ("Traceback (most recent call last):\n  File x\nValueError: max_model_len too big\n",
          "ValueError: max_model_len too big"),
         ("0.01 I loading\n0.02 E srv   load_model: CUDA out of memory\nbye\n",

@@ -151,15 +151,24 @@ _ERROR = re.compile(
 )
 
 
+# llama.cpp's own error-level lines ("0.00.005.248 E llama_model_load: error loading …")
+_ENGINE_ERROR = re.compile(r"^[\d.:]+\s+E\s+")
+
+
 def last_words(tail: str, limit: int = 300) -> str:
-    """The line of an engine's last output that says why it stopped: a launcher's own
+    """The line of an engine's last output that says why it stopped: llama.cpp's first
+    error-level line (the cause; those after it are its consequences, and the
+    launcher's summary says only "Failed to init server"), else a launcher's own
     ``error:`` summary, else the last line that reads like an error, else the last
     non-empty one; without its log prefix, shortened."""
     lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
     if not lines:
         return ""
     own = [ln for ln in lines if ln.lower().startswith("error:")]  # a launcher's summary
-    if own:
+    engine = [ln for ln in lines if _ENGINE_ERROR.match(ln)]
+    if engine:
+        text = _TIMESTAMP.sub("", engine[0], count=1) or engine[0]
+    elif own:
         text = own[-1]
     else:
         pick = next((ln for ln in reversed(lines) if _ERROR.search(ln)), lines[-1])
