@@ -199,3 +199,44 @@ def test_a_new_gang_that_fails_rolls_back_at_once_and_the_old_gang_serves_on(
                 await a.client.aclose()
 
     asyncio.run(run())
+
+
+@pytest.mark.feature("G3")
+def test_a_recreate_stops_the_old_gang_whole_then_starts_the_new_one_whole(
+    api: Api, tmp_path: Path, runtimes: list[ProcessRuntime]
+) -> None:
+    admin = api.login()
+    launchers = [StageLauncher(rt) for rt in runtimes]
+    agents = [
+        make_agent(api, tmp_path, f"gang-{n}", la) for n, la in zip("ab", launchers, strict=True)
+    ]
+
+    async def run() -> None:
+        try:
+            gang = await start_gang(api, agents, admin)
+            olds = {t.id for t in rows(api, gang.group_id)}
+            r = api.client.put(
+                f"/api/v1/task-groups/{gang.group_id}/update",
+                json={"engine_args": NEW_ARGS, "strategy": "recreate"},
+                headers=admin,
+            )
+            assert r.status_code == 200, r.text
+            deadline = time.monotonic() + 60
+            while rollout(api, admin, gang.group_id)[0] != "done":
+                assert time.monotonic() < deadline, rollout(api, admin, gang.group_id)
+                await drive(gang, 2.0)
+                now = rows(api, gang.group_id)
+                assert not any(t.draining for t in now if t.rank == 1)
+                live_old = [t for t in now if t.id in olds and t.status == "running"]
+                live_new = [t for t in now if t.id not in olds and t.status == "running"]
+                assert not (live_old and live_new), "two generations of a gang ran together"
+            current = sorted(
+                (t for t in rows(api, gang.group_id) if t.replaced_by == ""),
+                key=lambda t: t.rank,
+            )
+            assert [(t.generation, t.status) for t in current] == [(2, "running")] * 2
+        finally:
+            for a in agents:
+                await a.client.aclose()
+
+    asyncio.run(run())

@@ -259,6 +259,21 @@ def test_a_gang_sleeps_whole_and_a_request_wakes_it_whole(
                 for a in agents:
                     await a.watch_once()
             assert gang.statuses() == ["sleeping", "sleeping"]
+            # a stage that exits because its peers stopped (vLLM's headless stage does)
+            # before its own agent stopped it was meant to stop: asleep, not failed
+            node_b = gang.agent_of(s1["id"]).client.node_id
+            r = api.agent_post(
+                node_b,
+                f"/api/v1/agent/tasks/{s1['id']}/report",
+                {
+                    "status": "failed",
+                    "message": "engine exited with code 1: peer gone",
+                    "fault": "engine_exited",
+                },
+            )
+            assert r.status_code == 200, r.text
+            assert gang.statuses() == ["sleeping", "sleeping"]
+            assert "asleep with its gang" in gang.stages()[1]["status_message"]
 
             # a request for the model wakes the gang whole, its environment intact
             launched = [len(la.envs) for la in launchers]
