@@ -298,6 +298,8 @@ def test_a_restart_says_when_the_users_own_services_are_back(tmp_path: Path) -> 
         text = second.read_until(f"mine ({group.group(0)}): running", timeout_s=120)
         assert "restoring 1 service of the last run: mine" in text, text
         assert " INFO " not in text, text
+        # a clean shutdown is not a failure: nothing came back as failed first
+        assert "failed" not in text and "agent shut down" not in text, text
     finally:
         assert second.stop() == 0, second.text
 
