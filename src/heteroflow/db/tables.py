@@ -538,6 +538,8 @@ class SeriesPoint(Base):
     past their resolution's window (1 h raw, 24 h minutes) every round."""
 
     __tablename__ = "series_points"
+    # the prune's index: every round deletes by (step, at) across all series
+    __table_args__ = (Index("ix_series_points_step_at", "step", "at"),)
     scope: Mapped[str] = mapped_column(String(8), primary_key=True)
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)

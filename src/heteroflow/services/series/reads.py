@@ -80,12 +80,12 @@ def parse_since(raw: str | None, now: datetime) -> datetime:
     else:
         try:
             start = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-        except ValueError:
+            start = start.replace(tzinfo=UTC) if start.tzinfo is None else start.astimezone(UTC)
+        except (ValueError, OverflowError):
             raise ValidationFailed(
                 f"since {raw!r} is neither a duration (90s, 15m, 6h) nor an ISO time",
                 field="since",
             ) from None
-        start = start.replace(tzinfo=UTC) if start.tzinfo is None else start.astimezone(UTC)
     if start >= now:
         raise ValidationFailed("since must be in the past", field="since")
     if now - start > timedelta(seconds=MINUTE_KEEP_S):

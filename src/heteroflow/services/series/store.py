@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import and_, delete, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from heteroflow.core.series import (
@@ -31,37 +32,39 @@ Sample = Mapping[tuple[str, str], Mapping[str, float | None]]
 
 
 def write(s: Session, at: datetime, sample: Sample) -> int:
-    """One sample of every series in ``sample`` ((scope, key) -> values) at ``at``."""
+    """One sample of every series in ``sample`` ((scope, key) -> values) at ``at``: one
+    read of the points already in this 10 s and this minute (a new leader's second round
+    in one bucket; the minute's running mean), one bulk insert, one bulk update."""
     raw_at, minute_at = bucket(at, RAW_STEP_S), bucket(at, MINUTE_STEP_S)
-    keys = list(sample)
-    minutes: dict[tuple[str, str], SeriesPoint] = {}
-    if keys:
-        for row in s.scalars(
-            select(SeriesPoint).where(
-                SeriesPoint.step == MINUTE_STEP_S,
-                SeriesPoint.at == minute_at,
-                or_(*(and_(SeriesPoint.scope == sc, SeriesPoint.key == k) for sc, k in keys)),
-            )
-        ):
-            minutes[(row.scope, row.key)] = row
-    for (scope, key), values in sample.items():
-        vals = clean(values, scope)
-        raw = s.get(SeriesPoint, (scope, key, RAW_STEP_S, raw_at))
-        if raw is None:
-            s.add(SeriesPoint(scope=scope, key=key, step=RAW_STEP_S, at=raw_at, values=vals))
-        else:  # a second sample in the same 10 s (a new leader's first round): the latest
-            raw.values = vals
-        minute = minutes.get((scope, key))
-        if minute is None:
-            s.add(
-                SeriesPoint(
-                    scope=scope, key=key, step=MINUTE_STEP_S, at=minute_at,
-                    values=merge(None, vals),
+    have: dict[tuple[str, str, int], dict[str, Any]] = {}
+    if sample:
+        for scope, key, step, values in s.execute(
+            select(SeriesPoint.scope, SeriesPoint.key, SeriesPoint.step, SeriesPoint.values)
+            .where(
+                or_(
+                    and_(SeriesPoint.step == RAW_STEP_S, SeriesPoint.at == raw_at),
+                    and_(SeriesPoint.step == MINUTE_STEP_S, SeriesPoint.at == minute_at),
                 )
             )
-        else:
-            minute.values = merge(minute.values, vals)
-    s.flush()
+        ):
+            have[(scope, key, step)] = values or {}
+    new: list[dict[str, Any]] = []
+    changed: list[dict[str, Any]] = []
+    for (scope, key), values in sample.items():
+        vals = clean(values, scope)
+        raw = {"scope": scope, "key": key, "step": RAW_STEP_S, "at": raw_at, "values": vals}
+        # a second sample in the same 10 s (a new leader's first round): the latest
+        (changed if (scope, key, RAW_STEP_S) in have else new).append(raw)
+        prev = have.get((scope, key, MINUTE_STEP_S))
+        minute = {
+            "scope": scope, "key": key, "step": MINUTE_STEP_S, "at": minute_at,
+            "values": merge(prev, vals),
+        }
+        (new if prev is None else changed).append(minute)
+    if new:
+        s.execute(insert(SeriesPoint), new)
+    if changed:
+        s.execute(update(SeriesPoint), changed)  # by primary key
     return len(sample)
 
 

@@ -2,8 +2,8 @@
 
 - ``series_points``: the points of the live series the leader samples every 10 s (per
   service, node and card), one row per (scope, key, step, bucket start); the primary
-  key is the read's index (a series' points of one resolution in time order) and the
-  prune's. At most 1,800 rows per series (1 h of 10 s points, 24 h of minute points).
+  key is the read's index (a series' points of one resolution in time order),
+  ``ix_series_points_step_at`` the prune's. At most 1,800 rows per series (1 h of 10 s points, 24 h of minute points).
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ def upgrade() -> None:
         sa.Column("at", sa.DateTime(timezone=True), primary_key=True),
         sa.Column("values", sa.JSON(), nullable=False),
     )
+    # the prune's: every round deletes the points past their window across all series
+    op.create_index("ix_series_points_step_at", "series_points", ["step", "at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_series_points_step_at", table_name="series_points")
     op.drop_table("series_points")
