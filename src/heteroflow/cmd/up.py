@@ -272,12 +272,14 @@ def _last_heartbeat(app: ServerApp, node_name: str) -> datetime | None:
 
 def _own_services(app: ServerApp) -> dict[str, str]:
     """The services of the last run up brings back, by id: every group but the demo's
-    that is neither deleted nor stopped (a stopped one stays stopped)."""
+    that is not deleted, stopped (it stays stopped) or failed (it had ended before)."""
     with app.db.session() as s:
         groups = s.scalars(
             select(TaskGroup).where(TaskGroup.deleted_at.is_(None), TaskGroup.name != DEMO_NAME)
         )
-        return {g.id: g.name for g in groups if g.status not in ("stopped", "completed")}
+        return {
+            g.id: g.name for g in groups if g.status not in ("stopped", "completed", "failed")
+        }
 
 
 def _count(n: int, what: str) -> str:
@@ -296,6 +298,7 @@ def _demo_state(app: ServerApp, group_id: str) -> tuple[str, str]:
             .order_by(Task.rank)
         )
         reason = next((m.strip().splitlines()[0] for m in messages if m and m.strip()), "")
+        reason = reason.removesuffix("; last output:")  # the output follows in the message
         return g.status, reason
 
 
