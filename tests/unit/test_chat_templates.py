@@ -33,7 +33,9 @@ def test_a_gemma_gguf_without_a_template_gets_gemmas_turn_format(arch: str) -> N
         {},
     ],
 )
-def test_nothing_is_added_where_the_model_says_or_no_format_is_known(meta: dict[str, object]) -> None:
+def test_nothing_is_added_where_the_model_says_or_no_format_is_known(
+    meta: dict[str, object],
+) -> None:
     assert chat_template_args("llamacpp", [], meta) == ()
 
 
