@@ -18,6 +18,7 @@ from heteroflow.cmd import (
     remote_changes,
     remote_keys,
     remote_models,
+    remote_series,  # issue 33
     remote_services,
     remote_tasks,
     status,
@@ -150,6 +151,7 @@ SERVICE_ACTIONS: dict[str, Command] = {
     "stop": lambda a: remote_services.stop_service(a.id, wait=a.wait, timeout_s=a.timeout),
     "start": lambda a: remote_services.start_service(a.id, wait=a.wait, timeout_s=a.timeout),
     "restart": lambda a: remote_services.restart_service(a.id, wait=a.wait, timeout_s=a.timeout),
+    "top": lambda a: remote_series.top(a.id, a.since, as_json=a.json),  # issue 33
     "update": lambda a: remote_changes.update_service(
         a.id, _update_body(a), wait=a.wait, timeout_s=a.timeout, as_json=a.json
     ),

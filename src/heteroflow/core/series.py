@@ -244,3 +244,22 @@ class SeriesBook:
         return sum(
             point_bytes(v) for st in self._series.values() for p in st.values() for v in p.values()
         )
+
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float | None], width: int = 60) -> str:
+    """The last ``width`` values as a line of block characters (a gap: a space), scaled
+    from 0 to their maximum: what ``heteroflow services top`` prints."""
+    tail = list(values)[-width:]
+    top = max((v for v in tail if v is not None), default=0.0)
+    out = []
+    for v in tail:
+        if v is None:
+            out.append(" ")
+        elif top <= 0:
+            out.append(_BARS[0])
+        else:
+            out.append(_BARS[min(len(_BARS) - 1, int(v / top * (len(_BARS) - 1) + 0.5))])
+    return "".join(out)

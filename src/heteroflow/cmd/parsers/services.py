@@ -126,6 +126,11 @@ def _lifecycle(svs: Subparsers) -> None:
     sr = svs.add_parser("restart", help="stop a service, then start it with fresh tasks")
     sr.add_argument("id", help=SERVICE_ID)
     wait_flags(sr, "it runs", default=False)
+    # issue 33: the live series as sparklines
+    tp = svs.add_parser("top", help="a service's requests/s, latency, errors... as sparklines")
+    tp.add_argument("id", help=SERVICE_ID)
+    tp.add_argument("--since", default="15m", help="how far back: 90s, 15m, 6h (≤ 24h)")
+    json_flag(tp)
 
 
 def _update(svs: Subparsers) -> None:
