@@ -26,14 +26,14 @@ def test_answers_errors_and_percentiles_per_backend() -> None:
     c = UsageCollector(_Sink(), clock)
     t = clock.monotonic()
     for k in range(20):  # 20 answers: 100..1,050 ms, the first bytes after 10..200 ms
-        c.backend_done("task-a", 200, t, t + 0.01 * (k + 1), t + 0.05 * (k + 2))
-    c.backend_done("task-a", 503, t, t + 0.01, t + 0.02)
-    c.backend_done("task-a", 429, t, t + 0.01, t + 0.02)
-    c.backend_done("task-a", 0, t, 0.0, t + 0.02)  # the client left before any byte
-    assert c.answer_stats("task-a") == {}  # nothing until the flush's roll
+        c.answers.done("task-a", 200, t, t + 0.01 * (k + 1), t + 0.05 * (k + 2))
+    c.answers.done("task-a", 503, t, t + 0.01, t + 0.02)
+    c.answers.done("task-a", 429, t, t + 0.01, t + 0.02)
+    c.answers.done("task-a", 0, t, 0.0, t + 0.02)  # the client left before any byte
+    assert c.answers.of("task-a") == {}  # nothing until the flush's roll
     clock.advance(1)
     c.roll_tokens()
-    st = c.answer_stats("task-a")
+    st = c.answers.of("task-a")
     assert st["answered"] == 23
     assert st["errors"] == {"5xx": 1, "429": 1, "client_left": 1}
     assert st["latency_ms"] == [550.0, 1000.0]  # errors are not in the percentiles
@@ -41,7 +41,7 @@ def test_answers_errors_and_percentiles_per_backend() -> None:
     # the window moves on: the counters stay, the percentiles go
     clock.advance(TOKEN_WINDOW_S + 1)
     c.roll_tokens()
-    st = c.answer_stats("task-a")
+    st = c.answers.of("task-a")
     assert st["answered"] == 23 and st["latency_ms"] is None and st["ttft_ms"] is None
 
 

@@ -69,8 +69,9 @@ METRICS = {"service": SERVICE_METRICS, "node": NODE_METRICS, "card": CARD_METRIC
 SCOPES = tuple(METRICS)
 
 # a point's values as stored: {"metric": value, ...} with at most one number per metric,
-# plus the minute points' sample counts ("#metric": n); numbers are rounded to 4 digits
-# after the point, so a value is at most ~20 characters
+# plus the minute points' sample counts ("#": n, and "#metric": n for a metric missing
+# from some samples); numbers are rounded to 4 digits after the point, so a value is at
+# most ~20 characters
 _MAX_VALUE_CHARS = 20
 MAX_POINT_BYTES = sum(
     # "name":value, and "#name":count, for the largest metric set
@@ -112,17 +113,25 @@ def clean(values: Mapping[str, float | None], scope: str) -> Values:
 
 
 def merge(prev: Mapping[str, float] | None, new: Mapping[str, float]) -> Values:
-    """A minute point with one more raw sample: each metric's running mean, its count
-    kept beside it as ``#metric`` (a metric missing from a sample is not counted)."""
-    out: Values = dict(prev or {})
-    for name, v in new.items():
+    """A minute point with one more raw sample: each metric's running mean. ``#`` counts
+    the samples merged; a metric missing from some of them (not counted there) keeps its
+    own count as ``#metric`` — only then, so a minute point is not twice a raw one."""
+    prev = prev or {}
+    n_all = int(prev.get("#", 0))
+    out: Values = {"#": n_all + 1}
+    for name in dict.fromkeys([*prev, *new]):
         if name.startswith("#"):
             continue
-        n = int(out.get("#" + name, 0))
-        old = out.get(name)
-        mean = v if old is None or n <= 0 else (old * n + v) / (n + 1)
-        out[name] = round(mean, 4)
-        out["#" + name] = n + 1
+        old = prev.get(name)
+        n = int(prev.get("#" + name, n_all)) if old is not None else 0
+        v = new.get(name)
+        if v is not None:
+            out[name] = round(v if old is None or n <= 0 else (old * n + v) / (n + 1), 4)
+            n += 1
+        elif old is not None:
+            out[name] = old
+        if n != n_all + 1:
+            out["#" + name] = n
     return out
 
 
@@ -209,11 +218,18 @@ class SeriesBook:
         self._series: dict[tuple[str, str], dict[int, dict[datetime, Values]]] = {}
 
     def add(self, scope: str, key: str, at: datetime, values: Mapping[str, float | None]) -> None:
-        vals = clean(values, scope)
-        steps = self._series.setdefault((scope, key), {RAW_STEP_S: {}, MINUTE_STEP_S: {}})
-        steps[RAW_STEP_S][bucket(at, RAW_STEP_S)] = vals
-        minute = bucket(at, MINUTE_STEP_S)
-        steps[MINUTE_STEP_S][minute] = merge(steps[MINUTE_STEP_S].get(minute), vals)
+        self.add_sample(at, {(scope, key): values})
+
+    def add_sample(
+        self, at: datetime, sample: Mapping[tuple[str, str], Mapping[str, float | None]]
+    ) -> None:
+        """One round: every series of ``sample`` at ``at`` (as the server's store)."""
+        raw, minute = bucket(at, RAW_STEP_S), bucket(at, MINUTE_STEP_S)
+        for (scope, key), values in sample.items():
+            vals = clean(values, scope)
+            steps = self._series.setdefault((scope, key), {RAW_STEP_S: {}, MINUTE_STEP_S: {}})
+            steps[RAW_STEP_S][raw] = vals
+            steps[MINUTE_STEP_S][minute] = merge(steps[MINUTE_STEP_S].get(minute), vals)
 
     def prune(self, now: datetime, alive: Iterable[tuple[str, str]] | None = None) -> None:
         """Drop the points past their resolution's window (and, given ``alive``, the

@@ -365,7 +365,7 @@ class GatewayApp:
             await self._forwarder.relay_and_settle(scope, receive, call, send, path)
             if self._usage is not None and call.backend is not None:
                 # issue 33: the live series' latency, TTFT and errors per backend
-                self._usage.backend_done(
+                self._usage.answers.done(
                     call.backend.task_id, send.status, started, send.first_at, time.monotonic()
                 )
         finally:
@@ -400,7 +400,7 @@ class GatewayApp:
                             kv_use=None if engine is None else engine.kv_use,
                             prefix=None if engine is None or engine.prefix_queries is None
                             else (engine.prefix_hits or 0.0, engine.prefix_queries),
-                            **(self._usage.answer_stats(b.task_id) if self._usage else {}),
+                            **(self._usage.answers.of(b.task_id) if self._usage else {}),
                         )
                     )
         return GatewayLoad(self.gateway_id, tuple(out))

@@ -48,7 +48,7 @@ import aiohttp
 import orjson
 
 from heteroflow.core.clock import Clock
-from heteroflow.core.series import error_kind, percentile
+from heteroflow.gateway.policy.answers import AnswerStats
 from heteroflow.gateway.shaping.normalize import (
     Asked,
     StreamFix,
@@ -76,9 +76,6 @@ _CLOSE_RETRY_S = 1.0
 # tokens/s per backend are averaged over this long (issue 14: the autoscaler's
 # tokens_per_s; it decides every 30 s by default)
 TOKEN_WINDOW_S = 30.0
-# issue 33: the answers per backend whose latency the percentiles are taken over (the
-# last ones within TOKEN_WINDOW_S): bounded memory under any request rate
-TIMING_SAMPLES = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,12 +349,8 @@ class UsageCollector:
         self._rates: dict[str, float] = {}  # task id -> tokens/s, as of the last roll
         self._started = clock.monotonic()
         self._load_failing = False
-        # --- issue 33: answers per backend (the live series) ---
-        self._answered: dict[str, int] = {}  # task id -> answers since the gateway started
-        self._errors: dict[str, dict[str, int]] = {}  # task id -> error kind -> count
-        # task id -> (monotonic end, latency s, time to first bytes s or -1), last ones
-        self._timings: dict[str, deque[tuple[float, float, float]]] = {}
-        self._stats: dict[str, dict[str, Any]] = {}  # task id -> as of the last roll
+        # issue 33: answers, errors and latency per backend (the live series)
+        self.answers = AnswerStats()
 
     # --- issue 14: load (in flight, tokens/s per backend) ---
 
@@ -392,52 +385,8 @@ class UsageCollector:
                 continue
             rates[task_id] = sum(n for _, n in window) / span
         self._rates = rates
-        self._roll_answers(now)
+        self.answers.roll(now)
         return rates
-
-    def backend_done(
-        self, task_id: str, status: int, started: float, first_at: float, ended: float
-    ) -> None:
-        """Issue 33: a request relayed to backend ``task_id`` ended (``time.monotonic()``
-        stamps: arrival, the answer's first bytes (0: none), its end)."""
-        if not task_id:
-            return
-        self._answered[task_id] = self._answered.get(task_id, 0) + 1
-        kind = error_kind(status)
-        if kind is not None:
-            errs = self._errors.setdefault(task_id, {})
-            errs[kind] = errs.get(kind, 0) + 1
-            return
-        window = self._timings.get(task_id)
-        if window is None:
-            window = self._timings[task_id] = deque(maxlen=TIMING_SAMPLES)
-        ttft = first_at - started if first_at else -1.0
-        window.append((ended, ended - started, ttft))
-
-    def answer_stats(self, task_id: str) -> dict[str, Any]:
-        """The load report's answer fields of one backend (``BackendLoad``), as of the
-        last flush: counters since the gateway started, percentiles over the window."""
-        return self._stats.get(task_id, {})
-
-    def _roll_answers(self, now: float) -> None:
-        stats: dict[str, dict[str, Any]] = {}
-        for task_id in list(self._timings):
-            window = self._timings[task_id]
-            while window and window[0][0] <= now - TOKEN_WINDOW_S:
-                window.popleft()
-            if not window:
-                del self._timings[task_id]
-        for task_id, answered in self._answered.items():
-            window = self._timings.get(task_id, deque())
-            lat = sorted(x[1] for x in window)
-            ttft = sorted(x[2] for x in window if x[2] >= 0)
-            stats[task_id] = {
-                "answered": answered,
-                "errors": dict(self._errors.get(task_id, {})),
-                "latency_ms": _ms(lat),
-                "ttft_ms": _ms(ttft),
-            }
-        self._stats = stats
 
     # --- end issue 14 (load) ---
 
@@ -649,10 +598,3 @@ class JsonLinesUsageSink:
         with self.path.open("ab") as f:
             f.write(data)
 
-
-def _ms(sorted_s: list[float]) -> list[float] | None:
-    """[p50, p95] in milliseconds of sorted seconds (None: no answer in the window)."""
-    p50, p95 = percentile(sorted_s, 0.5), percentile(sorted_s, 0.95)
-    if p50 is None or p95 is None:
-        return None
-    return [round(p50 * 1000, 1), round(p95 * 1000, 1)]
