@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -107,3 +108,31 @@ def test_a_cut_gguf_named_without_a_path_is_a_400(api: Api, tmp_path: Path) -> N
     assert r.status_code == 400, r.text
     assert r.json()["error"]["field"] == "task.model_path"
     assert "is truncated" in r.json()["error"]["message"]
+
+
+def test_a_name_whose_link_leads_out_of_the_prefix_is_not_read(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name is found under a node's prefix only where its real path stays inside the
+    node's rule: a link to a file outside is never opened by the server."""
+    from heteroflow.models.estimate import estimate_model_path as real
+    from heteroflow.services.placement import model_files
+
+    opened: list[Path] = []
+
+    def spy(path: Path, **kw: Any) -> Any:
+        opened.append(path)
+        return real(path, **kw)
+
+    monkeypatch.setattr(model_files, "estimate_model_path", spy)
+    admin = api.login()
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    heartbeat(api, inside)
+    secret = write_tiny_gguf(tmp_path / "outside" / "secret.gguf")
+    (inside / "link.gguf").symlink_to(secret)
+    request = {"name": "svc", "task": {"image": IMAGE, "gpu_required": 0, "engine": "llamacpp",
+                                       "model_path": "link.gguf"}}
+    r = api.client.post("/api/v1/task-groups?dry_run=true", json=request, headers=admin)
+    assert r.status_code == 200, r.text
+    assert opened == [] and r.json()["estimate_detail"] is None

@@ -22,6 +22,7 @@ from heteroflow.services.lifecycle import task_groups
 from heteroflow.services.placement import (
     dry_run,
     fleet,
+    model_files,
     one_click,
     placer,
     planning,
@@ -204,7 +205,7 @@ def test_create_dry_run_precheck_and_round_read_the_one_fleet(
     monkeypatch.setattr(one_click, "engines_of", planning_engines)
     monkeypatch.setattr(planning, "never_fits", precheck)
     monkeypatch.setattr(placer, "engines_of", round_engines)  # the round's chain (H1)
-    monkeypatch.setattr(planning, "_estimate", lambda *_: _ESTIMATE)  # runs the precheck
+    monkeypatch.setattr(model_files, "estimate", lambda *_: _ESTIMATE)  # runs the precheck
     api.clock.advance(window(api) - 1)
 
     def views_of(i: int) -> set[int]:

@@ -336,7 +336,7 @@ def test_the_dry_run_reads_no_file_outside_the_prefixes(
 ) -> None:
     """The estimate reads GGUF headers: it must never run for a path no node allows."""
     from heteroflow.models.estimate import estimate_model_path as real
-    from heteroflow.services.placement import planning
+    from heteroflow.services.placement import model_files
 
     read: list[Path] = []
 
@@ -344,13 +344,15 @@ def test_the_dry_run_reads_no_file_outside_the_prefixes(
         read.append(path)
         return real(path, **kw)
 
-    monkeypatch.setattr(planning, "estimate_model_path", spy)
+    monkeypatch.setattr(model_files, "estimate_model_path", spy)
     admin = api.login()
     inside, outside = tmp_path / "inside", tmp_path / "outside"
     secret = write_tiny_gguf(outside / "secret.gguf")
     allowed = write_tiny_gguf(inside / "tiny.gguf")
     api.heartbeat(allowed=[str(inside)])
-    for path in (str(secret), f"{inside}/../outside/secret.gguf"):
+    # by path, through '..', and by a name that climbs out of the prefix (issue 33: a
+    # name is looked up under the nodes' prefixes, as their agents look)
+    for path in (str(secret), f"{inside}/../outside/secret.gguf", "../outside/secret.gguf"):
         for dry in (True, False):
             body = service_body(task={"model_path": path})
             err = refused(create(api, admin, body, dry), "task.model_path")
