@@ -127,3 +127,37 @@ def test_series_are_sampled_scoped_validated_and_survive_a_restart(api: Api) -> 
     assert len(late["times"]) == 1  # only the new minute: the old ones were deleted
     with db.session() as s:
         assert len(store.read(s, "service", gid, 10, api.clock.now() - timedelta(days=3))) == 1
+
+
+def test_a_nodes_series_carry_its_cards_memory_commitment_and_temperature(api: Api) -> None:
+    admin = api.login()
+    node_id = api.heartbeat(gpus=[{
+        "index": 0, "uuid": "GPU-0", "model": "L4", "memory_total_mb": 23034,
+        "memory_used_mb": 1200, "temperature_c": 41,
+    }])
+    # a one-card inference replica on it books its gpu_memory_utilization (90 %)
+    r = api.client.post("/api/v1/task-groups", headers=admin,
+                        json=service_body(name="on-card", task={"gpu_required": 1}))
+    assert r.status_code == 201, r.text
+    api.app.scheduler.reconcile_once(api.clock.now())
+    sampler = Sampler(load_stale_s=30.0, offline_after_s=30.0)
+    _sample(api.app.db, sampler, api)
+    r = api.client.get(f"/api/v1/nodes/{node_id}/series", params={"since": "5m"}, headers=admin)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["node"]["key"] == node_id and len(body["node"]["times"]) == 1
+    (card,) = body["cards"]
+    assert card["key"] == f"{node_id}/0"
+    assert card["values"]["memory_used_mb"] == [1200.0]
+    assert card["values"]["memory_total_mb"] == [23034.0]
+    assert card["values"]["temperature_c"] == [41.0]
+    assert card["values"]["committed_pct"] == [90.0]
+    assert card["values"]["utilisation_pct"] == [None]  # no agent reports it
+    only = api.client.get(f"/api/v1/nodes/{node_id}/series",
+                          params={"metrics": "committed_pct"}, headers=admin).json()
+    assert list(only["node"]["values"]) == [] and list(only["cards"][0]["values"]) == [
+        "committed_pct"]
+    r = api.client.get(f"/api/v1/nodes/{node_id}/series", params={"metrics": "rpm"},
+                       headers=admin)
+    assert r.status_code == 400 and "metrics" in r.text
+    assert api.client.get("/api/v1/nodes/node-nope/series", headers=admin).status_code == 404

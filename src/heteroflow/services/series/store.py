@@ -101,7 +101,10 @@ def keys(s: Session, scope: str, prefix: str) -> list[str]:
     return list(
         s.scalars(
             select(SeriesPoint.key)
-            .where(SeriesPoint.scope == scope, SeriesPoint.key.startswith(prefix))
+            .where(
+                SeriesPoint.scope == scope,
+                SeriesPoint.key.startswith(prefix, autoescape=True),  # an id's "_" is literal
+            )
             .distinct()
             .order_by(SeriesPoint.key)
         )
