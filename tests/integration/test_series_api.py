@@ -18,7 +18,9 @@ from heteroflow.services.tenancy.usage import write_load
 from .conftest import Api, service_body
 
 
-def _report(db: Database, api: Api, group_id: str, answered: int, errors: int) -> None:
+def _report(
+    db: Database, api: Api, group_id: str, answered: int, errors: int, refused: int = 0
+) -> None:
     load = GatewayLoad(
         "gw-test",
         (
@@ -28,6 +30,8 @@ def _report(db: Database, api: Api, group_id: str, answered: int, errors: int) -
                 errors={"5xx": errors}, latency_ms=[120.0, 480.0], ttft_ms=[30.0, 90.0],
             ),
         ),
+        # refused before a backend was chosen (no healthy backend): the service's own
+        {group_id: {"5xx": refused}} if refused else {},
     )
     with db.session() as s:
         write_load(s, load, api.clock.now())
@@ -51,7 +55,8 @@ def test_series_are_sampled_scoped_validated_and_survive_a_restart(api: Api) -> 
     _report(db, api, gid, answered=100, errors=0)
     _sample(db, sampler, api)  # the first sample: no rate yet
     api.clock.advance(10)
-    _report(db, api, gid, answered=150, errors=5)  # 50 answers and 5 errors in 10 s
+    # 50 answers and 5 errors in 10 s, and 10 refused before reaching a backend
+    _report(db, api, gid, answered=150, errors=5, refused=10)
     _sample(db, sampler, api)
 
     url = f"/api/v1/task-groups/{gid}/series"
@@ -60,8 +65,9 @@ def test_series_are_sampled_scoped_validated_and_survive_a_restart(api: Api) -> 
     body = r.json()
     assert body["step"] == 10
     assert len(body["times"]) == 2
-    assert body["values"]["requests_per_s"] == [None, 5.0]
+    assert body["values"]["requests_per_s"] == [None, 5.0]  # the refusals had no count before
     assert body["values"]["errors_5xx_per_s"][-1] == 0.5
+    assert body["values"]["errors_per_s"][-1] == 0.5
     assert body["values"]["in_flight"] == [3.0, 3.0]
     assert body["values"]["latency_p95_ms"][-1] == 480.0
     assert body["values"]["ttft_p50_ms"][-1] == 30.0
@@ -70,14 +76,16 @@ def test_series_are_sampled_scoped_validated_and_survive_a_restart(api: Api) -> 
     assert minute["step"] == 60 and minute["values"]["in_flight"] == [3.0]
     assert minute["values"]["requests_per_s"] == [5.0]  # the first sample had no rate
     # a round 5 s later lands in the same 10 s: its point replaces that one (no answer
-    # since: 0/s), and the minute is the mean of its three samples
+    # since, 10 more refused before reaching a backend: 2/s, all errors), and the minute
+    # is the mean of its three samples
     api.clock.advance(5)
-    _report(db, api, gid, answered=150, errors=5)
+    _report(db, api, gid, answered=150, errors=5, refused=20)
     _sample(db, sampler, api)
     body = api.client.get(url, params={"since": "5m"}, headers=alice).json()
-    assert body["values"]["requests_per_s"] == [None, 0.0]
+    assert body["values"]["requests_per_s"] == [None, 2.0]
+    assert body["values"]["errors_5xx_per_s"] == [None, 2.0]
     minute = api.client.get(url, params={"since": "2h", "step": 60}, headers=alice).json()
-    assert minute["values"]["requests_per_s"] == [2.5]
+    assert minute["values"]["requests_per_s"] == [3.5]
     assert minute["values"]["in_flight"] == [3.0]
     # a coarser step than stored is a mean over it
     coarse = api.client.get(url, params={"since": "5m", "step": 30}, headers=alice).json()
@@ -116,7 +124,7 @@ def test_series_are_sampled_scoped_validated_and_survive_a_restart(api: Api) -> 
         again = client.get(url, params={"since": "5m"},
                            headers={"Authorization": f"Bearer {token}"}).json()
     restarted.db.dispose()
-    assert again["values"]["requests_per_s"] == [None, 0.0]
+    assert again["values"]["requests_per_s"] == [None, 2.0]
 
     # the bound: raw points past an hour and minute points past 24 h are deleted
     api.clock.advance(int(timedelta(hours=25).total_seconds()))

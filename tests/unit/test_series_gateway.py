@@ -66,3 +66,30 @@ def test_the_report_fields_go_over_the_wire_and_old_reports_still_parse() -> Non
     old = {"task_id": "task-a", "group_id": "tg-1", "in_flight": 1}
     assert BackendLoadIn.model_validate(old).to_load().answered is None
     assert "answered" not in BackendLoad("task-a", "tg-1", False, 0, 0.0).to_wire()
+
+
+def test_a_request_refused_before_a_backend_was_chosen_counts_on_its_service() -> None:
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from heteroflow.gateway.policy.answers import AnswerStats
+
+    a = AnswerStats()
+    target = SimpleNamespace(group_id="tg-1")
+    no_backend = cast(Any, SimpleNamespace(backend=None, targets=(target,)))
+    a.ended(no_backend, 503, 0.0, 0.0)  # no healthy backend
+    a.ended(no_backend, 503, 0.0, 0.0)
+    a.ended(cast(Any, SimpleNamespace(backend=None, targets=None)), 404, 0.0, 0.0)  # no route
+    limited = cast(Any, SimpleNamespace(backend=SimpleNamespace(task_id="task-a"),
+                                        targets=(target,)))
+    a.ended(limited, 429, 0.0, 0.0)  # refused by a limit after the backend was chosen
+    a.roll(1.0)
+    assert a.refusals() == {"tg-1": {"5xx": 2}}
+    assert a.of("task-a")["errors"] == {"429": 1}
+    load = GatewayLoad("gw-1", (), a.refusals())
+    wire = load.to_wire()
+    assert wire["refused"] == {"tg-1": {"5xx": 2}}
+    from heteroflow.schemas.usage import GatewayLoadIn
+
+    assert GatewayLoadIn.model_validate(wire).to_load() == load
+    assert "refused" not in GatewayLoad("gw-1").to_wire()

@@ -348,29 +348,30 @@ class GatewayApp:
         when the request ends there (and says so by returning None / False)."""
         if not self._started:
             self.start()  # embedders that never called start(): the first request does
+        started = time.monotonic()
         call = await parse(self._holder.current, scope, receive, send, path)
         if call is not None and path == RESPONSES_PATH and not await as_chat(call, send):
             return
-        if call is None or not await self._router.route(scope, receive, call, send, path):
+        if call is None:
             return
-        slot = self._fair.enter(call)  # M16: None (off), a slot, or queued/refused
-        if slot is not None and not isinstance(slot, Pool):
-            slot = await self._fair.wait(slot, call, receive, send)
-            if slot is None:  # answered (429, 503) or the client left
-                return
-        started = time.monotonic()
+        held: Pool | None = None
         try:
+            if not await self._router.route(scope, receive, call, send, path):
+                return
+            slot = self._fair.enter(call)  # M16: None (off), a slot, or queued/refused
+            if slot is not None and not isinstance(slot, Pool):
+                slot = await self._fair.wait(slot, call, receive, send)
+                if slot is None:  # answered (429, 503) or the client left
+                    return
+            held = slot
             if not await self._admission.admit(scope, call, send, path):
                 return
             await self._forwarder.relay_and_settle(scope, receive, call, send, path)
-            if self._usage is not None and call.backend is not None:
-                # issue 33: the live series' latency, TTFT and errors per backend
-                self._usage.answers.done(
-                    call.backend.task_id, send.status, started, send.first_at, time.monotonic()
-                )
         finally:
-            if slot is not None:
-                self._fair.leave(slot, call)  # a stream's slot is held until it ended
+            if held is not None:
+                self._fair.leave(held, call)  # a stream's slot is held until it ended
+            if self._usage is not None:  # issue 33: the live series, answered or refused
+                self._usage.answers.ended(call, send.status, started, send.first_at)
 
     def load_report(self) -> GatewayLoad:
         """Issue 14: every backend of the current snapshot as this gateway sees it —
@@ -403,7 +404,8 @@ class GatewayApp:
                             **(self._usage.answers.of(b.task_id) if self._usage else {}),
                         )
                     )
-        return GatewayLoad(self.gateway_id, tuple(out))
+        refused = self._usage.answers.refusals() if self._usage is not None else {}
+        return GatewayLoad(self.gateway_id, tuple(out), refused)
 
 
 def _allowed_methods(path: str) -> bytes | None:

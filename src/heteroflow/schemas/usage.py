@@ -10,7 +10,8 @@ of a scale-in or a rolling update read them (``services.usage.read_load``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
@@ -171,9 +172,17 @@ class GatewayLoad:
 
     gateway_id: str
     backends: tuple[BackendLoad, ...] = ()
+    # issue 33: per service, the requests refused before a backend was chosen (no
+    # healthy backend, a hold that timed out...) by error kind, since the gateway started
+    refused: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"gateway_id": self.gateway_id, "backends": [b.to_wire() for b in self.backends]}
+        out: dict[str, Any] = {
+            "gateway_id": self.gateway_id, "backends": [b.to_wire() for b in self.backends]
+        }
+        if self.refused:
+            out["refused"] = {g: dict(e) for g, e in self.refused.items()}
+        return out
 
 
 class BackendLoadIn(Strict):
@@ -217,9 +226,15 @@ class BackendLoadIn(Strict):
 class GatewayLoadIn(Strict):
     gateway_id: SafeStr = Field(max_length=48, pattern=GATEWAY_ID_PATTERN)
     backends: list[BackendLoadIn] = Field(default_factory=list, max_length=MAX_LOAD_BACKENDS)
+    refused: dict[IdStr, dict[ErrorKind, Annotated[int, Field(ge=0, le=2**62)]]] = Field(
+        default_factory=dict, max_length=MAX_LOAD_BACKENDS
+    )
 
     def to_load(self) -> GatewayLoad:
-        return GatewayLoad(self.gateway_id, tuple(b.to_load() for b in self.backends))
+        return GatewayLoad(
+            self.gateway_id, tuple(b.to_load() for b in self.backends),
+            {g: {str(k): v for k, v in e.items()} for g, e in self.refused.items()},
+        )
 
 
 class ActivityReport(ActivityBatch):

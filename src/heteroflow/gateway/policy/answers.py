@@ -2,20 +2,26 @@
 load report (``BackendLoad.answered``, ``errors``, ``latency_ms``, ``ttft_ms``).
 
 ``done`` counts one relayed request (its status, arrival, first bytes and end, all
-``time.monotonic()``); ``roll`` — at every usage flush, with the tokens/s — takes the
-percentiles over the last ``WINDOW_S``. Counters run from the gateway's start (the server
-takes their growth between two samples; a restarted gateway has a new id). Errors (a
-status ≥ 400, or the client gone before the end: ``core.series.error_kind``) are counted
-by kind and left out of the percentiles. Memory is bounded: at most ``SAMPLES`` timings per
-backend, whatever the request rate.
+``time.monotonic()``; ``ended``: the request as it ended) and, per service, the requests
+refused before a backend was chosen (``refused``); ``roll`` — at every usage flush, with
+the tokens/s — takes the percentiles over the last ``WINDOW_S``. Counters run from the
+gateway's start (the server takes their growth between two samples; a restarted gateway
+has a new id). Errors (a status ≥ 400, or the client gone before the end:
+``core.series.error_kind``) are counted by kind and left out of the percentiles. Memory
+is bounded: at most ``SAMPLES`` timings per backend, whatever the request rate, and one
+counter per service and error kind.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heteroflow.core.series import error_kind, percentile
+
+if TYPE_CHECKING:
+    from heteroflow.gateway.inbound import Call
 
 WINDOW_S = 30.0  # as the tokens/s (usage.TOKEN_WINDOW_S)
 SAMPLES = 2048
@@ -28,6 +34,7 @@ class AnswerStats:
         # task id -> (monotonic end, latency s, time to first bytes s or -1), last ones
         self._timings: dict[str, deque[tuple[float, float, float]]] = {}
         self._stats: dict[str, dict[str, Any]] = {}  # task id -> as of the last roll
+        self._refused: dict[str, dict[str, int]] = {}  # group id -> error kind -> count
 
     def done(
         self, task_id: str, status: int, started: float, first_at: float, ended: float
@@ -47,6 +54,28 @@ class AnswerStats:
             window = self._timings[task_id] = deque(maxlen=SAMPLES)
         ttft = first_at - started if first_at else -1.0
         window.append((ended, ended - started, ttft))
+
+    def ended(self, call: Call, status: int, started: float, first_at: float) -> None:
+        """A request ended now: counted on its backend once one was chosen (answered, or
+        refused after: a limit, fair share), else on its route's service (refused while
+        routing: no healthy backend, a hold that timed out, a capability it lacks); a
+        request that named no route is nobody's."""
+        if call.backend is not None:
+            self.done(call.backend.task_id, status, started, first_at, time.monotonic())
+        elif call.targets:
+            self.refused(call.targets[0].group_id, status)
+
+    def refused(self, group_id: str, status: int) -> None:
+        """A request for ``group_id`` was refused before a backend was chosen."""
+        kind = error_kind(status)
+        if group_id and kind is not None:
+            errs = self._refused.setdefault(group_id, {})
+            errs[kind] = errs.get(kind, 0) + 1
+
+    def refusals(self) -> dict[str, dict[str, int]]:
+        """Per service, the refusals by kind since the gateway started (the report's
+        ``refused``)."""
+        return {g: dict(e) for g, e in self._refused.items()}
 
     def of(self, task_id: str) -> dict[str, Any]:
         """The load report's answer fields of one backend (``BackendLoad``), as of the

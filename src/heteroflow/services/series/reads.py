@@ -175,7 +175,7 @@ def replicas_now(
         ).order_by(Task.rank, Task.id)
     ).all()
     seen: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for _, _, backends in fresh_reports(s, now, load_stale_s):
+    for _, _, backends, _ in fresh_reports(s, now, load_stale_s):
         for b in backends:
             if isinstance(b, dict) and b.get("group_id") == group_id:
                 seen[str(b.get("task_id"))].append(b)

@@ -10,6 +10,8 @@
   add); in flight and tokens/s are summed; the queue is each engine's own (the highest
   a gateway scraped, summed over the replicas); the prefix-cache hit rate is the growth
   of the engines' hit and query counters (vLLM only: other engines export none).
+  Requests a gateway refused before choosing a backend (no healthy backend, a hold that
+  timed out) are counted on their service, as requests and errors of their kind.
   Replicas: the group's current replicas running, from the tasks table.
 * **Nodes**: CPU and memory of the host, from the last heartbeat (nodes seen within
   ``offline_after_s``).
@@ -66,10 +68,13 @@ class Sampler:
     def _services(self, s: Session, now: datetime) -> dict[tuple[str, str], Values]:
         reports = fresh_reports(s, now, self.load_stale_s)
         per_group: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
-        for gateway, _, backends in reports:
+        for gateway, _, backends, refused in reports:
             for b in backends:
                 if isinstance(b, dict) and isinstance(b.get("group_id"), str):
                     per_group[b["group_id"]].append((gateway, b))
+            for group_id, errs in refused.items():
+                if isinstance(errs, dict):  # counted like a backend with errors only
+                    per_group[group_id].append((gateway, _refused_entry(group_id, errs)))
         replicas = _replicas(s)
         live = set(per_group) | {g for g, n in replicas.items() if n > 0}
         seen: dict[tuple[str, str], _Counters] = {}
@@ -151,6 +156,18 @@ class Sampler:
                 hits += h - old[0]
                 queries += q - old[1]
         return hits / queries if queries > 0 else None
+
+
+def _refused_entry(group_id: str, errs: Mapping[str, Any]) -> dict[str, Any]:
+    """A service's refusals (before a backend was chosen) as a backend entry with no load:
+    every request counted is an error of its kind."""
+    counts = {k: v for k, v in errs.items() if _num(v) is not None}
+    return {
+        "task_id": "@refused:" + group_id,
+        "group_id": group_id,
+        "answered": sum(float(v) for v in counts.values()),
+        "errors": counts,
+    }
 
 
 def _combine(found: list[tuple[float, list[float]]]) -> tuple[float | None, float | None]:

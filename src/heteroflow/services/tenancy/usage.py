@@ -378,10 +378,12 @@ _PRUNE_AFTER_WINDOWS = 10
 def write_load(s: Session, load: GatewayLoad, now: datetime) -> None:
     """Replace ``load``'s gateway's report with this one, received ``now``."""
     key = LOAD_KEY_PREFIX + load.gateway_id
-    value = json.dumps(
-        {"at": now.isoformat(), "backends": [b.to_wire() for b in load.backends]},
-        separators=(",", ":"),
-    )
+    report: dict[str, Any] = {
+        "at": now.isoformat(), "backends": [b.to_wire() for b in load.backends]
+    }
+    if load.refused:  # issue 33: per service, refused before a backend was chosen
+        report["refused"] = {g: dict(e) for g, e in load.refused.items()}
+    value = json.dumps(report, separators=(",", ":"))
     res = s.execute(
         update(PlatformSetting)
         .where(PlatformSetting.key == key)
@@ -393,16 +395,17 @@ def write_load(s: Session, load: GatewayLoad, now: datetime) -> None:
         s.execute(insert(PlatformSetting).values(key=key, value=value))
 
 
-def _parse(value: str) -> tuple[datetime, list[dict[str, Any]]] | None:
+def _parse(value: str) -> tuple[datetime, list[dict[str, Any]], dict[str, Any]] | None:
     try:
         data = json.loads(value)
         at = datetime.fromisoformat(data["at"])
         backends = data["backends"]
-    except (ValueError, KeyError, TypeError):
+        refused = data.get("refused", {})
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not isinstance(backends, list):
+    if not isinstance(backends, list) or not isinstance(refused, dict):
         return None
-    return (at if at.tzinfo else at.replace(tzinfo=UTC)), backends
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)), backends, refused
 
 
 def _sample(b: Mapping[str, Any]) -> Sample:
@@ -421,9 +424,10 @@ def _sample(b: Mapping[str, Any]) -> Sample:
 
 def fresh_reports(
     s: Session, now: datetime, stale_s: float
-) -> list[tuple[str, datetime, list[dict[str, Any]]]]:
-    """(gateway id, received at, backends) of the reports received within ``stale_s``
-    of ``now`` (what ``read_load`` sums; the live series read them too, issue 33)."""
+) -> list[tuple[str, datetime, list[dict[str, Any]], dict[str, Any]]]:
+    """(gateway id, received at, backends, refused per service) of the reports received
+    within ``stale_s`` of ``now`` (what ``read_load`` sums; the live series read them
+    too, issue 33)."""
     cutoff = now - timedelta(seconds=stale_s)
     out = []
     rows = s.scalars(
@@ -434,9 +438,9 @@ def fresh_reports(
         if parsed is None:
             log.warning("gateway load %s: unreadable; ignored", row.key)
             continue
-        at, backends = parsed
+        at, backends, refused = parsed
         if at >= cutoff:
-            out.append((row.key.removeprefix(LOAD_KEY_PREFIX), at, backends))
+            out.append((row.key.removeprefix(LOAD_KEY_PREFIX), at, backends, refused))
     return out
 
 
@@ -444,7 +448,7 @@ def read_load(s: Session, now: datetime, stale_s: float) -> LoadView:
     """The reports received within ``stale_s`` of ``now``, as one view."""
     gateways, oldest = 0, None
     samples: dict[str, list[Sample]] = defaultdict(list)
-    for _, at, backends in fresh_reports(s, now, stale_s):
+    for _, at, backends, _ in fresh_reports(s, now, stale_s):
         gateways += 1
         oldest = at if oldest is None else min(oldest, at)
         for b in backends:
