@@ -147,7 +147,17 @@ def test_a_nodes_series_carry_its_cards_memory_commitment_and_temperature(api: A
     r = api.client.post("/api/v1/task-groups", headers=admin,
                         json=service_body(name="on-card", task={"gpu_required": 1}))
     assert r.status_code == 201, r.text
+    gid = r.json()["id"]
     api.app.scheduler.reconcile_once(api.clock.now())
+    (task,) = api.client.get(f"/api/v1/task-groups/{gid}", headers=admin).json()["tasks"]
+    # two gateways see its replica: in flight adds up, the engine's figures do not
+    for gw, in_flight in (("gw-a", 2), ("gw-b", 1)):
+        with api.app.db.session() as s:
+            write_load(s, GatewayLoad(gw, (BackendLoad(
+                task_id=task["id"], group_id=gid, draining=False, in_flight=in_flight,
+                tokens_per_s=10.0, waiting=3.0, kv_use=0.25, latency_ms=[50.0, 90.0 + in_flight],
+                prefix=(300.0, 400.0), ms_per_token=10.0 * in_flight,
+            ),)), api.clock.now())
     sampler = Sampler(load_stale_s=30.0, offline_after_s=30.0)
     _sample(api.app.db, sampler, api)
     r = api.client.get(f"/api/v1/nodes/{node_id}/series", params={"since": "5m"}, headers=admin)
@@ -169,3 +179,11 @@ def test_a_nodes_series_carry_its_cards_memory_commitment_and_temperature(api: A
                        headers=admin)
     assert r.status_code == 400 and "metrics" in r.text
     assert api.client.get("/api/v1/nodes/node-nope/series", headers=admin).status_code == 404
+    # the service page's replica rows: each replica's load now, as the gateways report it
+    (row,) = api.client.get(f"/api/v1/task-groups/{gid}/series", headers=admin).json()[
+        "replicas"]
+    assert row["task_id"] == task["id"] and row["gateways"] == 2
+    assert (row["in_flight"], row["tokens_per_s"], row["queue"], row["kv_use"]) == (
+        3, 20.0, 3.0, 0.25)
+    assert row["latency_p95_ms"] == 92.0 and row["ms_per_token"] == 15.0
+    assert row["prefix_hit_rate"] == 0.75 and row["slots"] is None

@@ -60,7 +60,7 @@ def test_prefix_cache_counters_from_vllm_and_none_from_llama_cpp() -> None:
 def test_the_report_fields_go_over_the_wire_and_old_reports_still_parse() -> None:
     b = BackendLoad(
         "task-a", "tg-1", False, 2, 5.0, answered=7, errors={"5xx": 1},
-        latency_ms=[10.0, 20.0], ttft_ms=[1.0, 2.0], prefix=(3.0, 4.0),
+        latency_ms=[10.0, 20.0], ttft_ms=[1.0, 2.0], prefix=(3.0, 4.0), ms_per_token=12.5,
     )
     assert BackendLoadIn.model_validate(b.to_wire()).to_load() == b
     old = {"task_id": "task-a", "group_id": "tg-1", "in_flight": 1}

@@ -382,6 +382,7 @@ class GatewayApp:
         rates = self._usage.token_rates if self._usage is not None else {}
         seen: set[str] = set()
         out: list[BackendLoad] = []
+        capacity, now = self._balancer.capacity_view, time.monotonic()
         for targets in snap.routes.values():
             for target in targets:
                 for b in target.backends:
@@ -401,11 +402,17 @@ class GatewayApp:
                             kv_use=None if engine is None else engine.kv_use,
                             prefix=None if engine is None or engine.prefix_queries is None
                             else (engine.prefix_hits or 0.0, engine.prefix_queries),
+                            ms_per_token=_ms_per_token(capacity.seconds_per_token(b.base_url, now)),
                             **(self._usage.answers.of(b.task_id) if self._usage else {}),
                         )
                     )
         refused = self._usage.answers.refusals() if self._usage is not None else {}
         return GatewayLoad(self.gateway_id, tuple(out), refused)
+
+
+def _ms_per_token(seconds: float) -> float | None:
+    """Issue 33: the capacity estimate for the load report (0: none)."""
+    return round(seconds * 1000, 3) if seconds > 0 else None
 
 
 def _allowed_methods(path: str) -> bytes | None:

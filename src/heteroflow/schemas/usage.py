@@ -148,6 +148,9 @@ class BackendLoad:
     latency_ms: list[float] | None = None
     ttft_ms: list[float] | None = None
     prefix: tuple[float, float] | None = None
+    # the gateway's capacity estimate: milliseconds per completion token (M15's decaying
+    # seconds per token, gateway/routing/capacity.py); None: no recent answer
+    ms_per_token: float | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -159,7 +162,7 @@ class BackendLoad:
             "waiting": self.waiting,
             "kv_use": self.kv_use,
         }
-        for name in ("answered", "errors", "latency_ms", "ttft_ms", "prefix"):
+        for name in ("answered", "errors", "latency_ms", "ttft_ms", "prefix", "ms_per_token"):
             v = getattr(self, name)
             if v is not None:
                 out[name] = list(v) if isinstance(v, tuple) else v
@@ -205,6 +208,7 @@ class BackendLoadIn(Strict):
     prefix: list[Annotated[float, Field(ge=0.0, le=1e18, strict=False)]] | None = Field(
         default=None, min_length=2, max_length=2
     )
+    ms_per_token: float | None = Field(default=None, ge=0.0, le=1e9, strict=False)
 
     def to_load(self) -> BackendLoad:
         return BackendLoad(
@@ -220,6 +224,7 @@ class BackendLoadIn(Strict):
             latency_ms=self.latency_ms,
             ttft_ms=self.ttft_ms,
             prefix=(self.prefix[0], self.prefix[1]) if self.prefix is not None else None,
+            ms_per_token=self.ms_per_token,
         )
 
 

@@ -166,8 +166,9 @@ def replicas_now(
 ) -> list[dict[str, Any]]:
     """Each current replica's load as the gateways report it now (issue 30 item 5):
     in flight (summed over gateways) against its slots (``gateway_backend_concurrency``
-    when set, else null), tokens/s, the engine's queue and KV use, latency, and the
-    prefix-cache hit rate since the engine started (null: the engine reports none)."""
+    when set, else null), tokens/s, the engine's queue and KV use, latency, the gateways'
+    capacity estimate (ms per completion token) and the prefix-cache hit rate since the
+    engine started (null: the engine reports none)."""
     tasks = s.execute(
         select(Task.id, Task.name, Task.status, Task.node_id).where(
             Task.group_id == group_id, Task.replaced_by == "",
@@ -188,6 +189,8 @@ def replicas_now(
         lat = [b["latency_ms"] for b in reports if isinstance(b.get("latency_ms"), list)]
         waits = [float(b["waiting"]) for b in reports if isinstance(b.get("waiting"), int | float)]
         kvs = [float(b["kv_use"]) for b in reports if isinstance(b.get("kv_use"), int | float)]
+        mpt = [float(b["ms_per_token"]) for b in reports
+               if isinstance(b.get("ms_per_token"), int | float)]
         out.append({
             "task_id": task_id,
             "name": name,
@@ -200,6 +203,8 @@ def replicas_now(
             "queue": max(waits) if waits else None,
             "kv_use": max(kvs) if kvs else None,
             "latency_p95_ms": max((float(p[1]) for p in lat), default=None),
+            # the gateways' capacity estimate (their mean): ms per completion token
+            "ms_per_token": round(sum(mpt) / len(mpt), 3) if mpt else None,
             "prefix_hit_rate": round(hits / queries, 4) if queries > 0 else None,
         })
     return out

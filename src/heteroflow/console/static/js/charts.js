@@ -82,7 +82,7 @@ export function lineChart(id, title, times, values, metrics, events, from, to) {
 function replicaTable(rows) {
   if (!rows.length) return h('p', { class: 'note' }, 'No replica holds resources now.');
   const head = ['Replica', 'Status', 'In flight / slots', 'Tokens/s', 'Engine queue', 'KV cache',
-    'p95 latency', 'Prefix-cache hits'];
+    'p95 latency', 'Capacity', 'Prefix-cache hits'];
   return h('table', { class: 'grid', dataset: { testid: 'replica-load' } },
     h('thead', {}, h('tr', {}, head.map((c) => h('th', { scope: 'col' }, c)))),
     h('tbody', {}, rows.map((r) => h('tr', {},
@@ -93,6 +93,8 @@ function replicaTable(rows) {
       h('td', {}, r.queue === null ? 'n/a' : short(r.queue)),
       h('td', {}, r.kv_use === null ? 'n/a' : `${Math.round(r.kv_use * 100)} %`),
       h('td', {}, r.latency_p95_ms === null ? '—' : `${short(r.latency_p95_ms)} ms`),
+      h('td', { title: "the gateways' estimate: time per completion token at its load" },
+        r.ms_per_token === null ? '—' : `${short(r.ms_per_token)} ms/token`),
       h('td', { title: r.prefix_hit_rate === null ? 'the engine reports no prefix-cache counters' : '' },
         r.prefix_hit_rate === null ? 'n/a' : `${Math.round(r.prefix_hit_rate * 100)} %`)))));
 }
