@@ -96,13 +96,14 @@ def test_series_are_sampled_scoped_validated_and_survive_a_restart(api: Api) -> 
     assert api.client.get(url, headers=admin).status_code == 200
 
     # bad input: 400 naming the field
-    for params, field in (
+    bad: list[tuple[dict[str, str | int], str]] = [
         ({"metrics": "requests_per_s,bogus"}, "metrics"),
         ({"since": "48h"}, "since"),
         ({"since": "yesterday"}, "since"),
         ({"step": 15}, "step"),
         ({"since": "6h", "step": 10}, "step"),
-    ):
+    ]
+    for params, field in bad:
         r = api.client.get(url, params=params, headers=alice)
         assert r.status_code == 400, (params, r.text)
         assert field in r.text, (params, r.text)
