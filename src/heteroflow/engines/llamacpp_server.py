@@ -41,7 +41,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from types import FrameType
 from typing import Any, Literal, TextIO, cast
 
@@ -343,29 +343,6 @@ def build_params(config: LaunchConfig) -> Any:
     return params
 
 
-def with_fallback_template(config: LaunchConfig, log: TextIO) -> LaunchConfig:
-    """``config`` with the chat template its GGUF needs when it carries none and none was
-    given (``core.engines.chat_templates``, the rule every llama.cpp service follows; the
-    agent passes it on the command line too, where this finds it given)."""
-    if config.chat_template is not None:
-        return config
-    from pathlib import Path
-
-    from heteroflow.core.engines.chat_templates import fallback_template
-    from heteroflow.models.estimate import read_gguf_meta
-
-    try:
-        meta = read_gguf_meta(Path(config.model))
-    except (ValueError, OSError):
-        return config  # llama.cpp says what is wrong with it
-    text = fallback_template(meta)
-    if text is None:
-        return config
-    arch = meta.get("general.architecture")
-    print(f"chat template: {arch}'s turn format (the GGUF carries none)", file=log, flush=True)
-    return replace(config, chat_template=text)
-
-
 def api_keys_from_env() -> list[str]:
     """llama-server's ``LLAMA_API_KEY`` (comma-separated keys), taken out of the
     environment so nothing this process starts inherits it. The agent gives an engine its
@@ -388,7 +365,6 @@ def serve(config: LaunchConfig, log: TextIO = sys.stderr) -> int:
     if not os.path.isfile(config.model):
         print(f"error: model file not found: {config.model}", file=log, flush=True)
         return 1
-    config = with_fallback_template(config, log)
     params = build_params(config)
     keys = api_keys_from_env()
     if keys:
