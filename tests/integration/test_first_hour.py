@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from heteroflow import cli
-from heteroflow.cmd import up
+from heteroflow.cmd import up, up_cli
 from heteroflow.core.errors import Conflict, NotFound, ValidationFailed
 from heteroflow.db.tables import InferenceEndpoint, User
 from heteroflow.models.demo import ensure_demo_model
@@ -118,7 +118,7 @@ def test_up_logs_the_cli_in_but_never_over_another_servers_login(
     state = tmp_path / "cli" / "cli.json"
     base = "http://127.0.0.1:3333"
 
-    line = up.login_cli(api.app, base, "heteroflow")  # no login yet: admin's
+    line = up_cli.login_cli(api.app, base, "heteroflow")  # no login yet: admin's
     assert "logged in as admin" in line
     saved = json.loads(state.read_text())
     assert saved["server"] == base and state.stat().st_mode & 0o777 == 0o600
@@ -126,27 +126,27 @@ def test_up_logs_the_cli_in_but_never_over_another_servers_login(
     assert api.client.get(PROTECTED, headers=bearer).status_code == 200
 
     # the next `up` on another port: its own login follows it to the new address
-    assert "logged in as admin" in up.login_cli(api.app, "http://127.0.0.1:4444", "heteroflow")
+    assert "logged in as admin" in up_cli.login_cli(api.app, "http://127.0.0.1:4444", "heteroflow")
     assert json.loads(state.read_text()) == {**saved, "server": "http://127.0.0.1:4444"}
 
     # another server's login is left alone, and the line says how to log in here
     other = {"server": "http://10.1.2.3:3333", "token": "someone-elses-token"}
     state.write_text(json.dumps(other))
-    line = up.login_cli(api.app, base, "heteroflow")
+    line = up_cli.login_cli(api.app, base, "heteroflow")
     assert "another server (http://10.1.2.3:3333)" in line
     assert f"heteroflow login --server {base}" in line
     assert json.loads(state.read_text()) == other
 
     # a dead login to this very address is replaced
     state.write_text(json.dumps({"server": base, "token": "expired-or-revoked"}))
-    assert "logged in as admin" in up.login_cli(api.app, base, "heteroflow")
+    assert "logged in as admin" in up_cli.login_cli(api.app, base, "heteroflow")
     assert json.loads(state.read_text())["token"] != "expired-or-revoked"
 
 
 def test_the_management_hints_name_user_password_login_and_docs(tmp_path: Path) -> None:
     base = "http://127.0.0.1:3333"
-    first = up.management_hints(base, tmp_path, "heteroflow", "CLI: …", password_shown=True)
-    later = up.management_hints(base, tmp_path, "heteroflow", "CLI: …", password_shown=False)
+    first = up_cli.management_hints(base, tmp_path, "heteroflow", "CLI: …", password_shown=True)
+    later = up_cli.management_hints(base, tmp_path, "heteroflow", "CLI: …", password_shown=False)
     for text in (first, later):
         assert f"{base}/api/v1/docs" in text and "admin user: admin" in text
         assert f"Web console: {base}/" in text
