@@ -39,7 +39,7 @@ from heteroflow.core.events import EventKind
 from heteroflow.db.tables import Event, Task
 from heteroflow.schemas.nodes import TaskAssignment
 from heteroflow.services.lifecycle.idle import sleep_if_idle, wake_for_request
-from heteroflow.services.lifecycle.sleep import retry_wakes
+from heteroflow.services.lifecycle.wake_retry import retry_wakes
 from heteroflow.settings import AgentSettings
 
 from .conftest import NODE_TOKEN, Api

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from heteroflow.services.lifecycle.sleep import WakeRound
+from heteroflow.services.lifecycle.wake_retry import WakeRound
 
 from .conftest import Api, service_body
 

@@ -1,6 +1,6 @@
 """The wake retrier (F3): acts on wakes that could not happen when they were asked for.
 
-Every ``wake_retry_interval_s`` it runs one ``services.sleep.retry_wakes`` round: a
+Every ``wake_retry_interval_s`` it runs one ``services.lifecycle.wake_retry.retry_wakes`` round: a
 sleeping task with ``wake_requested`` wakes once its node heartbeats again and no
 training task holds its cards any more; once its node has had no heartbeat for
 ``wake_node_lost_after_s`` it is failed with that reason, and the recovery loop rebuilds
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from heteroflow.controllers.base import FencedController, Round
-from heteroflow.services.lifecycle.sleep import WakeRound, retry_wakes
+from heteroflow.services.lifecycle.wake_retry import WakeRound, retry_wakes
 
 
 @dataclass(eq=False, kw_only=True)

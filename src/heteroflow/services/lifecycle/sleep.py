@@ -16,7 +16,7 @@ when its load stalls (D5: no fixed limit, the agent's ``load_stall_s``) or its c
 is gone (the recovery loop rebuilds a failed task). When the wake cannot happen now (F3) the task
 stays ``sleeping`` with ``wake_requested`` set, the answer's ``branch`` says why
 (``node_offline``, ``card_borrowed``) and a ``task.wake_deferred`` event records it;
-``retry_wakes`` (the leader's ``WakeRetrier`` loop) wakes it once the node is back or
+``wake_retry.retry_wakes`` (the leader's ``WakeRetrier`` loop) wakes it once the node is back or
 the cards are free, or fails it once its node has been gone ``node_lost_after_s``, so
 the recovery loop rebuilds it elsewhere. Nothing is ever silent.
 
@@ -39,10 +39,9 @@ the platform).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 from sqlalchemy import update as sql_update
 from sqlalchemy.orm import Session
 
@@ -61,9 +60,7 @@ from heteroflow.services.views import task_read
 __all__ = [
     "DEFAULT_OFFLINE_AFTER_S",
     "WakeResult",
-    "WakeRound",
     "node_task_life",
-    "retry_wakes",
     "sleep_group",
     "sleep_group_result",
     "sleep_task",
@@ -503,126 +500,7 @@ def _failed(s: Session, t: Task) -> WakeResult:
     return _result(t, "failed", f"task {t.id} failed: {t.status_message}{after}")
 
 
-# -- the leader's loop and the agent's poll --------------------------------------------
-
-
-@dataclass
-class WakeRound:
-    """What one ``retry_wakes`` round did (task ids)."""
-
-    woken: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    waiting: list[str] = field(default_factory=list)
-
-
-def retry_wakes(
-    s: Session, clock: Clock, *, offline_after_s: float, node_lost_after_s: float
-) -> WakeRound:
-    """One level-triggered round over requested wakes (F3) and waking tasks.
-
-    A sleeping task with ``wake_requested``: woken once its node is online and its cards
-    free; failed (so the recovery loop rebuilds it elsewhere) once its node has had no
-    heartbeat for ``node_lost_after_s``; else it keeps waiting, its reason kept current.
-    A waking task whose node has been gone that long is failed too (no agent will ever
-    report it)."""
-    now = clock.now()
-    out = WakeRound()
-    q = (
-        select(Task)
-        .where(
-            or_(
-                and_(Task.wake_requested.is_(True), Task.status == T.SLEEPING.value),
-                Task.status == T.WAKING.value,
-            )
-        )
-        .order_by(Task.created_at)
-    )
-    gangs: dict[str, None] = {}
-    for t in list(s.scalars(q)):
-        if t.status == T.SLEEPING.value and _is_gang(s, t):
-            gangs[t.group_id] = None  # a gang wakes whole: below
-            continue
-        node = s.get(Node, t.node_id) if t.node_id else None
-        gone_s = (now - node.last_heartbeat_at).total_seconds() if node is not None else None
-        lost = gone_s is None or gone_s > node_lost_after_s
-        status = T(t.status)
-        name = node.name if node is not None else str(t.node_id)
-        if status == T.WAKING:
-            if lost and transition(
-                s, clock, t.id, T.WAKING, T.FAILED,
-                f"node {name} lost while the task was waking (no heartbeat for "
-                f"{gone_s or 0:.0f} s); failed so the service is rebuilt elsewhere",
-            ):
-                out.failed.append(t.id)
-            continue
-        blocked = _blocker(s, now, t, offline_after_s)
-        if blocked is None:
-            if transition(
-                s, clock, t.id, T.SLEEPING, T.WAKING,
-                "woken: the wake requested earlier can happen now",
-            ):
-                _set_wake_requested(s, t.id, T.WAKING, False)
-                out.woken.append(t.id)
-        elif blocked[0] == "node_offline" and lost:
-            if transition(
-                s, clock, t.id, T.SLEEPING, T.FAILED,
-                f"wake requested, but node {name} has had no heartbeat for "
-                f"{gone_s or 0:.0f} s; failed so the service is rebuilt elsewhere",
-            ):
-                out.failed.append(t.id)
-        else:
-            _defer(s, clock, t, blocked[1])
-            out.waiting.append(t.id)
-    for group_id in gangs:
-        _retry_gang(
-            s, clock, _current_tasks(s, group_id), out,
-            offline_after_s=offline_after_s, node_lost_after_s=node_lost_after_s,
-        )
-    return out
-
-
-def _is_gang(s: Session, t: Task) -> bool:
-    g = s.get(TaskGroup, t.group_id)
-    return g is not None and g.parallelism == "pipeline" and not t.replaced_by
-
-
-def _retry_gang(
-    s: Session, clock: Clock, stages: list[Task], out: WakeRound, *,
-    offline_after_s: float, node_lost_after_s: float,
-) -> None:
-    """A gang whose wake was requested: woken whole once no stage is blocked; a stage
-    whose node has been gone ``node_lost_after_s`` is failed (the recovery loop then
-    rebuilds the gang as one, elsewhere); else it keeps waiting, said once."""
-    now = clock.now()
-    asleep = [t for t in stages if t.status == T.SLEEPING.value]
-    if not any(t.wake_requested for t in asleep):
-        return
-    for t in asleep:
-        blocked = _blocker(s, now, t, offline_after_s)
-        if blocked is None:
-            continue
-        node = s.get(Node, t.node_id) if t.node_id else None
-        gone_s = (now - node.last_heartbeat_at).total_seconds() if node is not None else None
-        if blocked[0] == "node_offline" and (gone_s is None or gone_s > node_lost_after_s):
-            name = node.name if node is not None else str(t.node_id)
-            if transition(
-                s, clock, t.id, T.SLEEPING, T.FAILED,
-                f"gang wake requested, but node {name} of stage {t.rank} has had no "
-                f"heartbeat for {gone_s or 0:.0f} s; failed so the gang is rebuilt elsewhere",
-            ):
-                out.failed.append(t.id)
-            return
-        _defer_gang(s, clock, asleep, t, blocked[1])
-        out.waiting.extend(x.id for x in asleep)
-        return
-    for t in asleep:
-        if not transition(
-            s, clock, t.id, T.SLEEPING, T.WAKING,
-            "woken with its gang: the wake requested earlier can happen now",
-        ):
-            raise Conflict(f"stage {t.rank} of the gang ({t.id}) changed state; retry")
-        _set_wake_requested(s, t.id, T.WAKING, False)
-        out.woken.append(t.id)
+# -- the agent's poll (the leader's wake round: services/lifecycle/wake_retry.py) ----
 
 
 def node_task_life(s: Session, node_id: str) -> NodeTaskLife:
