@@ -10,14 +10,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import gguf
 import httpx
-import numpy as np
 import pytest
 
 from heteroflow.core.engines.chat_templates import GEMMA_CHAT_TEMPLATE
 from heteroflow.models.tiny_gguf import write_tiny_gguf
 from tests.gateway_stack import ALIAS, Engine, start_engine
+from tests.gguf_files import header_gguf
 
 from .conftest import NODE_TOKEN, Api, service_body
 
@@ -87,15 +86,7 @@ def test_a_gguf_with_its_own_template_keeps_it(tmp_path: Path) -> None:
 
 def _gemma_header(path: Path) -> Path:
     """A header-only Gemma 3 GGUF (no template), as the dry run reads it."""
-    writer = gguf.GGUFWriter(path, "gemma3")
-    writer.add_block_count(2)
-    writer.add_context_length(32768)
-    writer.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return header_gguf(path, "gemma3", blocks=2)
 
 
 @pytest.mark.feature("H4")

@@ -12,8 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import gguf
-import numpy as np
 import pytest
 
 from heteroflow.agent.config import NodeConfig
@@ -24,6 +22,7 @@ from heteroflow.core.process_recipe import AGENT_PYTHON
 from heteroflow.models.tiny_gguf import write_tiny_gguf
 from heteroflow.schemas.nodes import TaskAssignment
 from heteroflow.services.placement.dry_run import PLANNED_GROUP_ID, PLANNED_ID
+from tests.gguf_files import header_gguf
 
 from .conftest import Api
 from .test_dry_run_matches_launch import masked
@@ -32,20 +31,8 @@ from .test_dry_run_process import IMAGE, heartbeat
 
 def _gemma(path: Path) -> Path:
     """A Gemma 3 GGUF without a chat template (as the 270M model's), 4,096-token trained."""
-    writer = gguf.GGUFWriter(path, "gemma3")
-    writer.add_block_count(2)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(1)
-    writer.add_key_length(256)
-    writer.add_value_length(256)
-    writer.add_embedding_length(640)
-    writer.add_context_length(32768)
-    writer.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return header_gguf(path, "gemma3", blocks=2, heads=4, kv_heads=1, key_value_length=256,
+                       embedding=640)
 
 
 @pytest.mark.feature("C5")

@@ -4,27 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
+
+from tests.gguf_files import header_gguf
 
 from .conftest import Api, service_body
 
 
 def _model(path: Path) -> Path:
     """A header-only Qwen2-0.5B-like GGUF trained for 32768 tokens (12 KiB of KV a token)."""
-    writer = gguf.GGUFWriter(path, "qwen2")
-    writer.add_block_count(24)
-    writer.add_head_count(14)
-    writer.add_head_count_kv(2)
-    writer.add_embedding_length(896)
-    writer.add_context_length(32768)
-    writer.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return header_gguf(path, "qwen2", blocks=24, heads=14, kv_heads=2, embedding=896)
 
 
 @pytest.mark.feature("B8")
