@@ -129,3 +129,53 @@ def test_past_the_cap_the_gang_stops_and_recovery_gives_up(api: Api) -> None:
     recovery_round(api)
     assert len([e for e in faults(api, admin, group_id)
                 if e["kind"] == "fault.rebuild_gave_up"]) == 1
+
+
+@pytest.mark.feature("G3", "E4")
+def test_a_stage_on_a_lost_node_rebuilds_the_whole_gang_on_the_nodes_left(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's proof: a stage's node goes silent; after the lost-node delay the gang
+    restarts as one (its other stage stops first), every stage is replaced at once with one
+    event that names the lost node, and the new gang is placed on the nodes still heard."""
+    admin = api.login()
+    group_id, ids = running_gang(api, admin)
+    first = stages(api, admin, group_id)
+    monkeypatch.setitem(ADDRESSES, "gang-c", "10.0.0.3")
+    spare = node(api, "gang-c")
+    lost_id = first[1]["node_id"]
+    lost = next(name for name, node_id in ids.items() if node_id == lost_id)
+    heard = [name for name in ("gang-a", "gang-b", "gang-c") if name != lost]
+    settings = api.app.settings
+    lost_after = settings.node_offline_after_s + settings.node_migrate_after_s
+
+    api.clock.advance(lost_after - 1)
+    for name in heard:
+        node(api, name)
+    recovery_round(api)  # silent, but not for long enough: nothing moves
+    assert [t["status"] for t in stages(api, admin, group_id)] == ["running", "running"]
+
+    api.clock.advance(2)
+    for name in heard:
+        node(api, name)
+    recovery_round(api)  # the lost stage fails; the gang restarts as one
+    now = stages(api, admin, group_id)
+    assert [t["id"] for t in now] == [t["id"] for t in first]  # nothing replaced yet
+    assert now[1]["status"] == "failed" and f"node {lost} lost" in now[1]["status_message"]
+    assert now[0]["status"] == "stopping"
+    assert now[0]["status_message"].startswith("gang restart: stage 1 ")
+
+    stopped(api, now[0])
+    result = recovery_round(api)
+    again = stages(api, admin, group_id)
+    assert len(result.rebuilt) == 2 and {t["id"] for t in again} == set(result.rebuilt)
+    assert all(t["status"] == "pending" for t in again)
+    rebuilt = [e for e in faults(api, admin, group_id) if e["kind"] == "fault.rebuilt"]
+    assert len(rebuilt) == 1, rebuilt  # one event for the gang
+    assert rebuilt[0]["message"].startswith("gang rebuilt as one (2 stage(s)): stage 1 ")
+    assert f"node {lost} lost" in rebuilt[0]["message"]
+
+    api.app.scheduler.run_round()  # all or nothing, on the nodes still heard
+    placed = stages(api, admin, group_id)
+    assert [t["status"] for t in placed] == ["scheduled", "scheduled"]
+    assert {t["node_id"] for t in placed} == {ids[n] for n in ids if n != lost} | {spare}
