@@ -67,7 +67,7 @@ def test_cli_login_create_with_progress_list_show_delete(stack: Stack) -> None:
     row = next(line.split() for line in listed if line.startswith(group_id))
     assert row[1:2] == ["from-cli"] and "running" in row
     shown = cli(stack, "services", "show", group_id).stdout
-    assert "running" in shown and "8000->" in shown
+    assert "running" in shown and "->8000" in shown  # host->container, as Docker writes it
     nodes = cli(stack, "nodes").stdout.splitlines()
     assert any(line.split()[:2] == ["e2e-node", "online"] for line in nodes)
     status = cli(stack, "status", check=False)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, Field
 
@@ -198,7 +198,9 @@ class BackendLoadIn(Strict):
     kv_use: float | None = Field(default=None, ge=0.0, le=1.0, strict=False)
     # issue 33 (the live series); older gateways send none of them
     answered: int | None = Field(default=None, ge=0, le=2**62)
-    errors: dict[ErrorKind, Annotated[int, Field(ge=0, le=2**62)]] | None = None
+    errors: dict[ErrorKind, Annotated[int, Field(ge=0, le=2**62)]] | None = Field(
+        default=None, max_length=len(get_args(ErrorKind))
+    )
     latency_ms: list[Annotated[float, Field(ge=0.0, le=1e9, strict=False)]] | None = Field(
         default=None, min_length=2, max_length=2
     )
@@ -231,7 +233,13 @@ class BackendLoadIn(Strict):
 class GatewayLoadIn(Strict):
     gateway_id: SafeStr = Field(max_length=48, pattern=GATEWAY_ID_PATTERN)
     backends: list[BackendLoadIn] = Field(default_factory=list, max_length=MAX_LOAD_BACKENDS)
-    refused: dict[IdStr, dict[ErrorKind, Annotated[int, Field(ge=0, le=2**62)]]] = Field(
+    refused: dict[
+        IdStr,
+        Annotated[
+            dict[ErrorKind, Annotated[int, Field(ge=0, le=2**62)]],
+            Field(max_length=len(get_args(ErrorKind))),
+        ],
+    ] = Field(
         default_factory=dict, max_length=MAX_LOAD_BACKENDS
     )
 

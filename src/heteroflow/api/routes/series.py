@@ -15,7 +15,7 @@ from heteroflow.services.series import reads
 router = api_router(prefix="/api/v1", tags=["series"])
 _METRICS = Query(default=None, max_length=1024, description="comma list; empty: all")
 _SINCE = Query(default=None, max_length=64, description="90s, 15m, 6h (≤ 24h) or an ISO time")
-_STEP = Query(default=None, description="seconds: a multiple of 10, 10..3600")
+_STEP = Query(default=None, ge=10, le=3600, description="seconds: a multiple of 10, 10..3600")
 
 
 @router.get("/task-groups/{group_id}/series")
