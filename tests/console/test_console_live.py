@@ -1,7 +1,8 @@
 """The service page's live charts (issue 33) in a real browser against a real stack:
 traffic through the gateway to a real llama.cpp service makes the request-rate line
 rise without a reload; each replica's load is shown, with "n/a" for the prefix-cache hit
-rate llama.cpp does not report; a scaling is marked on the time axis."""
+rate llama.cpp does not report; a scaling and a rolling update are marked on the time
+axis."""
 
 from __future__ import annotations
 
@@ -78,6 +79,14 @@ def test_the_request_rate_rises_on_the_service_page_while_traffic_flows(
     expect(page.locator('[data-testid="chart-replicas"] .event-mark').first).to_be_attached(
         timeout=20_000
     )
+    # a rolling update's steps are marked on the same axis (issue 33's proof)
+    r = st.api("PUT", f"/api/v1/task-groups/{made['id']}/update",
+               json={"strategy": "rolling",
+                     "engine_args": ["--embeddings", "-np", "2", "-c", "512"]})
+    assert r.status_code == 200, r.text
+    expect(
+        page.locator('[data-testid="chart-replicas"] .event-mark title', has_text="rollout.started")
+    ).to_be_attached(timeout=20_000)
     console.shot("service-live")
 
 
