@@ -1,8 +1,8 @@
 """Chat templates for every GGUF served (issue 33 item 6): the Gemma example of
 docs/operations.md answered with ChatML tokens (``<|im_end|>``) because its GGUF carries
 no template and llama.cpp falls back to ChatML; the demo passed Gemma's format itself.
-One rule now (``core.engines.chat_templates``): the launcher applies it on the node, the
-Docker recipe and the dry run put it on the command line."""
+One rule now (``core.engines.chat_templates``): the agent (either runtime) and the dry run
+put it on the command line; the engine launcher stays self-contained."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from heteroflow.core.engines.chat_templates import GEMMA_CHAT_TEMPLATE
+from heteroflow.core.engines.chat_templates import GEMMA_CHAT_TEMPLATE, chat_template_args
+from heteroflow.models.estimate import read_gguf_meta
 from heteroflow.models.tiny_gguf import write_tiny_gguf
 from tests.gateway_stack import ALIAS, Engine, start_engine
 from tests.gguf_files import header_gguf
@@ -41,7 +42,9 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def gemma_engine(gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     log = tmp_path_factory.mktemp("logs") / "gemma.log"
-    with start_engine(gemma, log, "-lv", "0", slots=1, ready_s=120) as running:
+    added = chat_template_args("llamacpp", (), read_gguf_meta(gemma))  # as the agent adds
+    assert added == ("--chat-template", GEMMA_CHAT_TEMPLATE)
+    with start_engine(gemma, log, "-lv", "0", *added, slots=1, ready_s=120) as running:
         yield running
 
 
@@ -56,7 +59,6 @@ def test_a_gemma_gguf_without_a_template_is_served_in_gemmas_format(
             "/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]}
         ).json()["prompt"]
     assert prompt == "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n", prompt
-    assert "gemma3's turn format" in gemma_engine.log.read_text()
     client = OpenAI(base_url=f"{gemma_engine.url}/v1", api_key="unused", max_retries=0)
     answer = (
         client.chat.completions.create(
