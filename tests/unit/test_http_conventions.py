@@ -79,16 +79,19 @@ def test_begin_keeps_the_request_id_in_the_scope() -> None:
 BODY = b'{"model": "m", "messages": []}'
 
 
+# mtime=0: a gzip header holds the time it was made, and the test's id holds the bytes; two
+# workers (pytest-xdist) collecting a second apart would name different tests
 @pytest.mark.parametrize(
     ("encoding", "data"),
     [
-        (b"gzip", gzip.compress(BODY)),
-        (b"x-gzip", gzip.compress(BODY)),
-        (b"GZIP", gzip.compress(BODY[:10]) + gzip.compress(BODY[10:])),  # two members
+        (b"gzip", gzip.compress(BODY, mtime=0)),
+        (b"x-gzip", gzip.compress(BODY, mtime=0)),
+        # two members
+        (b"GZIP", gzip.compress(BODY[:10], mtime=0) + gzip.compress(BODY[10:], mtime=0)),
         (b"deflate", zlib.compress(BODY)),  # RFC 9110: zlib format
         (b"deflate", zlib.compress(BODY)[2:-4]),  # raw deflate, as some clients send
         (b"identity", BODY),
-        (b"deflate, gzip", gzip.compress(zlib.compress(BODY))),  # applied in that order
+        (b"deflate, gzip", gzip.compress(zlib.compress(BODY), mtime=0)),  # applied in that order
     ],
 )
 def test_compressed_bodies_are_decoded(encoding: bytes, data: bytes) -> None:
