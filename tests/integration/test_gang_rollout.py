@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -92,70 +94,82 @@ def put_update(gang: Gang) -> None:
     assert "a new gang of 2 stage(s) beside the old" in r.json()["rolling_update_message"]
 
 
-@pytest.mark.feature("G3")
-def test_a_rolling_update_starts_the_new_gang_whole_then_stops_the_old_one(
-    api: Api, tmp_path: Path, runtimes: list[ProcessRuntime]
+def on_two_agents(
+    api: Api, tmp_path: Path, launchers: list[Any],
+    scenario: Callable[[list[Agent]], Awaitable[None]],
 ) -> None:
-    admin = api.login()
-    launchers = [StageLauncher(rt) for rt in runtimes]
+    """``scenario`` with the two nodes' agents (gang-a, gang-b), their clients closed after."""
     agents = [
         make_agent(api, tmp_path, f"gang-{n}", la) for n, la in zip("ab", launchers, strict=True)
     ]
 
     async def run() -> None:
         try:
-            gang = await start_gang(api, agents, admin)
-            olds = {t.rank: t for t in rows(api, gang.group_id)}
-            old_pids = [rt.pid(o.id) for o in olds.values() for rt in runtimes if rt.pid(o.id)]
-            assert len(old_pids) == 2 and all(alive(p) for p in old_pids)
-            put_update(gang)
-            seen_both_gangs = False
-            deadline = time.monotonic() + 60
-            while rollout(api, admin, gang.group_id)[0] != "done":
-                assert time.monotonic() < deadline, rollout(api, admin, gang.group_id)
-                await drive(gang, 2.0)
-                now = rows(api, gang.group_id)
-                cands = [t for t in now if t.replaced_by == CANDIDATE]
-                if len(cands) == 2 and {c.status for c in cands} == {"running"}:
-                    # the new gang runs whole beside the old, which still serves
-                    assert {olds[r].id for r in (0, 1)} <= {
-                        t.id for t in now if t.status == "running" and t.replaced_by == ""
-                    }
-                    seen_both_gangs = True
-                # only the stage that serves is drained; the headless one never is
-                assert not any(t.draining for t in now if t.rank == 1)
-            assert seen_both_gangs
-            now = rows(api, gang.group_id)
-            current = sorted((t for t in now if t.replaced_by == ""), key=lambda t: t.rank)
-            assert [(t.rank, t.generation, t.status) for t in current] == [
-                (0, 2, "running"),
-                (1, 2, "running"),
-            ]
-            assert all(t.engine_args == NEW_ARGS for t in current)
-            # one placement and one rendezvous for the new gang, the same on both stages
-            gangs = [a.local[t.id].task.gang for t in current for a in agents if t.id in a.local]
-            assert len(gangs) == 2 and gangs[0] is not None and gangs[1] is not None
-            assert (gangs[0]["master_addr"], gangs[0]["master_port"]) == (
-                gangs[1]["master_addr"],
-                gangs[1]["master_port"],
-            )
-            # the old gang stopped whole, replaced rank by rank by the new one
-            for rank, old in olds.items():
-                was = next(t for t in now if t.id == old.id)
-                assert was.replaced_by == current[rank].id
-                assert was.status in ("stopping", "stopped")
-            for _ in range(3):
-                await drive(gang)
-            assert {
-                next(t for t in rows(api, gang.group_id) if t.id == o.id).status
-                for o in olds.values()
-            } == {"stopped"}
-            assert not any(alive(p) for p in old_pids), "an old stage kept running"
+            await scenario(agents)
         finally:
             for a in agents:
                 await a.client.aclose()
 
     asyncio.run(run())
+
+
+@pytest.mark.feature("G3")
+def test_a_rolling_update_starts_the_new_gang_whole_then_stops_the_old_one(
+    api: Api, tmp_path: Path, runtimes: list[ProcessRuntime]
+) -> None:
+    admin = api.login()
+    launchers = [StageLauncher(rt) for rt in runtimes]
+
+    async def scenario(agents: list[Agent]) -> None:
+        gang = await start_gang(api, agents, admin)
+        olds = {t.rank: t for t in rows(api, gang.group_id)}
+        old_pids = [rt.pid(o.id) for o in olds.values() for rt in runtimes if rt.pid(o.id)]
+        assert len(old_pids) == 2 and all(alive(p) for p in old_pids)
+        put_update(gang)
+        seen_both_gangs = False
+        deadline = time.monotonic() + 60
+        while rollout(api, admin, gang.group_id)[0] != "done":
+            assert time.monotonic() < deadline, rollout(api, admin, gang.group_id)
+            await drive(gang, 2.0)
+            now = rows(api, gang.group_id)
+            cands = [t for t in now if t.replaced_by == CANDIDATE]
+            if len(cands) == 2 and {c.status for c in cands} == {"running"}:
+                # the new gang runs whole beside the old, which still serves
+                assert {olds[r].id for r in (0, 1)} <= {
+                    t.id for t in now if t.status == "running" and t.replaced_by == ""
+                }
+                seen_both_gangs = True
+            # only the stage that serves is drained; the headless one never is
+            assert not any(t.draining for t in now if t.rank == 1)
+        assert seen_both_gangs
+        now = rows(api, gang.group_id)
+        current = sorted((t for t in now if t.replaced_by == ""), key=lambda t: t.rank)
+        assert [(t.rank, t.generation, t.status) for t in current] == [
+            (0, 2, "running"),
+            (1, 2, "running"),
+        ]
+        assert all(t.engine_args == NEW_ARGS for t in current)
+        # one placement and one rendezvous for the new gang, the same on both stages
+        gangs = [a.local[t.id].task.gang for t in current for a in agents if t.id in a.local]
+        assert len(gangs) == 2 and gangs[0] is not None and gangs[1] is not None
+        assert (gangs[0]["master_addr"], gangs[0]["master_port"]) == (
+            gangs[1]["master_addr"],
+            gangs[1]["master_port"],
+        )
+        # the old gang stopped whole, replaced rank by rank by the new one
+        for rank, old in olds.items():
+            was = next(t for t in now if t.id == old.id)
+            assert was.replaced_by == current[rank].id
+            assert was.status in ("stopping", "stopped")
+        for _ in range(3):
+            await drive(gang)
+        assert {
+            next(t for t in rows(api, gang.group_id) if t.id == o.id).status
+            for o in olds.values()
+        } == {"stopped"}
+        assert not any(alive(p) for p in old_pids), "an old stage kept running"
+
+    on_two_agents(api, tmp_path, launchers, scenario)
 
 
 @pytest.mark.feature("G3")
@@ -164,41 +178,34 @@ def test_a_new_gang_that_fails_rolls_back_at_once_and_the_old_gang_serves_on(
 ) -> None:
     admin = api.login()
     launchers = [FailingLauncher(rt) for rt in runtimes]
-    agents = [
-        make_agent(api, tmp_path, f"gang-{n}", la) for n, la in zip("ab", launchers, strict=True)
-    ]
 
-    async def run() -> None:
-        try:
-            gang = await start_gang(api, agents, admin)
-            olds = {t.id for t in rows(api, gang.group_id)}
-            put_update(gang)
-            deadline = time.monotonic() + 60
-            while rollout(api, admin, gang.group_id)[0] != "failed":
-                assert time.monotonic() < deadline, rollout(api, admin, gang.group_id)
-                await drive(gang, 2.0)
-                now = rows(api, gang.group_id)
-                for t in now:  # the old gang serves throughout: never drained nor stopped
-                    if t.id in olds:
-                        assert (t.status, t.draining, t.replaced_by) == ("running", False, "")
-            _, message = rollout(api, admin, gang.group_id)
-            assert "rolling back" in message or "rolled back" in message, message
-            assert "failed 4 times" not in message and "exited" in message, message
+    async def scenario(agents: list[Agent]) -> None:
+        gang = await start_gang(api, agents, admin)
+        olds = {t.id for t in rows(api, gang.group_id)}
+        put_update(gang)
+        deadline = time.monotonic() + 60
+        while rollout(api, admin, gang.group_id)[0] != "failed":
+            assert time.monotonic() < deadline, rollout(api, admin, gang.group_id)
+            await drive(gang, 2.0)
             now = rows(api, gang.group_id)
-            news = [t for t in now if t.id not in olds]
-            assert len(news) == 2  # one attempt: no stage retried alone
-            for _ in range(3):
-                await drive(gang)
-            news = [t for t in rows(api, gang.group_id) if t.id not in olds]
-            assert {t.status for t in news} <= {"stopped", "failed"}, [
-                (t.rank, t.status) for t in news
-            ]
-            assert gang.statuses() == ["running", "running"]
-        finally:
-            for a in agents:
-                await a.client.aclose()
+            for t in now:  # the old gang serves throughout: never drained nor stopped
+                if t.id in olds:
+                    assert (t.status, t.draining, t.replaced_by) == ("running", False, "")
+        _, message = rollout(api, admin, gang.group_id)
+        assert "rolling back" in message or "rolled back" in message, message
+        assert "failed 4 times" not in message and "exited" in message, message
+        now = rows(api, gang.group_id)
+        news = [t for t in now if t.id not in olds]
+        assert len(news) == 2  # one attempt: no stage retried alone
+        for _ in range(3):
+            await drive(gang)
+        news = [t for t in rows(api, gang.group_id) if t.id not in olds]
+        assert {t.status for t in news} <= {"stopped", "failed"}, [
+            (t.rank, t.status) for t in news
+        ]
+        assert gang.statuses() == ["running", "running"]
 
-    asyncio.run(run())
+    on_two_agents(api, tmp_path, launchers, scenario)
 
 
 @pytest.mark.feature("G3")
@@ -207,36 +214,29 @@ def test_a_recreate_stops_the_old_gang_whole_then_starts_the_new_one_whole(
 ) -> None:
     admin = api.login()
     launchers = [StageLauncher(rt) for rt in runtimes]
-    agents = [
-        make_agent(api, tmp_path, f"gang-{n}", la) for n, la in zip("ab", launchers, strict=True)
-    ]
 
-    async def run() -> None:
-        try:
-            gang = await start_gang(api, agents, admin)
-            olds = {t.id for t in rows(api, gang.group_id)}
-            r = api.client.put(
-                f"/api/v1/task-groups/{gang.group_id}/update",
-                json={"engine_args": NEW_ARGS, "strategy": "recreate"},
-                headers=admin,
-            )
-            assert r.status_code == 200, r.text
-            deadline = time.monotonic() + 60
-            while rollout(api, admin, gang.group_id)[0] != "done":
-                assert time.monotonic() < deadline, rollout(api, admin, gang.group_id)
-                await drive(gang, 2.0)
-                now = rows(api, gang.group_id)
-                assert not any(t.draining for t in now if t.rank == 1)
-                live_old = [t for t in now if t.id in olds and t.status == "running"]
-                live_new = [t for t in now if t.id not in olds and t.status == "running"]
-                assert not (live_old and live_new), "two generations of a gang ran together"
-            current = sorted(
-                (t for t in rows(api, gang.group_id) if t.replaced_by == ""),
-                key=lambda t: t.rank,
-            )
-            assert [(t.generation, t.status) for t in current] == [(2, "running")] * 2
-        finally:
-            for a in agents:
-                await a.client.aclose()
+    async def scenario(agents: list[Agent]) -> None:
+        gang = await start_gang(api, agents, admin)
+        olds = {t.id for t in rows(api, gang.group_id)}
+        r = api.client.put(
+            f"/api/v1/task-groups/{gang.group_id}/update",
+            json={"engine_args": NEW_ARGS, "strategy": "recreate"},
+            headers=admin,
+        )
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 60
+        while rollout(api, admin, gang.group_id)[0] != "done":
+            assert time.monotonic() < deadline, rollout(api, admin, gang.group_id)
+            await drive(gang, 2.0)
+            now = rows(api, gang.group_id)
+            assert not any(t.draining for t in now if t.rank == 1)
+            live_old = [t for t in now if t.id in olds and t.status == "running"]
+            live_new = [t for t in now if t.id not in olds and t.status == "running"]
+            assert not (live_old and live_new), "two generations of a gang ran together"
+        current = sorted(
+            (t for t in rows(api, gang.group_id) if t.replaced_by == ""),
+            key=lambda t: t.rank,
+        )
+        assert [(t.generation, t.status) for t in current] == [(2, "running")] * 2
 
-    asyncio.run(run())
+    on_two_agents(api, tmp_path, launchers, scenario)
