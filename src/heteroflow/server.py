@@ -5,6 +5,12 @@ shared secrets; ``ServerApp`` wires the services, the FastAPI app, the gateway a
 controller table (``controllers.table``) together; ``serve`` runs uvicorn on a socket
 we bind ourselves (so port 0 works for tests) beside one loop per controller, and stops
 everything on one event.
+
+``heteroflow server --workers N`` (issue 31) runs N of them, each a whole instance
+(its elector, its row in ``GET /servers``, its embedded gateway and snapshot) forked
+by ``heteroflow.workers.Supervisor`` on one socket. The loops one per host suffices for
+(``PER_HOST_LOOPS``) run in the primary worker only (``per_host_loops=False`` in the
+others); the in-flight table of the embedded gateways is shared (``inflight``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from heteroflow.core.engine_access import ENGINE_KEY_SECRET, engine_key
 from heteroflow.db.engine import Database, migrate
 from heteroflow.gateway.app import GatewayApp
 from heteroflow.gateway.policy.usage import UsageCollector
+from heteroflow.gateway.routing.inflight import InFlight
 from heteroflow.logs import register_secrets
 from heteroflow.private_files import private_dir
 from heteroflow.schemas.routing import SnapshotHolder
@@ -45,10 +52,27 @@ from heteroflow.services.identity.auth import (
 from heteroflow.services.metrics import LeaderState, ServerMetrics, read_fleet_counts
 from heteroflow.services.tenancy.registry_credentials import Sealer
 from heteroflow.services.tenancy.usage import DbUsageSink
-from heteroflow.serving import http_server
+from heteroflow.serving import http_server, shared_listener
 from heteroflow.settings import ServerSettings
+from heteroflow.workers import (
+    ACCEPT_BATCH,
+    say_ready_when,
+    stop_accepting,
+    worker_headers,
+)
 
 log = logging.getLogger(__name__)
+
+# Every-instance loops that one process per host suffices for: a worker of
+# ``heteroflow server --workers N`` other than the primary leaves them out (the
+# scheduler's rounds are safe side by side — SKIP LOCKED — but N of them on one host
+# only contend for the same queue). The leader-only loops stay in every worker (they
+# run only where the lease is); the snapshot publisher too (each worker's gateway
+# serves its own snapshot), and the rollouts (each drives the ones it took).
+PER_HOST_LOOPS = frozenset({"scheduler"})
+# A worker that has not said it is ready by then is counted ready anyway (a restart
+# stops the old generation only then).
+WORKER_READY_WAIT_S = 30.0
 
 
 class TlsFilesUnusable(ValueError):
@@ -67,6 +91,19 @@ class Started:
     tokens: Tokens
     # H7: registry passwords sealed under a key derived from the same platform secret
     sealer: Sealer
+
+
+def tls_problem(settings: ServerSettings) -> str | None:
+    """Why the TLS certificate and key cannot serve (None: they can, or no TLS): a
+    parent of workers checks before forking, as ``serve`` does before serving."""
+    if settings.tls_cert_file is None:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(str(settings.tls_cert_file), str(settings.tls_key_file or ""))
+    except (OSError, ssl.SSLError) as exc:
+        return f"HETEROFLOW_TLS_CERT_FILE / HETEROFLOW_TLS_KEY_FILE: {exc}"
+    return None
 
 
 def start(settings: ServerSettings, clock: Clock) -> Started:
@@ -112,9 +149,11 @@ class ServerApp:
 
     def __init__(
         self, settings: ServerSettings, clock: Clock | None = None,
-        started: Started | None = None,
+        started: Started | None = None, *,
+        inflight: InFlight | None = None, per_host_loops: bool = True,
     ) -> None:
         self.settings = settings
+        self.per_host_loops = per_host_loops
         self.clock = clock = clock or SystemClock()
         st = started or start(settings, clock)
         self.db, self.bootstrap, self.node_tokens = st.db, st.bootstrap, st.node_tokens
@@ -138,7 +177,7 @@ class ServerApp:
             max_records=settings.usage_flush_max_records,
         )
         self.gateway = GatewayApp.from_settings(
-            settings, self.holder, usage=self.usage, clock=clock
+            settings, self.holder, usage=self.usage, clock=clock, inflight=inflight
         )
         # F4, F6: the embedded gateway wakes sleeping services in this process
         self.gateway.hold.link = EmbeddedServerLink(
@@ -193,8 +232,18 @@ class ServerApp:
         sock: socket.socket,
         *,
         extra: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] | None = None,
+        ready_fd: int | None = None,
     ) -> None:
-        server = http_server(self.asgi)
+        """Serve ``sock`` until ``stop``; ``ready_fd`` given: as a worker of
+        ``heteroflow.workers.Supervisor`` (its pid on every answer, its own descriptor
+        of the parent's socket, ready said once serving, a stop that first stops
+        accepting)."""
+        worker = ready_fd is not None
+        if worker:
+            sock = shared_listener(sock)
+            server = http_server(self.asgi, headers=worker_headers(), accept_batch=ACCEPT_BATCH)
+        else:
+            server = http_server(self.asgi)
         if self.settings.tls_cert_file is not None:  # issue 18: https on this port
             server.config.ssl_certfile = str(self.settings.tls_cert_file)
             server.config.ssl_keyfile = str(self.settings.tls_key_file or "")
@@ -208,11 +257,17 @@ class ServerApp:
         host, port = sock.getsockname()[:2]
         self.leadership.listening_on(str(host), int(port))
         # one loop per row of the table, the elector first
-        loops = [self._loop(c, stop) for c in self.controllers]
+        skip: frozenset[str] = frozenset() if self.per_host_loops else PER_HOST_LOOPS
+        loops = [self._loop(c, stop) for c in self.controllers if c.name not in skip]
         loops.append(asyncio.create_task(self.usage.run(stop)))  # usage batches (M7)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         extras = [asyncio.create_task(fn(stop)) for fn in (extra or [])]
+        if ready_fd is not None:
+            ready = say_ready_when(server, ready_fd, WORKER_READY_WAIT_S)
+            loops.append(asyncio.create_task(ready))
         await stop.wait()
+        if worker:  # the other workers take what is queued on the socket meanwhile
+            await stop_accepting(server)
         # extras first (the in-process agent stops its engines while the API still answers)
         await asyncio.gather(*extras, return_exceptions=True)
         server.should_exit = True

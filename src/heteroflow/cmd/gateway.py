@@ -2,7 +2,7 @@
 over HTTP) or, standalone, routes from a file.
 
 ``--workers N`` (issue 31): N such gateways forked by a supervising parent that binds
-the port once (``gateway.workers``: pre-fork, restarts, SIGTERM, SIGHUP) and shares one
+the port once (``heteroflow.workers``: pre-fork, restarts, SIGTERM, SIGHUP) and shares one
 table of requests in flight per backend between them (``routing.inflight``). N > 1
 needs Redis (``HETEROFLOW_REDIS_URL``): rate limits, quotas and idempotency keys are
 exact across processes only there, and a gateway that silently let each worker keep
@@ -39,7 +39,6 @@ from heteroflow.gateway.policy.usage import (
 from heteroflow.gateway.routing.inflight import InFlight, SharedInFlight
 from heteroflow.gateway.routing.poller import SnapshotPoller
 from heteroflow.gateway.routing.routes_file import RoutesFileError, RoutesFileWatcher
-from heteroflow.gateway.workers import Supervisor, default_workers, say_ready
 from heteroflow.logs import register_secrets
 from heteroflow.schemas.routing import EMPTY_SNAPSHOT, SnapshotHolder
 from heteroflow.serving import (
@@ -50,6 +49,14 @@ from heteroflow.serving import (
     shared_listener,
 )
 from heteroflow.settings import ServerSettings
+from heteroflow.workers import (
+    ACCEPT_BATCH,
+    Supervisor,
+    default_workers,
+    say_ready_when,
+    stop_accepting,
+    worker_headers,
+)
 
 Source = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
@@ -84,22 +91,8 @@ def run(a: argparse.Namespace) -> int:
     return _run_workers(a, token, workers)
 
 
-WORKER_HEADER = "x-heteroflow-worker"  # on every answer of a worker: its pid
-# A stopping worker stops accepting this long before uvicorn's shutdown, which closes
-# every connection without a request under way: one accepted a moment before, its
-# request not read yet, would be closed unanswered (measured in a SIGHUP under load).
-# Other workers take what is queued on the shared socket meanwhile.
-STOP_ACCEPT_GRACE_S = 0.5
-# asyncio accepts up to this many connections per wake-up of a worker (its default: the
-# listen backlog, 2,048). A burst of new connections then spreads over the workers
-# instead of landing on the first one awake (bench/gateway_workers.py, 32 new keep-alive
-# connections at once: 100/0 over 2 workers with the default, 50/50 with 1); the other
-# workers are woken for each connection anyway.
-ACCEPT_BATCH = 1
-
-
 def _run_workers(a: argparse.Namespace, token: str, workers: int) -> int:
-    """The parent of ``workers`` gateway processes (``gateway.workers.Supervisor``)."""
+    """The parent of ``workers`` gateway processes (``heteroflow.workers.Supervisor``)."""
 
     def check() -> str | None:
         return _routes_problem(a.routes) if a.routes else None
@@ -197,7 +190,7 @@ async def _run_gateway(
         server = http_server(app, lifespan="off")
     else:  # a worker: its own descriptor of the shared socket, a few accepts per wake-up
         sock = shared_listener(sock)
-        headers = [(WORKER_HEADER, str(os.getpid()))]
+        headers = worker_headers()
         server = http_server(app, lifespan="off", headers=headers, accept_batch=ACCEPT_BATCH)
     app.start()  # probes and scrapes follow the snapshot from now on
     background = [asyncio.create_task(source(stop))]
@@ -215,10 +208,16 @@ async def _run_gateway(
         print(f"HeteroFlow gateway listening on {url}", flush=True)
     else:
         wait_s = 2 * settings.gateway_poll_interval_s + 5.0
-        background.append(asyncio.create_task(_say_ready(server, holder, ready_fd, wait_s)))
+
+        # ready once it serves and has routes (a server's first snapshot; a routing
+        # file's are loaded before serving)
+        def routed() -> bool:
+            return holder.current is not EMPTY_SNAPSHOT
+
+        background.append(asyncio.create_task(say_ready_when(server, ready_fd, wait_s, routed)))
     await stop.wait()
     if ready_fd is not None:
-        await _stop_accepting(server)
+        await stop_accepting(server)
     server.should_exit = True
     await asyncio.gather(serving, *background, return_exceptions=True)
     if usage is not None:
@@ -227,23 +226,3 @@ async def _run_gateway(
     if shared is not None:
         shared.write()  # every request it answered stays in the workers' sum
     return 0
-
-
-async def _say_ready(server: Any, holder: SnapshotHolder, ready_fd: int, wait_s: float) -> None:
-    """A worker is ready once it serves and has routes (a server's first snapshot; a
-    routing file's are loaded before serving) — or after ``wait_s`` without them: a
-    restart stops the old workers only then (``gateway.workers``)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while not server.started or holder.current is EMPTY_SNAPSHOT:
-        if loop.time() > deadline:
-            break
-        await asyncio.sleep(0.05)
-    say_ready(ready_fd)
-
-
-async def _stop_accepting(server: Any) -> None:
-    """A worker's graceful stop, first step (see ``STOP_ACCEPT_GRACE_S``)."""
-    for listener in getattr(server, "servers", ()):
-        listener.close()
-    await asyncio.sleep(STOP_ACCEPT_GRACE_S)

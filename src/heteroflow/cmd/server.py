@@ -1,22 +1,48 @@
 """``heteroflow server``: builds the server (``heteroflow.server.ServerApp``: API,
-controllers, gateway on one port) from the HETEROFLOW_* settings and serves it."""
+controllers, gateway on one port) from the HETEROFLOW_* settings and serves it.
+
+``--workers N`` (issue 31): N such server processes forked by a supervising parent that
+binds the port once (``heteroflow.workers``: pre-fork, restarts, SIGTERM, SIGHUP), each
+a whole instance on the one database — as N servers side by side, behind one port. The
+parent migrates the database and bootstraps the first admin before forking (once, the
+admin password printed once); the primary worker alone runs the loops one per host
+suffices for (``server.PER_HOST_LOOPS``); the embedded gateways share one in-flight
+table (``routing.inflight``). N > 1 needs PostgreSQL (SQLite takes one writer at a time,
+and a second process on the data directory's file is what the instance lock refuses)
+and Redis (the embedded gateway's rate limits, quotas and idempotency keys are exact
+across processes only there: the rule of ``heteroflow gateway --workers``). The default
+is 1, the process of before: an upgrade changes nothing, and N workers hold N pools of
+database connections (up to 20 each), which a PostgreSQL sized for one server may not
+have.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import sys
 
 from heteroflow.cmd import instance_lock
-from heteroflow.server import ServerApp, TlsFilesUnusable
+from heteroflow.core.clock import SystemClock
+from heteroflow.gateway.routing.inflight import SharedInFlight
+from heteroflow.server import ServerApp, Started, TlsFilesUnusable, start, tls_problem
 from heteroflow.serving import bind, install_stop_signals, settle_heap
 from heteroflow.settings import ServerSettings
+from heteroflow.workers import Supervisor
 
 
 def run(a: argparse.Namespace) -> int:
     given = {"host": a.host, "port": a.port, "tls_cert_file": a.tls_cert, "tls_key_file": a.tls_key}
     overrides = {k: v for k, v in given.items() if v is not None}
     settings = ServerSettings(**overrides)
+    workers: int = getattr(a, "workers", None) or 1
+    if workers > 1:
+        problem = workers_problem(settings, workers)
+        if problem is not None:
+            print(f"heteroflow server: {problem}", file=sys.stderr)
+            return 2
+        return _run_workers(settings, workers)
     lock = _lock(settings)
     try:
         asyncio.run(_serve(settings, lock))
@@ -27,6 +53,23 @@ def run(a: argparse.Namespace) -> int:
         if lock is not None:
             lock.release()
     return 0
+
+
+def workers_problem(settings: ServerSettings, workers: int) -> str | None:
+    """Why ``--workers`` cannot be ``workers`` with these settings (None: it can)."""
+    url = settings.database_url
+    if not url or url.startswith("sqlite"):
+        return (
+            f"--workers {workers} needs PostgreSQL (HETEROFLOW_DATABASE_URL): SQLite takes "
+            "one writer process at a time (else --workers 1)"
+        )
+    if not settings.redis_url:
+        return (
+            f"--workers {workers} needs HETEROFLOW_REDIS_URL: the gateway's rate limits, "
+            "quotas and idempotency keys are exact across workers only through Redis "
+            "(else --workers 1)"
+        )
+    return tls_problem(settings)
 
 
 def _lock(settings: ServerSettings) -> instance_lock.InstanceLock | None:
@@ -41,18 +84,26 @@ def _lock(settings: ServerSettings) -> instance_lock.InstanceLock | None:
     return instance_lock.acquire(settings.data_dir, "server", url)
 
 
-async def _serve(settings: ServerSettings, lock: instance_lock.InstanceLock | None) -> None:
-    app = ServerApp(settings)
-    if app.bootstrap.admin_password_generated:
-        print(f"admin password (shown once): {app.bootstrap.admin_password_generated}")
+def _say_started(settings: ServerSettings, admin_password: str | None) -> None:
+    if admin_password:
+        print(f"admin password (shown once): {admin_password}")
     if not settings.node_token:
         print(
             "node token: kept in the database (`heteroflow rotate-node-token --show` prints "
             "it; or set HETEROFLOW_NODE_TOKEN); agents need the same value"
         )
-    sock = bind(settings.host, settings.port)
+
+
+def _url(settings: ServerSettings, port: int) -> str:
     scheme = "https" if settings.tls_cert_file is not None else "http"  # issue 18
-    url = f"{scheme}://{settings.host}:{sock.getsockname()[1]}"
+    return f"{scheme}://{settings.host}:{port}"
+
+
+async def _serve(settings: ServerSettings, lock: instance_lock.InstanceLock | None) -> None:
+    app = ServerApp(settings)
+    _say_started(settings, app.bootstrap.admin_password_generated)
+    sock = bind(settings.host, settings.port)
+    url = _url(settings, sock.getsockname()[1])
     if lock is not None:
         lock.describe(url)
     print(f"HeteroFlow server listening on {url}", flush=True)
@@ -60,3 +111,44 @@ async def _serve(settings: ServerSettings, lock: instance_lock.InstanceLock | No
     install_stop_signals(stop)
     settle_heap()  # the server's gateway serves on this loop too
     await app.serve(stop, sock)
+
+
+def _run_workers(settings: ServerSettings, workers: int) -> int:
+    """The parent of ``workers`` server processes (``heteroflow.workers.Supervisor``)."""
+    started = start(settings, SystemClock())  # migrated and bootstrapped once, here
+    _say_started(settings, started.bootstrap.admin_password_generated)
+    started.db.dispose()  # no connection crosses the fork: each worker opens its own
+    sock = bind(settings.host, settings.port)
+    table = SharedInFlight(2 * workers)  # a column per worker, old and new during a restart
+
+    def child(column: int, ready_fd: int) -> int:
+        primary = column % workers == 0  # column 0, or its successor during a restart
+        inflight = table.for_worker(column)
+        asyncio.run(_serve_worker(settings, started, sock, inflight, primary, ready_fd))
+        return 0
+
+    def ready() -> None:
+        url = _url(settings, sock.getsockname()[1])
+        print(f"HeteroFlow server listening on {url} ({workers} workers)", flush=True)
+
+    supervisor = Supervisor(workers, child, on_dead=table.clear, on_stop=sock.close, name="server")
+    try:
+        return supervisor.run(on_ready=ready)
+    finally:
+        sock.close()
+
+
+async def _serve_worker(
+    settings: ServerSettings,
+    started: Started,
+    sock: socket.socket,
+    inflight: SharedInFlight,
+    primary: bool,
+    ready_fd: int,
+) -> None:
+    """One worker: a whole server instance on the parent's socket."""
+    app = ServerApp(settings, started=started, inflight=inflight, per_host_loops=primary)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    settle_heap()
+    await app.serve(stop, sock, ready_fd=ready_fd)

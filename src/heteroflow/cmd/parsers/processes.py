@@ -88,6 +88,14 @@ def _server(sub: Subparsers) -> None:
         "--tls-key", default=None, metavar="PEM",
         help="the certificate's private key (default: $HETEROFLOW_TLS_KEY_FILE)",
     )
+    # issue 31: N server processes on one port (docs/operations.md)
+    srv.add_argument(
+        "--workers",
+        type=count(1, 256),
+        default=1,
+        help="server processes sharing the port, each a whole instance (default: 1; "
+        "more need PostgreSQL and $HETEROFLOW_REDIS_URL)",
+    )
     srv.set_defaults(root="heteroflow.cmd.server")
 
 

@@ -1,5 +1,6 @@
-"""``heteroflow gateway --workers N`` (issue 31): N gateway processes on one port, and the
-parent that supervises them.
+"""``--workers N`` (issue 31): N processes on one port, and the parent that supervises
+them — ``heteroflow gateway`` (each worker a whole gateway) and ``heteroflow server``
+(each worker a whole server instance) share it.
 
 Pre-fork, not SO_REUSEPORT. The parent binds the listening socket once and forks the
 workers, which inherit it: one accept queue that every worker takes connections from.
@@ -16,21 +17,24 @@ workers, which inherit it: one accept queue that every worker takes connections 
 The parent runs no event loop and no threads. It blocks SIGCHLD, SIGTERM, SIGINT and
 SIGHUP and takes them with ``sigtimedwait``:
 
-* SIGCHLD, a worker died: its column of the shared in-flight table is zeroed and a new
-  worker is forked in its place (one second later if it lived less than two);
+* SIGCHLD, a worker died: ``on_dead(column)`` runs (the gateway zeroes its column of the
+  shared in-flight table) and a new worker is forked in its place (one second later if
+  it lived less than two);
 * SIGTERM / SIGINT: forwarded (as SIGTERM) to every worker, each of which stops
-  accepting and finishes its requests in flight (``serving.install_stop_signals``); the
-  parent exits when the last one has. A second one kills the workers (SIGKILL);
-* SIGHUP, a graceful restart: ``check`` runs first (a routing file that no longer loads
-  keeps the old workers, said in one line); then N new workers start, and once each has
-  said it is ready (serving, with routes) — or after ``ready_timeout_s`` — the old ones
-  are stopped as by SIGTERM.
+  accepting and finishes its requests in flight (``stop_accepting``, then the process's
+  own stop); the parent exits when the last one has. A second one kills the workers
+  (SIGKILL);
+* SIGHUP, a graceful restart: ``check`` runs first (a gateway's routing file that no
+  longer loads keeps the old workers, said in one line); then N new workers start, and
+  once each has said it is ready (``say_ready``) — or after ``ready_timeout_s`` — the
+  old ones are stopped as by SIGTERM.
 
 A worker says it is ready by writing its pid to a pipe the parent reads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import logging
@@ -40,6 +44,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +53,20 @@ _SIGNALS = {signal.SIGCHLD, signal.SIGHUP, *STOP_SIGNALS}
 _QUICK_DEATH_S = 2.0  # a worker that lived less is restarted after RESTART_DELAY_S
 RESTART_DELAY_S = 1.0
 _PR_SET_PDEATHSIG = 1
+
+# -- what a worker does (the same in a gateway's and a server's) ------------------------
+WORKER_HEADER = "x-heteroflow-worker"  # on every answer of a worker: its pid
+# A stopping worker stops accepting this long before uvicorn's shutdown, which closes
+# every connection without a request under way: one accepted a moment before, its
+# request not read yet, would be closed unanswered (measured in a SIGHUP under load).
+# Other workers take what is queued on the shared socket meanwhile.
+STOP_ACCEPT_GRACE_S = 0.5
+# asyncio accepts up to this many connections per wake-up of a worker (its default: the
+# listen backlog, 2,048). A burst of new connections then spreads over the workers
+# instead of landing on the first one awake (bench/gateway_workers.py, 32 new keep-alive
+# connections at once: 100/0 over 2 workers with the default, 50/50 with 1); the other
+# workers are woken for each connection anyway.
+ACCEPT_BATCH = 1
 
 # child(column, ready_fd) -> exit status, run in the forked worker
 Child = Callable[[int, int], int]
@@ -82,7 +101,9 @@ class Supervisor:
         check: Callable[[], str | None] = lambda: None,
         on_stop: Callable[[], None] = lambda: None,
         ready_timeout_s: float = 30.0,
+        name: str = "gateway",
     ) -> None:
+        self.name = name  # the process's name in the parent's lines ("gateway: ...")
         self.workers = workers
         self.columns = 2 * workers
         self._child = child
@@ -154,12 +175,12 @@ class Supervisor:
 
     def _begin_restart(self) -> None:
         if self._restart_started is not None:
-            print("gateway: a restart is already under way", file=sys.stderr, flush=True)
+            print(f"{self.name}: a restart is already under way", file=sys.stderr, flush=True)
             return
         problem = self._check()
         if problem is not None:
             print(
-                f"gateway: restart refused, the old workers go on: {problem}",
+                f"{self.name}: restart refused, the old workers go on: {problem}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -205,7 +226,7 @@ class Supervisor:
                 continue  # stopped on purpose
             lived = time.monotonic() - w.started
             print(
-                f"gateway: worker {pid} {_how(status)} after {lived:.1f} s; starting another",
+                f"{self.name}: worker {pid} {_how(status)} after {lived:.1f} s; starting another",
                 file=sys.stderr,
                 flush=True,
             )
@@ -247,7 +268,7 @@ class Supervisor:
                 signal.pthread_sigmask(signal.SIG_SETMASK, self._child_mask)
                 code = self._child(column, self._ready_w)
             except BaseException:  # the worker's last word, then exit
-                logger.exception("gateway worker failed")
+                logger.exception("%s worker failed", self.name)
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -259,6 +280,34 @@ def say_ready(ready_fd: int) -> None:
     """In a worker: tell the parent this worker serves (with routes)."""
     with contextlib.suppress(OSError):
         os.write(ready_fd, b"%d\n" % os.getpid())
+
+
+def worker_headers() -> list[tuple[str, str]]:
+    """The headers uvicorn adds to every answer of this worker (its pid)."""
+    return [(WORKER_HEADER, str(os.getpid()))]
+
+
+async def say_ready_when(
+    server: Any, ready_fd: int, wait_s: float, also: Callable[[], bool] = lambda: True
+) -> None:
+    """Say ready once uvicorn ``server`` serves and ``also()`` holds — or after
+    ``wait_s`` without: a restart stops the old workers only then."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while not (server.started and also()):
+        if loop.time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    say_ready(ready_fd)
+
+
+async def stop_accepting(server: Any) -> None:
+    """A worker's graceful stop, first step (see ``STOP_ACCEPT_GRACE_S``): uvicorn
+    ``server`` closes its listeners, and what is queued on the shared socket goes to
+    the other workers; the caller then stops uvicorn (requests in flight finish)."""
+    for listener in getattr(server, "servers", ()):
+        listener.close()
+    await asyncio.sleep(STOP_ACCEPT_GRACE_S)
 
 
 def default_workers() -> int:
