@@ -35,9 +35,16 @@ The same ramp then runs with two servers on the same database (``--servers 1,2``
 agents split between them (even to the first, odd to the second), as two instances
 behind a load balancer would see them.
 
+``--workers 1,2`` (issue 31, item 5) runs each server count with each worker count:
+``heteroflow server --workers N``, N processes on one port (PostgreSQL and Redis:
+``$HETEROFLOW_BENCH_REDIS``, default ``redis://127.0.0.1:6379/0``). A server's CPU is
+its parent's and every worker's (the process tree, read at each measurement).
+
 CPU pinning (``--pin``): ``auto`` puts the servers on every CPU but the last and this
-load generator on the last, when there are more CPUs than servers (on 2 cores: one
-server on CPU 0 and the load on CPU 1; two servers are not pinned); PostgreSQL is never
+load generator on the last, when there are more CPUs than server processes (servers x
+workers; on 2 cores: one server of one worker on CPU 0 and the load on CPU 1; two
+servers, or one of two workers, are not pinned: a worker pinned to a CPU with the other
+would leave the second core to the load and PostgreSQL alone); PostgreSQL is never
 pinned. ``none`` pins nothing; ``S:L`` gives CPU lists (``0:1``, ``0-2:3``).
 
 ``--spread-s S`` gives the agents' phases in [0, S) instead of the whole interval: the
@@ -90,6 +97,7 @@ from heteroflow.testing import clusters
 from heteroflow.testing.bench import ADMIN_URL, fresh_database, percentile
 
 NODE_TOKEN = "bench-node-token"  # noqa: S105 - a throw-away server's
+REDIS_URL = os.environ.get("HETEROFLOW_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 P99_LIMIT_MS = 50.0
 HEARTBEAT_PATH = "/api/v1/agent/heartbeat"
 # what the real agent uses unless configured otherwise
@@ -283,9 +291,10 @@ class Server:
 
 def start_server(
     db_url: str, workdir: Path, index: int, cpus: list[int] | None,
-    extra_env: dict[str, str] | None = None,
+    extra_env: dict[str, str] | None = None, workers: int = 1,
 ) -> Server:
-    """``heteroflow server`` on a free port, pinned to ``cpus``; waits for /healthz."""
+    """``heteroflow server`` (``--workers``) on a free port, pinned to ``cpus``; waits
+    until it says it listens (every worker ready) and answers /healthz."""
     port = free_port()
     log = workdir / f"server{index}.log"
     env = {
@@ -294,13 +303,16 @@ def start_server(
         "HETEROFLOW_DATA_DIR": str(workdir / f"server{index}"),
         "HETEROFLOW_NODE_TOKEN": NODE_TOKEN,
         "HETEROFLOW_ADMIN_PASSWORD": "bench-admin-password",
+        **({"HETEROFLOW_REDIS_URL": REDIS_URL} if workers > 1 else {}),
         **(extra_env or {}),
     }
     pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+    argv = [sys.executable, "-m", "heteroflow.cli", "server", "--port", str(port)]
+    if workers > 1:
+        argv += ["--workers", str(workers)]
     with open(log, "wb") as out:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "heteroflow.cli", "server", "--port", str(port)],
-            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=workdir, preexec_fn=pin,
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=workdir, preexec_fn=pin,
         )
     srv = Server(f"http://127.0.0.1:{port}", popen, log)
     deadline = time.monotonic() + 60
@@ -308,7 +320,8 @@ def start_server(
         if popen.poll() is not None:
             raise SystemExit(f"server {index} exited ({popen.returncode}):\n{srv.tail()}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(srv.url + "/healthz", timeout=1).status_code == 200:
+            said = "listening on" in log.read_text(errors="replace")
+            if said and httpx.get(srv.url + "/healthz", timeout=1).status_code == 200:
                 return srv
         time.sleep(0.2)
     srv.stop()
@@ -316,8 +329,9 @@ def start_server(
 
 
 class CpuMeter:
-    """User+system CPU seconds of the server processes and of the PostgreSQL backends
-    serving ``db_name`` (each backend counted from when it is first seen)."""
+    """User+system CPU seconds of the server processes (each with its workers: the
+    process tree, read at every call) and of the PostgreSQL backends serving ``db_name``
+    (each backend counted from when it is first seen)."""
 
     def __init__(self, pids: list[int], db_name: str) -> None:
         self.procs = [psutil.Process(p) for p in pids]
@@ -337,7 +351,21 @@ class CpuMeter:
         return float(t.user + t.system)
 
     def server_s(self) -> float:
-        return sum(self._cpu(p) for p in self.procs)
+        total = 0.0
+        for p in self.procs:
+            total += self._cpu(p)
+            with contextlib.suppress(psutil.Error):
+                total += sum(self._cpu(c) for c in p.children(recursive=True))
+        return total
+
+    def first_worker(self, index: int = 0) -> int:
+        """The pid serving requests for server ``index``: itself, or its first worker."""
+        proc = self.procs[index]
+        with contextlib.suppress(psutil.Error):
+            children = proc.children()
+            if children:
+                return int(min(c.pid for c in children))
+        return int(proc.pid)
 
     def pg_s(self) -> dict[int, float]:
         rows = self.admin.execute(
@@ -419,14 +447,15 @@ async def agent(
 
 
 def py_spy(
-    out: Path | None, pid: int, agents: int, seconds: float
+    out: Path | None, pid: int, agents: int, seconds: float, workers: int = 1
 ) -> subprocess.Popen[bytes] | None:
     """``py-spy record`` of the first server for one step's window (``--profile``):
     collapsed stacks of every thread, including the time they wait on the GIL."""
     if out is None:
         return None
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    dest = out / f"server0-{agents}-agents.txt"
+    of = f"-{workers}-workers" if workers > 1 else ""  # the first worker's
+    dest = out / f"server0{of}-{agents}-agents.txt"
     return subprocess.Popen(
         [exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
          "--gil", "--format", "raw", "--output", str(dest)],
@@ -450,7 +479,7 @@ async def pg_cpu_during(meter: CpuMeter, seconds: float) -> float:
 
 async def run_ramp(
     servers: list[Server], steps: list[int], step_s: float, meter: CpuMeter, seed: int,
-    profile: Path | None = None, spread_s: float = INTERVAL_S,
+    profile: Path | None = None, spread_s: float = INTERVAL_S, workers: int = 1,
 ) -> list[dict[str, Any]]:
     me = psutil.Process()
     load = Load()
@@ -473,10 +502,11 @@ async def run_ramp(
                 ))
             gc.collect()
             gc.freeze()  # the bodies live to the end: no full collection walks them again
-            print(f"-- {n:,} agents on {len(servers)} server(s): warm-up {warmup_s:.0f} s, "
-                  f"measure {step_s:.0f} s", file=sys.stderr, flush=True)
+            print(f"-- {n:,} agents on {len(servers)} server(s) x {workers} worker(s): "
+                  f"warm-up {warmup_s:.0f} s, measure {step_s:.0f} s",
+                  file=sys.stderr, flush=True)
             await asyncio.sleep(warmup_s)
-            spy = py_spy(profile, servers[0].popen.pid, n, step_s)
+            spy = py_spy(profile, meter.first_worker(0), n, step_s, workers)
             t0, cpu0, me0 = time.perf_counter(), meter.server_s(), me.cpu_times()
             pg_s = await pg_cpu_during(meter, step_s)
             t1, cpu1, me1 = time.perf_counter(), meter.server_s(), me.cpu_times()
@@ -537,7 +567,7 @@ def run_phase(
     n_servers: int, steps: list[int], step_s: float, seed: int,
     pin: tuple[list[int] | None, list[int] | None], cpus: list[int], workdir: Path,
     profile: Path | None = None, server_env: dict[str, str] | None = None,
-    spread_s: float = INTERVAL_S,
+    spread_s: float = INTERVAL_S, workers: int = 1,
 ) -> dict[str, Any]:
     server_cpus, load_cpus = pin
     # this process (threads it starts later inherit it; the last phase's are gone)
@@ -547,13 +577,16 @@ def run_phase(
         servers: list[Server] = []
         try:
             for i in range(n_servers):  # one at a time: the first migrates the database
-                servers.append(start_server(db_url, workdir, i, server_cpus, server_env))
+                servers.append(
+                    start_server(db_url, workdir, i, server_cpus, server_env, workers)
+                )
             meter = CpuMeter([s.popen.pid for s in servers], db_url.rsplit("/", 1)[1])
             try:
                 idle = idle_cpu_pct(meter, 5.0)
                 with asyncio.Runner(loop_factory=_loop_factory()) as runner:
                     ramp = runner.run(
-                        run_ramp(servers, steps, step_s, meter, seed, profile, spread_s)
+                        run_ramp(servers, steps, step_s, meter, seed, profile, spread_s,
+                                 workers)
                     )
                 # the agents are gone, their nodes still online: what the server spends
                 # on a fleet of that size without a single heartbeat (controllers)
@@ -566,7 +599,8 @@ def run_phase(
         finally:
             for s in servers:
                 s.stop()
-    return {"servers": n_servers, "idle_server_cpu_pct": idle, "steps": ramp,
+    return {"servers": n_servers, "workers": workers, "idle_server_cpu_pct": idle,
+            "steps": ramp,
             "held": held(ramp), "no_beats_cpu_pct": fleet_only,
             "no_beats_nodes": max((x["agents"] for x in ramp), default=0),
             "server_cpus": server_cpus, "load_cpus": load_cpus,
@@ -584,11 +618,11 @@ def report(phases: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]
             "loop_lag_p99_ms")
     out: dict[str, Any] = dict(meta)
     for ph in phases:
-        n = ph["servers"]
+        n, w = ph["servers"], ph.get("workers", 1)
         pinned = (f"servers on CPU {ph['server_cpus']}, load on CPU {ph['load_cpus']}"
                   if ph["load_cpus"] else "nothing pinned")
-        print(f"\n{n} server(s) ({pinned}; load average {ph['loadavg_start'][0]} at the "
-              f"start, {ph['loadavg_end'][0]} at the end)")
+        print(f"\n{n} server(s) x {w} worker(s) ({pinned}; load average "
+              f"{ph['loadavg_start'][0]} at the start, {ph['loadavg_end'][0]} at the end)")
         print(f"idle server CPU {ph['idle_server_cpu_pct']}%, "
               f"{ph['no_beats_cpu_pct']}% with {ph['no_beats_nodes']:,} nodes and no "
               f"heartbeats; held: {ph['held']:,} agents at p99 < {P99_LIMIT_MS:.0f} ms")
@@ -597,7 +631,7 @@ def report(phases: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]
             mark = "" if step_ok(s) else "  <- over"
             print("  ".join(f"{s[c]!s:>12}" for c in cols) + mark)
         h = at_held(ph)
-        key = f"{n}_server" + ("s" if n > 1 else "")
+        key = phase_key(n, w)
         out[f"held_agents_{key}"] = ph["held"]
         out[f"p50_ms_at_held_{key}"] = h.get("p50_ms")
         out[f"p99_ms_at_held_{key}"] = h.get("p99_ms")
@@ -616,9 +650,21 @@ def report(phases: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]
         if peak >= 90.0 * cores:
             print(f"\nWARNING: the load generator used {peak}% CPU at its peak: latencies "
                   "at that step are partly its own", file=sys.stderr)
-    one = next((ph for ph in phases if ph["servers"] == 1), None)
-    out["target_2000_agents_p99_50ms_one_server"] = None if one is None else one["held"] >= 2000
+    ones = [ph for ph in phases if ph["servers"] == 1]
+    # met by one server, with whichever worker count held it
+    out["target_2000_agents_p99_50ms_one_server"] = (
+        any(ph["held"] >= 2000 for ph in ones) if ones else None
+    )
+    out["held_agents_one_server_by_workers"] = {
+        str(ph.get("workers", 1)): ph["held"] for ph in ones
+    }
     return out
+
+
+def phase_key(servers: int, workers: int = 1) -> str:
+    """The JSON keys' suffix: ``1_server``, ``2_servers``, ``1_server_2_workers``."""
+    key = f"{servers}_server" + ("s" if servers > 1 else "")
+    return key + (f"_{workers}_workers" if workers > 1 else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -627,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="agent counts to ramp through, comma separated")
     ap.add_argument("--step-s", type=float, default=35.0, help="measured seconds per step")
     ap.add_argument("--servers", default="1,2", help="server counts to run the ramp with")
+    ap.add_argument("--workers", default="1",
+                    help="worker counts of each server (heteroflow server --workers N), "
+                         "comma separated: every server count runs with each")
     ap.add_argument("--pin", default="auto",
                     help="auto | none | SERVER_CPUS:LOAD_CPUS (e.g. 0:1); default %(default)s")
     ap.add_argument("--quick", action="store_true", help="100, 250, 500 agents, 10 s steps")
@@ -646,14 +695,17 @@ def main(argv: list[str] | None = None) -> int:
     steps = [100, 250, 500] if args.quick else [int(n) for n in args.steps.split(",") if n]
     step_s = 10.0 if args.quick else args.step_s
     counts = [1] if args.quick else [int(n) for n in args.servers.split(",") if n]
+    worker_counts = [int(n) for n in args.workers.split(",") if n]
     if not steps or not counts or min(steps) < 1 or min(counts) < 1:
         ap.error("--steps and --servers need positive counts")
+    if not worker_counts or min(worker_counts) < 1:
+        ap.error("--workers needs positive counts")
     server_env = dict(kv.split("=", 1) for kv in args.server_env if "=" in kv)
     if len(server_env) != len(args.server_env):
         ap.error("--server-env takes NAME=VALUE")
     cpus = sorted(os.sched_getaffinity(0))
     try:
-        pins = {n: parse_pin(args.pin, cpus, n) for n in counts}
+        pins = {(n, w): parse_pin(args.pin, cpus, n * w) for n in counts for w in worker_counts}
     except ValueError as exc:
         ap.error(str(exc))
     meta = {
@@ -670,13 +722,14 @@ def main(argv: list[str] | None = None) -> int:
     phases = []
     with tempfile.TemporaryDirectory(prefix="hf-cp-bench-") as tmp:
         for n in counts:
-            profile = args.profile if n == 1 else None
-            phases.append(
-                run_phase(
-                    n, steps, step_s, args.seed, pins[n], cpus, Path(tmp), profile, server_env,
-                    args.spread_s,
+            for w in worker_counts:
+                profile = args.profile if n == 1 else None
+                phases.append(
+                    run_phase(
+                        n, steps, step_s, args.seed, pins[n, w], cpus, Path(tmp), profile,
+                        server_env, args.spread_s, w,
+                    )
                 )
-            )
     print(json.dumps(report(phases, meta)))
     return 0
 

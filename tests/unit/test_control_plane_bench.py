@@ -104,3 +104,33 @@ def test_bad_arguments_stop_before_anything_starts(
         cp.main(argv)
     assert stopped.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_worker_phases_have_keys_of_their_own_and_are_pinned_as_processes() -> None:
+    # issue 31, item 5: a server of two workers is two processes: on 2 cores, not pinned
+    assert cp.phase_key(1) == "1_server" and cp.phase_key(2) == "2_servers"
+    assert cp.phase_key(1, 2) == "1_server_2_workers"
+    assert cp.parse_pin("auto", [0, 1], servers=1 * 2) == (None, None)
+    assert cp.parse_pin("auto", [0, 1, 2], servers=1 * 2) == ([0, 1], [2])
+    phase = {"servers": 1, "workers": 2, "held": 2000, "idle_server_cpu_pct": 1.0,
+             "no_beats_cpu_pct": 2.0, "no_beats_nodes": 2000, "server_cpus": None,
+             "load_cpus": None, "loadavg_start": [0.5], "loadavg_end": [1.0],
+             "steps": [step(agents=2000, p50_ms=3.0, server_cpu_ms_per_beat=1.0,
+                            beats_per_s=400.0, max_ms=20.0, server_cpu_pct=40.0,
+                            pg_cpu_ms_per_beat=0.5, load_cpu_pct=20.0,
+                            loop_lag_p99_ms=1.0)]}
+    one = {**phase, "workers": 1, "held": 1500}
+    out = cp.report([one, phase], {"cpus": 2})
+    assert out["held_agents_1_server"] == 1500
+    assert out["held_agents_1_server_2_workers"] == 2000
+    assert out["held_agents_one_server_by_workers"] == {"1": 1500, "2": 2000}
+    assert out["target_2000_agents_p99_50ms_one_server"] is True
+
+
+def test_bad_worker_counts_stop_before_anything_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        cp.main(["--workers", "0"])
+    assert stopped.value.code == 2
+    assert "--workers" in capsys.readouterr().err
