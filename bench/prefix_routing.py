@@ -56,6 +56,7 @@ from heteroflow.schemas.routing import hash_key
 from heteroflow.testing.up_stack import free_port, wait_for
 
 KEY = "sk-prefix-routing-bench-key"
+DUMP = bool(__import__("os").environ.get("HF_BENCH_DUMP"))
 POLICIES = (("round_robin", "rr"), ("least_connections", "lc"), ("prefix_affinity", "prefix"))
 _VOCABULARY = (
     "report revenue margin quarter region forecast churn pipeline contract renewal "
@@ -163,11 +164,13 @@ def _body(model: str, system: str, question: str, max_tokens: int) -> dict[str, 
 
 async def _one(
     client: httpx.AsyncClient, url: str, body: dict[str, Any]
-) -> tuple[float, float, int, int]:
-    """(TTFT s, latency s, prompt tokens, completion tokens) of one streamed request."""
+) -> tuple[float, float, int, int, int]:
+    """(TTFT s, latency s, prompt tokens, completion tokens, prompt tokens the engine
+    computed: llama.cpp's ``timings.prompt_n``, -1 when absent) of one streamed request."""
     start = time.perf_counter()
     first = 0.0
     prompt = completion = 0
+    computed = -1
     async with client.stream("POST", url, json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{r.status_code}: {(await r.aread())[:300]!r}")
@@ -181,7 +184,10 @@ async def _one(
             usage = chunk.get("usage")
             if usage:
                 prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
-    return first, time.perf_counter() - start, prompt, completion
+            timings = chunk.get("timings")
+            if isinstance(timings, dict) and "prompt_n" in timings:
+                computed = int(timings["prompt_n"])
+    return first, time.perf_counter() - start, prompt, completion, computed
 
 
 async def run_policy(
@@ -197,14 +203,28 @@ async def run_policy(
     async with httpx.AsyncClient(headers=headers, timeout=300, limits=limits) as client:
         t0 = time.perf_counter()
 
-        async def at(when: float, group: int, question: str) -> tuple[float, float, int, int]:
+        async def at(when: float, group: int, question: str) -> tuple[float, float, int, int, int]:
             await asyncio.sleep(max(0.0, t0 + when - time.perf_counter()))
             return await _one(client, url, _body(model, systems[group], question, max_tokens))
 
         results = await asyncio.gather(*(at(*r) for r in trace))
         wall = time.perf_counter() - t0
+    if DUMP:
+        for (when, group, _), r in zip(trace, results, strict=True):
+            print(
+                f"  t={when:6.2f} g={group} ttft={r[0] * 1000:6.0f} computed={r[4]}",
+                file=sys.stderr,
+            )
     ttft = sorted(r[0] * 1000 for r in results)
+    # A miss: the engine computed more than half the prompt (a hit computes the question).
+    missed = [r[4] > r[2] / 2 for r in results]
+    hits = sorted(r[0] * 1000 for r, m in zip(results, missed, strict=True) if not m)
+    misses = sorted(r[0] * 1000 for r, m in zip(results, missed, strict=True) if m)
     return {
+        "misses": sum(missed),
+        "ttft_p50_ms_hits": round(_pct(hits, 50), 1) if hits else None,
+        "ttft_p90_ms_hits": round(_pct(hits, 90), 1) if hits else None,
+        "ttft_p50_ms_misses": round(_pct(misses, 50), 1) if misses else None,
         "requests": len(results),
         "ttft_p50_ms": round(_pct(ttft, 50), 1),
         "ttft_p90_ms": round(_pct(ttft, 90), 1),
@@ -368,7 +388,10 @@ def main() -> None:
             print(
                 f"{alg:<18} {res['ttft_p50_ms']:>7.0f}ms {res['ttft_p90_ms']:>7.0f}ms "
                 f"{res['tokens_per_s']:>7.1f} {served!s:>14} "
-                f"{res['max_replica_load_over_mean']:>8} {res['cache_hit_rate']:>9}",
+                f"{res['max_replica_load_over_mean']:>8} {res['cache_hit_rate']:>9}"
+                f"   misses {res['misses']}/{res['requests']}, TTFT hits p50/p90 "
+                f"{res['ttft_p50_ms_hits']}/{res['ttft_p90_ms_hits']} ms, "
+                f"misses p50 {res['ttft_p50_ms_misses']} ms",
                 flush=True,
             )
             short = {
@@ -382,6 +405,7 @@ def main() -> None:
             out[f"tokens_per_s_{short}"] = res["tokens_per_s"]
             out[f"max_replica_load_over_mean_{short}"] = res["max_replica_load_over_mean"]
             out[f"cache_hit_rate_{short}"] = res["cache_hit_rate"]
+            out[f"misses_{short}"] = res["misses"]
         lc, px = out.get("ttft_p90_ms_least_connections"), out.get("ttft_p90_ms_prefix")
         out["ttft_p90_lc_over_prefix"] = round(lc / px, 2) if lc and px else None
         print(json.dumps(out))

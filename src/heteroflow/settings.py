@@ -182,6 +182,11 @@ class ServerSettings(BaseSettings):
     gateway_probe_timeout_s: float = 1.0
     gateway_scrape_interval_s: float = Field(default=0.25, gt=0.0, le=0.25)
     gateway_auto_long_prompt_tokens: int = 4096
+    # prefix_affinity (M15): a replica holding a request's prompt prefix takes it while
+    # it has fewer than (least in flight on the route + this) requests in flight, or is
+    # under 1.25 x the route's mean: a spill costs a whole prefill elsewhere (and evicts
+    # what that replica held), so it waits for a real queue, not one request more.
+    gateway_prefix_slack: int = Field(default=4, ge=1, le=10_000)
     # A request whose backend connection could not be made (nothing was sent) goes to
     # this many other healthy backends of its route; never after a byte was sent.
     gateway_connect_retries: int = Field(default=1, ge=0, le=3)

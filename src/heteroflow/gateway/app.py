@@ -42,7 +42,11 @@ from heteroflow.gateway.metrics import GatewayMetrics, path_label
 from heteroflow.gateway.policy.admission import Admission
 from heteroflow.gateway.policy.usage import HttpUsageSink, UsageCollector
 from heteroflow.gateway.routing.auto import DEFAULT_LONG_PROMPT_TOKENS
-from heteroflow.gateway.routing.balancing import DEFAULT_MAX_TEMP_C, Balancer
+from heteroflow.gateway.routing.balancing import (
+    DEFAULT_MAX_TEMP_C,
+    DEFAULT_PREFIX_SLACK,
+    Balancer,
+)
 from heteroflow.gateway.routing.fair_gate import FairGate, FairShareSettings
 from heteroflow.gateway.routing.fair_share import Pool
 from heteroflow.gateway.routing.health import DEFAULT_COOLDOWN_S, PassiveHealth
@@ -113,6 +117,7 @@ class GatewayApp:
         cors_origins: Sequence[str] = (),
         inflight: InFlight | None = None,
         fair_share: FairShareSettings | None = None,
+        prefix_slack: int = DEFAULT_PREFIX_SLACK,
     ) -> None:
         self._holder = holder
         # issue 15: x-request-id, CORS (off without origins) on every /v1 answer
@@ -159,6 +164,7 @@ class GatewayApp:
             max_temp_c=max_card_temp_c,
             loads=loads,
             inflight=self._inflight,
+            prefix_slack=prefix_slack,
         )
         # M5 active probes and M2 engine metrics; they follow the snapshot themselves
         # (never the request path) and start with the app (``start``)
@@ -253,6 +259,7 @@ class GatewayApp:
             load_scrape_interval_s=settings.gateway_load_scrape_interval_s,
             cors_origins=settings.gateway_cors_origins,
             inflight=inflight,
+            prefix_slack=settings.gateway_prefix_slack,
             fair_share=FairShareSettings(
                 per_backend=settings.gateway_backend_concurrency,
                 max_queue=settings.gateway_fair_share_max_queue,

@@ -31,15 +31,21 @@ Policy, applied to the targets of one ``(tenant, model)`` route:
      backend may take the request while its in-flight count stays below
      ``max(ceil((1 + ε) · (in flight on the route's usable backends + 1) / n),
      least in flight + slack)``, ε = ``prefix_load_factor`` (0.25), slack =
-     ``prefix_slack`` (2), so a hot prefix spreads once its holder is above the mean
-     instead of piling onto it. The additive slack is for small counts, where
-     ``(1 + ε) · mean`` alone spills a prefix as soon as its holder has one request more
-     than the others, and a spill costs a whole prefill on a replica holding none of it
-     (about 10x a hit in ``bench/prefix_routing.py``) and evicts what that replica held;
-     SGLang's cache-aware router has the same kind of absolute threshold. A request no
-     view entry matches goes by rendezvous hashing of its first block's key over the base
-     URLs (the first in rank with room), so several gateways place a new prefix alike
-     without sharing state; a body with no full block (or none at all: a failover) goes
+     ``prefix_slack`` (``gateway_prefix_slack``, 4), so a hot prefix spreads once its
+     holder is above the mean instead of piling onto it. The additive slack is for small
+     counts, where ``(1 + ε) · mean`` alone spills a prefix as soon as its holder has one
+     request more than the others, and a spill costs a whole prefill on a replica
+     holding none of it (about 10x a hit in ``bench/prefix_routing.py``) and evicts what
+     that replica held; SGLang's cache-aware router has the same kind of absolute
+     threshold (64 requests there). At 2 the bench's bursts of three requests spilled,
+     and each spill's second-long prefill made the replica it landed on spill the next
+     (5 misses in 2 s); 4 keeps them (docs/benchmarks.md). A request no view entry
+     matches goes by rendezvous hashing of its first block's key over the base URLs: the
+     first in rank with room for the request and for the prefix's blocks (the blocks the
+     view says each backend holds, ``PrefixView.held``, bounded as loads are by
+     ``max(ceil((1 + ε) · (held + k) / n), least held + k)``), so several gateways place a
+     new prefix alike without sharing state while their views agree, and new prefixes
+     fill the caches evenly; a body with no full block (or none at all: a failover) goes
      by ``least_connections``. Every key of the request is then recorded for the chosen
      backend.
    * ``capacity`` (M15): the lowest expected completion cost, ``(in flight + 1) x the
@@ -110,7 +116,7 @@ ENGINE_AWARE = "engine_aware"
 PREFIX_AFFINITY = "prefix_affinity"
 CAPACITY = "capacity"
 DEFAULT_PREFIX_LOAD_FACTOR = 0.25
-DEFAULT_PREFIX_SLACK = 2
+DEFAULT_PREFIX_SLACK = 4
 _MASK64 = (1 << 64) - 1
 _LEAST = frozenset({LEAST_CONNECTIONS, ENGINE_AWARE, CAPACITY})
 
@@ -346,11 +352,27 @@ class Balancer:
                     best = i
             if best >= 0:
                 return backends[best]
-        # No backend with room holds any of it: rendezvous hashing of the first block.
+        # No backend with room holds any of it: a new prefix (or a spill). Rendezvous
+        # hashing of the first block ranks the backends alike in every gateway; the first
+        # in rank with room for the request and for the prefix takes it. Room for the
+        # prefix: the blocks the view believes a backend holds stay within
+        # ``max(ceil((1 + ε) · (blocks held by all + these) / n), least held + these)``,
+        # so that hashing cannot give one replica more prefixes than its cache keeps
+        # while another's is empty (8 groups over 2 replicas by hashing alone: 6 and 2).
         first = keys[0]
         ranked = sorted(
             range(len(backends)), key=lambda i: _mix64(first ^ _url_hash(backends[i].base_url))
         )
+        view_held = self._prefix.held
+        held = [view_held(b.base_url) for b in backends]
+        k = len(keys)
+        cap = max(
+            math.ceil((1.0 + self._prefix_load_factor) * (sum(held) + k) / len(backends)),
+            min(held) + k,
+        )
+        for i in ranked:
+            if loads[i] < bound and held[i] + k <= cap:
+                return backends[i]
         for i in ranked:
             if loads[i] < bound:
                 return backends[i]

@@ -160,9 +160,17 @@ class PrefixView:
 
     A key's holders are its last ``MAX_HOLDERS`` distinct base URLs, most recent last.
     Routes share the map under a process-local slot ``hash((route_id, key))``: a 64-bit
-    collision between routes only misplaces one guess."""
+    collision between routes only misplaces one guess.
 
-    __slots__ = ("_clock", "_map", "_max", "_ttl")
+    ``held(url)``: how many live entries name ``url`` as a holder — the blocks of prompt
+    this view believes the backend's cache holds, over every route (a replica's cache is
+    the replica's, whichever route sent the prompt). New prefixes are placed by it
+    (``Balancer``): like SGLang's router sending a prefix no worker holds to the worker
+    with the smallest tree, it keeps one replica from being given more prefixes than its
+    cache keeps while another's sits empty. Kept exact on every change of an entry's
+    holders, eviction and expiry included."""
+
+    __slots__ = ("_clock", "_held", "_map", "_max", "_ttl")
 
     def __init__(
         self,
@@ -176,9 +184,14 @@ class PrefixView:
         self._ttl = ttl_s
         # slot -> (last served at, holder, ...): one flat tuple per entry saves memory
         self._map: OrderedDict[int, tuple[float | str, ...]] = OrderedDict()
+        self._held: dict[str, int] = {}  # base URL -> live entries naming it
 
     def __len__(self) -> int:
         return len(self._map)
+
+    def held(self, base_url: str) -> int:
+        """Live entries naming ``base_url`` (blocks of prompt it is believed to hold)."""
+        return self._held.get(base_url, 0)
 
     def holders(self, route_id: str, key: int) -> tuple[str, ...]:
         """The base URLs that served the prefix ``key`` on ``route_id`` within the TTL."""
@@ -190,6 +203,7 @@ class PrefixView:
     def record(self, route_id: str, keys: Sequence[int], base_url: str) -> None:
         """``base_url`` now holds every prefix in ``keys``."""
         m = self._map
+        held = self._held
         now = self._clock()
         ttl = self._ttl
         for key in keys:
@@ -197,19 +211,38 @@ class PrefixView:
             entry = m.get(slot)
             if entry is None:
                 m[slot] = (now, base_url)
+                held[base_url] = held.get(base_url, 0) + 1
                 continue
             m.move_to_end(slot)
             if now - entry[0] > ttl:  # type: ignore[operator]
+                self._forget(entry)
                 m[slot] = (now, base_url)
+                held[base_url] = held.get(base_url, 0) + 1
             elif entry[-1] == base_url:
                 m[slot] = (now, *entry[1:])
             else:
-                urls = (*(u for u in entry[1:] if u != base_url), base_url)
-                m[slot] = (now, *urls[-MAX_HOLDERS:])
+                others = tuple(u for u in entry[1:] if u != base_url)
+                if len(others) == len(entry) - 1:  # a new holder
+                    held[base_url] = held.get(base_url, 0) + 1
+                urls = (*others, base_url)
+                if len(urls) > MAX_HOLDERS:  # the least recent holders drop out
+                    self._forget((now, *urls[:-MAX_HOLDERS]))
+                    urls = urls[-MAX_HOLDERS:]
+                m[slot] = (now, *urls)
         while len(m) > self._max:
-            m.popitem(last=False)
+            self._forget(m.popitem(last=False)[1])
         while m:  # the least recently served first: expire from the front
             oldest = next(iter(m.values()))
             if now - oldest[0] <= ttl:  # type: ignore[operator]
                 break
-            m.popitem(last=False)
+            self._forget(m.popitem(last=False)[1])
+
+    def _forget(self, entry: tuple[float | str, ...]) -> None:
+        """The holders of ``entry`` no longer hold it."""
+        held = self._held
+        for url in entry[1:]:
+            left = held.get(url, 0) - 1  # type: ignore[call-overload]
+            if left > 0:
+                held[url] = left  # type: ignore[index]
+            else:
+                held.pop(url, None)  # type: ignore[call-overload]
