@@ -18,6 +18,7 @@ from heteroflow.schemas.common import (
     Strict,
     no_nul,
 )
+from heteroflow.schemas.routing import DEFAULT_ALGORITHM
 from heteroflow.schemas.task_groups import MODEL_NAME_PATTERN
 
 
@@ -92,7 +93,7 @@ class ModelRouteCreate(Strict):
     priority: int = Field(default=0, ge=-ROUTE_PRIORITY_MAX, le=ROUTE_PRIORITY_MAX)
     weight: int = Field(default=100, ge=0, le=100)
     version: SafeStr = Field(default="v1", min_length=1, max_length=64)
-    algorithm: SafeStr = Field(default="round_robin", max_length=32)
+    algorithm: SafeStr = Field(default=DEFAULT_ALGORITHM, max_length=32)
     tags: list[RouteTag] = Field(default_factory=list, max_length=16)
 
 

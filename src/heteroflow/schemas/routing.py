@@ -32,6 +32,9 @@ Algorithm = Literal[
     "round_robin", "random", "least_connections", "engine_aware", "prefix_affinity", "capacity"
 ]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
+# The algorithm of a route that names none: one decision for the API, the routes file,
+# the routes a service's creation adds and a stored route without one.
+DEFAULT_ALGORITHM: Algorithm = "round_robin"
 
 
 def hash_key(plaintext: str) -> str:
@@ -73,7 +76,7 @@ class RouteTarget:
     backends: tuple[Backend, ...]
     # How a backend of this target is picked (M2): round_robin, random, least_connections,
     # engine_aware, prefix_affinity, capacity (M15; ``ALGORITHMS``, gateway.balancing).
-    algorithm: str = "round_robin"
+    algorithm: str = DEFAULT_ALGORITHM
     # Capability tags for model=auto (M10), e.g. ("code", "long-context").
     tags: tuple[str, ...] = ()
     # F6: "sleeping" (a current task is asleep: a request wakes it), "waking" (one is on

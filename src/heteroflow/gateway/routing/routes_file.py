@@ -45,6 +45,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from heteroflow.schemas.routing import (
+    DEFAULT_ALGORITHM,
     Algorithm,
     Backend,
     KeyEntry,
@@ -89,7 +90,7 @@ class _Target(_Strict):
 
 
 class _Model(_Strict):
-    algorithm: Algorithm = "round_robin"
+    algorithm: Algorithm = DEFAULT_ALGORITHM
     backends: list[Url] | None = Field(default=None, min_length=1)  # one target, shorthand
     api_key_env: Annotated[str, StringConstraints(pattern=_ENV)] | None = None  # shorthand
     targets: list[_Target] | None = Field(default=None, min_length=1)

@@ -32,7 +32,7 @@ from heteroflow.core.ports import ports_from_dicts, ports_to_dicts
 from heteroflow.core.states import TERMINAL, GroupStatus, TaskStatus
 from heteroflow.core.volumes import Volume
 from heteroflow.db.tables import Event, InferenceEndpoint, ModelRoute, Task, TaskGroup
-from heteroflow.schemas.routing import hash_key
+from heteroflow.schemas.routing import DEFAULT_ALGORITHM, hash_key
 from heteroflow.schemas.task_groups import (
     TaskGroupCreate,
     TaskGroupCreated,
@@ -175,7 +175,7 @@ def _write(s: Session, who: Principal, clock: Clock, plan: GroupPlan) -> TaskGro
         ModelRoute(
             id=new_id("mr"), tenant_id=who.tenant_id, group_id=group.id,
             model_name=model_name, priority=0, weight=100, version="v1", active=True,
-            algorithm="round_robin", created_at=now, updated_at=now,
+            algorithm=DEFAULT_ALGORITHM, created_at=now, updated_at=now,
         )
     )
     api_key: str | None = None

@@ -58,7 +58,7 @@ from heteroflow.core.states import GroupStatus, TaskStatus
 from heteroflow.db.tables import Event, InferenceEndpoint, ModelRoute, Task, TaskGroup, Tenant
 from heteroflow.schemas.capabilities import CapabilitiesRead
 from heteroflow.schemas.dedup import DedupAction, DedupLevel, DedupRead
-from heteroflow.schemas.routing import hash_key
+from heteroflow.schemas.routing import DEFAULT_ALGORITHM, hash_key
 from heteroflow.schemas.sleep import DEFERRED, WakeResult
 from heteroflow.schemas.task_groups import TaskGroupCreated, TaskGroupRead
 from heteroflow.services.identity.auth import Principal
@@ -238,7 +238,7 @@ def reuse(
     if route is None:  # same tenant: dedup by model name; another: its own route (L3)
         route = ModelRoute(
             id=new_id("mr"), tenant_id=who.tenant_id, group_id=g.id, model_name=model_name,
-            priority=0, weight=100, version="v1", active=True, algorithm="round_robin",
+            priority=0, weight=100, version="v1", active=True, algorithm=DEFAULT_ALGORITHM,
             tags=[], added=True, created_at=now, updated_at=now,
         )
         s.add(route)

@@ -33,6 +33,7 @@ from heteroflow.core.lora import Adapter, adapter_path_refusal, adapters_of
 from heteroflow.core.paths import VolumeRule
 from heteroflow.db.tables import ModelRoute, Task, TaskGroup
 from heteroflow.schemas.adapters import AdapterCreate, AdapterRead, AdaptersRead
+from heteroflow.schemas.routing import DEFAULT_ALGORITHM
 from heteroflow.services.identity.access import visible_group
 from heteroflow.services.identity.auth import Principal
 from heteroflow.services.placement.fleet import read_fleet
@@ -160,7 +161,7 @@ def add_adapter(
     route = ModelRoute(
         id=new_id("mr"), tenant_id=g.tenant_id, group_id=g.id, model_name=req.name,
         priority=0, weight=100, version="v1", active=True,
-        algorithm=base.algorithm if base is not None else "round_robin",
+        algorithm=base.algorithm if base is not None else DEFAULT_ALGORITHM,
         tags=list(base.tags) if base is not None else [], added=False,
         created_at=now, updated_at=now,
     )

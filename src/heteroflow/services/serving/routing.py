@@ -38,7 +38,13 @@ from heteroflow.core.gang import serves_api
 from heteroflow.core.ports import host_ports, ports_from_dicts
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import InferenceEndpoint, ModelRoute, Node, Task, TaskGroup, Tenant
-from heteroflow.schemas.routing import Backend, KeyEntry, RouteTarget, RoutingSnapshot
+from heteroflow.schemas.routing import (
+    DEFAULT_ALGORITHM,
+    Backend,
+    KeyEntry,
+    RouteTarget,
+    RoutingSnapshot,
+)
 from heteroflow.services.serving.capabilities import group_capabilities
 
 # the periods of a token quota (the gateway's ``limits.PERIODS``), and "no quota"
@@ -103,7 +109,7 @@ def build_snapshot(
                 priority=r.priority,
                 weight=r.weight,
                 backends=tuple(backends.get(r.group_id, ())),
-                algorithm=r.algorithm or "round_robin",
+                algorithm=r.algorithm or DEFAULT_ALGORITHM,
                 tags=tuple(str(tag) for tag in r.tags or ()),
                 asleep=asleep.get(r.group_id, ""),
                 capabilities=capabilities[r.group_id],
