@@ -100,6 +100,7 @@ NODE_TOKEN = "bench-node-token"  # noqa: S105 - a throw-away server's
 REDIS_URL = os.environ.get("HETEROFLOW_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 P99_LIMIT_MS = 50.0
 HEARTBEAT_PATH = "/api/v1/agent/heartbeat"
+WORKER_HEADER = "x-heteroflow-worker"  # heteroflow.workers: the answering worker's pid
 # what the real agent uses unless configured otherwise
 INTERVAL_S = float(AgentSettings.model_fields["heartbeat_interval_s"].default)
 TIMEOUT_S = float(AgentSettings.model_fields["request_timeout_s"].default)
@@ -262,6 +263,18 @@ def parse_pin(
     return parse_cpus(server), parse_cpus(load)
 
 
+def by_worker(samples: list[Any]) -> list[list[float]]:
+    """Per server worker (``x-heteroflow-worker``): [beats answered, their p99 ms], most
+    beats first — the balance, and whether one worker's tail is the step's; empty when
+    no answer named a worker (one process per server)."""
+    lat: dict[int, list[float]] = {}
+    for x in samples:
+        if x.ok and x.worker:
+            lat.setdefault(x.worker, []).append(x.latency_s * 1000)
+    per = [[len(v), round(percentile(v, 99), 2)] for v in lat.values()]
+    return sorted(per, reverse=True)
+
+
 # -- processes --------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
@@ -388,6 +401,7 @@ class Sample:
     latency_s: float
     ok: bool
     lag_s: float  # how late the agent woke for it
+    worker: int = 0  # the pid of the server worker that answered (--workers), else 0
 
 
 @dataclass
@@ -427,18 +441,20 @@ async def agent(
             data = orjson.dumps(body)
             t0 = clock()
             ok = False
+            worker = 0
             try:
                 async with http.post(url, data=data, headers=headers) as r:
                     reply = await r.read()
                     if r.status == 200:
                         ok = True
+                        worker = int(r.headers.get(WORKER_HEADER, 0))
                         if not headers["X-Heteroflow-Node"]:
                             headers["X-Heteroflow-Node"] = orjson.loads(reply)["node_id"]
                     else:
                         load.error(f"http {r.status}: {reply[:200]!r}")
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 load.error(f"{type(exc).__name__}: {exc}")
-            load.samples.append(Sample(t0, clock() - t0, ok, lag))
+            load.samples.append(Sample(t0, clock() - t0, ok, lag, worker))
             beat += 1
             due += beat_pause(INTERVAL_S, rng.random)  # the agent's own pause, jitter and all
             now = clock()
@@ -532,6 +548,8 @@ async def run_ramp(
                 "pg_cpu_ms_per_beat": round(pg_s * 1000 / beats, 3) if beats else None,
                 "load_cpu_pct": round(100 * load_cpu, 1),
                 "loop_lag_p99_ms": round(percentile([x.lag_s * 1000 for x in window], 99), 2),
+                # --workers: [beats, p99 ms] of each worker, most beats first
+                "beats_p99_by_worker": by_worker(window),
             }
             out.append(step)
             print("   " + " ".join(f"{k}={v}" for k, v in step.items() if k != "agents"),

@@ -134,3 +134,11 @@ def test_bad_worker_counts_stop_before_anything_starts(
         cp.main(["--workers", "0"])
     assert stopped.value.code == 2
     assert "--workers" in capsys.readouterr().err
+
+
+def test_beats_are_counted_per_worker_with_their_tail() -> None:
+    samples = [cp.Sample(0.0, ms / 1000, True, 0.0, pid)
+               for pid, ms in [(11, 1.0), (11, 3.0), (11, 2.0), (22, 9.0)]]
+    samples.append(cp.Sample(0.0, 0.5, False, 0.0, 0))  # an error names no worker
+    assert cp.by_worker(samples) == [[3, 3.0], [1, 9.0]]
+    assert cp.by_worker([cp.Sample(0.0, 0.001, True, 0.0)]) == []  # one process
