@@ -158,3 +158,26 @@ def test_openapi_document_lists_the_routes(api: Api) -> None:
         "/api/v1/users",
     ):
         assert path in doc["paths"], path
+
+
+@pytest.mark.feature("M15")
+def test_a_new_route_balances_by_prompt_prefix_unless_it_names_another_algorithm(
+    api: Api,
+) -> None:
+    """Issue 30: prefix_affinity is the default for new routes — a service's own and one
+    added without an algorithm — while one that names its algorithm keeps it."""
+    admin = api.login()
+    g = api.client.post("/api/v1/task-groups", json=service_body(), headers=admin).json()
+    own = api.client.get(f"/api/v1/model-routes?group_id={g['id']}", headers=admin).json()
+    assert [r["algorithm"] for r in own] == ["prefix_affinity"]
+    added = api.client.post(
+        "/api/v1/model-routes", json={"model_name": "alias", "group_id": g["id"]}, headers=admin
+    )
+    assert added.status_code in (200, 201), added.text
+    assert added.json()["algorithm"] == "prefix_affinity"
+    named = api.client.post(
+        "/api/v1/model-routes",
+        json={"model_name": "rr", "group_id": g["id"], "algorithm": "round_robin"},
+        headers=admin,
+    )
+    assert named.json()["algorithm"] == "round_robin"

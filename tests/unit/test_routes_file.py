@@ -62,7 +62,8 @@ def test_a_good_file_becomes_a_snapshot(tmp_path: Path) -> None:
     assert [(t.priority, t.weight) for t in chat] == [(0, 90), (0, 10), (1, 100)]
     assert [x.base_url for x in chat[0].backends] == ["https://a:1", "http://a:2"]
     assert chat[1].tags == ("canary",)
-    assert (chat[0].algorithm, chat[2].algorithm) == ("round_robin", "random")
+    # unnamed: the default
+    assert (chat[0].algorithm, chat[2].algorithm) == ("prefix_affinity", "random")
 
 
 def test_toml_is_read_too(tmp_path: Path) -> None:

@@ -32,9 +32,15 @@ Algorithm = Literal[
     "round_robin", "random", "least_connections", "engine_aware", "prefix_affinity", "capacity"
 ]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
-# The algorithm of a route that names none: one decision for the API, the routes file,
-# the routes a service's creation adds and a stored route without one.
-DEFAULT_ALGORITHM: Algorithm = "round_robin"
+# The algorithm of a new route that names none: one decision for the API, the routes
+# file and the routes a service's creation adds. prefix_affinity since issue 30 measured
+# it (docs/benchmarks.md: p90 TTFT 7x lower than least_connections on a shared-prefix
+# trace); a prompt shorter than one block goes by least_connections, so short-prompt
+# traffic is balanced as before.
+DEFAULT_ALGORITHM: Algorithm = "prefix_affinity"
+# What a route stored or sent without an algorithm was written to mean (a row or a
+# snapshot from before algorithms were stored): round_robin, the default then.
+UNNAMED_ALGORITHM: Algorithm = "round_robin"
 
 
 def hash_key(plaintext: str) -> str:
@@ -76,7 +82,7 @@ class RouteTarget:
     backends: tuple[Backend, ...]
     # How a backend of this target is picked (M2): round_robin, random, least_connections,
     # engine_aware, prefix_affinity, capacity (M15; ``ALGORITHMS``, gateway.balancing).
-    algorithm: str = DEFAULT_ALGORITHM
+    algorithm: str = UNNAMED_ALGORITHM
     # Capability tags for model=auto (M10), e.g. ("code", "long-context").
     tags: tuple[str, ...] = ()
     # F6: "sleeping" (a current task is asleep: a request wakes it), "waking" (one is on

@@ -39,7 +39,7 @@ from heteroflow.core.ports import host_ports, ports_from_dicts
 from heteroflow.core.states import TaskStatus
 from heteroflow.db.tables import InferenceEndpoint, ModelRoute, Node, Task, TaskGroup, Tenant
 from heteroflow.schemas.routing import (
-    DEFAULT_ALGORITHM,
+    UNNAMED_ALGORITHM,
     Backend,
     KeyEntry,
     RouteTarget,
@@ -109,7 +109,7 @@ def build_snapshot(
                 priority=r.priority,
                 weight=r.weight,
                 backends=tuple(backends.get(r.group_id, ())),
-                algorithm=r.algorithm or DEFAULT_ALGORITHM,
+                algorithm=r.algorithm or UNNAMED_ALGORITHM,
                 tags=tuple(str(tag) for tag in r.tags or ()),
                 asleep=asleep.get(r.group_id, ""),
                 capabilities=capabilities[r.group_id],
