@@ -19,9 +19,15 @@ is 3 of them), 50 s of arrivals per policy. The model is the test model widened 
 cached one ~0.08 s (measured), the ratio of a real model's. Its KV cache, though, is tiny
 (0.5 KB per token): llama.cpp's host-RAM prompt cache at its 8 GiB default would hold every
 group on every replica, where a real 8B model (128 KB per token) holds some tens of such
-prefixes. So the RAM cache is scaled down with it, ``--cache-ram-mib 2`` (about two
-prompts): a replica caches ~4 groups (2 slots + 2 in RAM), the trace's working set (8)
-exceeds one replica's cache but fits the pool's — the case prefix routing is for.
+prefixes. So the RAM cache is scaled down with it, ``--cache-ram-mib 4``: a replica
+holds the 6 groups it saw last when they come in turn (2 slots + 4 in RAM), and 4 groups
+asked at random, one request after another, missed 2 of 30 times (measured on one
+replica: what a replica keeps is about its half of the trace's working set of 8, not
+all of it — the case prefix routing is for, with the pool's cache a little short).
+
+Each request's ``timings.prompt_n`` (the prompt tokens the engine computed) tells a hit
+from a miss; the table gives misses and TTFT of hits and of misses per policy, and
+``HF_BENCH_DUMP=1`` prints every request (arrival, group, TTFT, computed tokens).
 
 Capacity: the pool's request rate when every request misses the cache (``--replicas`` /
 the latency of a cold request measured alone) — what a cache-blind router must plan for.
