@@ -6,11 +6,11 @@ controller table (``controllers.table``) together; ``serve`` runs uvicorn on a s
 we bind ourselves (so port 0 works for tests) beside one loop per controller, and stops
 everything on one event.
 
-``heteroflow server --workers N`` (issue 31) runs N of them, each a whole instance
-(its elector, its row in ``GET /servers``, its embedded gateway and snapshot) forked
-by ``heteroflow.workers.Supervisor`` on one socket. The loops one per host suffices for
-(``PER_HOST_LOOPS``) run in the primary worker only (``per_host_loops=False`` in the
-others); the in-flight table of the embedded gateways is shared (``inflight``).
+``heteroflow server --workers N`` (issue 31) forks, with ``heteroflow.workers.Supervisor``,
+N processes serving one socket (``role="requests"``) and one that runs the fleet-wide
+loops and serves nothing (``role="controllers"``): ``Role`` says which loop runs where.
+Each is an instance of its own (its row in ``GET /servers``); the embedded gateways of
+the workers share one in-flight table (``inflight``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import ssl
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 from heteroflow.api import heartbeat_fast
 from heteroflow.api.app import Dispatcher, create_api
@@ -56,6 +56,7 @@ from heteroflow.serving import http_server, shared_listener
 from heteroflow.settings import ServerSettings
 from heteroflow.workers import (
     ACCEPT_BATCH,
+    say_ready,
     say_ready_when,
     stop_accepting,
     worker_headers,
@@ -63,16 +64,31 @@ from heteroflow.workers import (
 
 log = logging.getLogger(__name__)
 
-# Every-instance loops that one process per host suffices for: a worker of
-# ``heteroflow server --workers N`` other than the primary leaves them out (the
-# scheduler's rounds are safe side by side — SKIP LOCKED — but N of them on one host
-# only contend for the same queue). The leader-only loops stay in every worker (they
-# run only where the lease is); the snapshot publisher too (each worker's gateway
-# serves its own snapshot), and the rollouts (each drives the ones it took).
-PER_HOST_LOOPS = frozenset({"scheduler"})
+# What a process of the server runs (issue 31): "all", the one process of before;
+# with --workers N, "requests" in each of the N workers serving the port and
+# "controllers" in the one process kept for the fleet-wide loops. Those loops (the
+# scheduler, the leader-only ones) read the whole fleet in rounds that hold the GIL for
+# tens of milliseconds at 2,000 nodes: in a worker that also answers heartbeats they
+# were that worker's tail (bench/control_plane.py: p99 20 ms in one worker, 103 in the
+# one running them). A "requests" worker never bids for the lease.
+Role = Literal["all", "controllers", "requests"]
+# the loops of a "requests" worker: its row in server_instances (not a bid), its
+# gateway's routing snapshot, and the rollouts it took (a PUT .../update it answered)
+REQUEST_LOOPS = frozenset({"leader-election", "snapshot", "rollouts"})
+# the loops the "controllers" process leaves out: it serves no gateway
+NOT_CONTROLLER_LOOPS = frozenset({"snapshot"})
 # A worker that has not said it is ready by then is counted ready anyway (a restart
 # stops the old generation only then).
 WORKER_READY_WAIT_S = 30.0
+
+
+def runs_loop(role: Role, name: str) -> bool:
+    """Whether a process of ``role`` runs the controller ``name``."""
+    if role == "requests":
+        return name in REQUEST_LOOPS
+    if role == "controllers":
+        return name not in NOT_CONTROLLER_LOOPS
+    return True
 
 
 class TlsFilesUnusable(ValueError):
@@ -150,10 +166,10 @@ class ServerApp:
     def __init__(
         self, settings: ServerSettings, clock: Clock | None = None,
         started: Started | None = None, *,
-        inflight: InFlight | None = None, per_host_loops: bool = True,
+        inflight: InFlight | None = None, role: Role = "all",
     ) -> None:
         self.settings = settings
-        self.per_host_loops = per_host_loops
+        self.role = role
         self.clock = clock = clock or SystemClock()
         st = started or start(settings, clock)
         self.db, self.bootstrap, self.node_tokens = st.db, st.bootstrap, st.node_tokens
@@ -161,7 +177,7 @@ class ServerApp:
         self.engine_key = st.engine_key
         self.sealer = st.sealer
         self.holder = SnapshotHolder()
-        self.leadership = leadership = elect(settings, self.db, clock)
+        self.leadership = leadership = elect(settings, self.db, clock, bids=role != "requests")
         table = self.controllers = build(
             settings, self.db, clock, leadership, holder=self.holder, engine_key=self.engine_key
         )
@@ -257,8 +273,7 @@ class ServerApp:
         host, port = sock.getsockname()[:2]
         self.leadership.listening_on(str(host), int(port))
         # one loop per row of the table, the elector first
-        skip: frozenset[str] = frozenset() if self.per_host_loops else PER_HOST_LOOPS
-        loops = [self._loop(c, stop) for c in self.controllers if c.name not in skip]
+        loops = [self._loop(c, stop) for c in self.controllers if runs_loop(self.role, c.name)]
         loops.append(asyncio.create_task(self.usage.run(stop)))  # usage batches (M7)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         extras = [asyncio.create_task(fn(stop)) for fn in (extra or [])]
@@ -272,6 +287,21 @@ class ServerApp:
         await asyncio.gather(*extras, return_exceptions=True)
         server.should_exit = True
         await asyncio.gather(serving, *loops, return_exceptions=True)
+        await self._close()
+
+    async def run_loops(self, stop: asyncio.Event, sock: socket.socket, ready_fd: int) -> None:
+        """The "controllers" process of a server with workers: its loops until ``stop``,
+        serving nothing (``sock``: the workers' socket, for its row in GET /servers)."""
+        host, port = sock.getsockname()[:2]
+        self.leadership.listening_on(str(host), int(port))
+        loops = [self._loop(c, stop) for c in self.controllers if runs_loop(self.role, c.name)]
+        say_ready(ready_fd)
+        await stop.wait()
+        await asyncio.gather(*loops, return_exceptions=True)
+        await self._close()
+
+    async def _close(self) -> None:
+        """After the loops and the requests ended."""
         # The leader-only loops have stopped: hand the lease over now rather than
         # making the next leader wait out the TTL.
         try:

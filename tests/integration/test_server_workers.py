@@ -1,10 +1,11 @@
 """``heteroflow server --workers N`` (issue 31, item 5): N server processes on one port.
 
 As real processes on PostgreSQL and Redis: both workers answer on the one port (the
-``x-heteroflow-worker`` header names the pid), each is an instance of its own in
-``GET /servers``, a killed worker is replaced, and SIGTERM stops the parent and its
-workers. Refused in one line, exit 2, on SQLite and without Redis. In process: a worker
-other than the primary leaves out the loops one per host suffices for (the scheduler).
+``x-heteroflow-worker`` header names the pid) and the third child, the controllers'
+process, answers nothing; each is an instance of its own in ``GET /servers``, and the
+leader is the controllers' process; a killed worker is replaced, and SIGTERM answers the
+requests in flight and stops the parent and its children. Refused in one line, exit 2,
+on SQLite and without Redis. In process: which loops each role runs.
 
 Generous timeouts and no timing asserts: the machine may be a loaded 2-core box.
 """
@@ -21,13 +22,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 import pytest
 
-from heteroflow.server import ServerApp
+from heteroflow.server import Role, ServerApp
 from heteroflow.serving import bind
 from heteroflow.settings import ServerSettings
 from heteroflow.workers import WORKER_HEADER
@@ -49,7 +51,7 @@ def _listening_url(out: IO[str], timeout: float = 90.0) -> str:
 
     def read() -> None:
         for line in out:
-            m = re.search(r"listening on (http://\S+) \(2 workers\)", line)
+            m = re.search(r"listening on (http://\S+) \(2 workers", line)
             if m:
                 found.append(m.group(1))
                 return
@@ -133,10 +135,18 @@ def test_two_workers_answer_on_one_port_and_a_killed_one_is_replaced(
     two_workers: tuple[int, str],
 ) -> None:
     parent, url = two_workers
-    _wait_for(lambda: len(_children(parent)) == 2, what="two workers")
-    workers = _children(parent)
+    _wait_for(lambda: len(_children(parent)) == 3, what="two workers and the controllers")
+    children = _children(parent)
     seen: set[int] = set()
-    _wait_for(lambda: seen.update(_answering(url, 10)) or seen == workers, 60, "both answer")
+
+    def answered(n: int) -> bool:
+        seen.update(_answering(url, 10))
+        return len(seen) >= n
+
+    _wait_for(lambda: answered(2), 60, "both answer")
+    workers = set(seen)
+    (controllers,) = children - workers
+    assert not seen - children
 
     # each worker is an instance of its own on the one database
     token = httpx.post(
@@ -145,32 +155,55 @@ def test_two_workers_answer_on_one_port_and_a_killed_one_is_replaced(
         timeout=30,
     ).json()["access_token"]
 
-    def instances() -> set[int]:
+    def servers() -> dict[str, Any]:
         r = httpx.get(
             f"{url}/api/v1/servers", headers={"Authorization": f"Bearer {token}"}, timeout=30
         )
         assert r.status_code == 200, r.text
-        return {i["pid"] for i in r.json()["instances"]}
+        return dict(r.json())
 
-    _wait_for(lambda: workers <= instances(), what="both workers in GET /servers")
+    def settled() -> bool:
+        body = servers()
+        pids = {i["id"]: i["pid"] for i in body["instances"]}
+        return children <= set(pids.values()) and pids.get(body["leader"]) == controllers
+
+    _wait_for(settled, 60, "every child in GET /servers, the controllers' process leading")
 
     killed = min(workers)
     os.kill(killed, signal.SIGKILL)
     _wait_for(
-        lambda: len(_children(parent) - workers) == 1, what="a new worker in the killed one's place"
+        lambda: len(_children(parent) - children) == 1,
+        what="a new worker in the killed one's place",
     )
-    (new,) = _children(parent) - workers
-    assert _children(parent) == workers - {killed} | {new}
-    seen = set()
-    _wait_for(lambda: seen.update(_answering(url, 10)) or new in seen, 60, "the new one answers")
+    (new,) = _children(parent) - children
+    assert _children(parent) == children - {killed} | {new}
+    seen.clear()
+    _wait_for(lambda: answered(1) and new in seen, 60, "the new one answers")
     assert killed not in seen
 
 
-def test_sigterm_stops_the_parent_and_every_worker(two_workers: tuple[int, str]) -> None:
+def test_sigterm_answers_the_requests_in_flight_and_stops_every_worker(
+    two_workers: tuple[int, str],
+) -> None:
     parent, url = two_workers
-    _wait_for(lambda: len(_children(parent)) == 2, what="two workers")
-    workers = _children(parent)
-    os.kill(parent, signal.SIGTERM)
+    _wait_for(lambda: len(_children(parent)) == 3, what="two workers and the controllers")
+    children = _children(parent)
+    # keep-alive connections already accepted (a connection still in the queue when the
+    # last worker stops accepting is the one thing a stop refuses), then a login on each
+    # (its password hash: a request that takes a while; four, as a fifth login at once
+    # would be throttled) with SIGTERM sent meanwhile
+    clients = [httpx.Client(base_url=url, timeout=60) for _ in range(4)]
+    for c in clients:
+        assert c.get("/healthz").status_code == 200
+    login = {"username": "admin", "password": ADMIN_PASSWORD}
+    with ThreadPoolExecutor(len(clients)) as pool:
+        answers = [pool.submit(c.post, "/api/v1/auth/login", json=login) for c in clients]
+        time.sleep(0.05)
+        os.kill(parent, signal.SIGTERM)
+        codes = [f.result().status_code for f in answers]
+    for c in clients:
+        c.close()
+    assert codes == [200] * len(clients)
 
     def gone(pid: int) -> bool:
         try:
@@ -182,7 +215,7 @@ def test_sigterm_stops_the_parent_and_every_worker(two_workers: tuple[int, str])
             return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
         return True
 
-    _wait_for(lambda: all(gone(p) for p in workers), 60, "the workers stopped")
+    _wait_for(lambda: all(gone(p) for p in children), 60, "the children stopped")
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/healthz", timeout=5)
 
@@ -210,19 +243,31 @@ def test_more_than_one_worker_is_refused_in_one_line(
     assert needs in out and "--workers 1" in out
 
 
-@pytest.mark.parametrize("primary", [True, False])
-def test_only_the_primary_worker_runs_the_per_host_loops(
-    tmp_path: Path, primary: bool
+@pytest.mark.parametrize(
+    ("role", "runs"),
+    [
+        ("all", {"scheduler", "snapshot", "node-watch", "leader-election"}),
+        ("controllers", {"scheduler", "node-watch", "leader-election"}),
+        ("requests", {"snapshot", "leader-election"}),
+    ],
+)
+def test_each_role_runs_its_loops_and_only_a_requests_worker_never_leads(
+    tmp_path: Path, role: Role, runs: set[str]
 ) -> None:
     settings = ServerSettings(
         data_dir=tmp_path / "data",
         admin_password=ADMIN_PASSWORD,
         scheduler_interval_s=0.05,
         snapshot_interval_s=0.05,
+        leader_renew_interval_s=0.05,
+        leader_lease_ttl_s=1.0,
     )
-    app = ServerApp(settings, per_host_loops=primary)
-    rounds: dict[str, int] = {"scheduler": 0, "snapshot": 0}
-    for c in (app.scheduler, app.publisher):
+    app = ServerApp(settings, role=role)
+    watched = {"scheduler", "snapshot", "node-watch", "leader-election"}
+    rounds = dict.fromkeys(watched, 0)
+    for c in app.controllers:
+        if c.name not in watched:
+            continue
         original = c.reconcile_once
 
         def counted(now: object, name: str = c.name, original: object = original) -> None:
@@ -231,15 +276,28 @@ def test_only_the_primary_worker_runs_the_per_host_loops(
 
         c.reconcile_once = counted  # type: ignore[method-assign]
 
-    async def main() -> None:
+    async def main() -> bool:
         stop = asyncio.Event()
-        serving = asyncio.create_task(app.serve(stop, bind("127.0.0.1", 0)))
-        deadline = asyncio.get_running_loop().time() + 30
-        while rounds["snapshot"] < 5 and asyncio.get_running_loop().time() < deadline:
+        sock = bind("127.0.0.1", 0)
+        if role == "controllers":
+            r, w = os.pipe()
+            serving = asyncio.create_task(app.run_loops(stop, sock, w))
+        else:
+            serving = asyncio.create_task(app.serve(stop, sock))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while min(rounds[n] for n in runs) < 5 and loop.time() < deadline:
             await asyncio.sleep(0.05)
+        led = app.leadership.is_leader(app.clock.now())
         stop.set()
         await serving
+        if role == "controllers":
+            assert os.read(r, 64).strip() == str(os.getpid()).encode()  # said ready
+            os.close(r)
+            os.close(w)
+        return led
 
-    asyncio.run(main())
-    assert rounds["snapshot"] >= 5  # every worker publishes its gateway's snapshot
-    assert (rounds["scheduler"] > 0) is primary
+    led = asyncio.run(main())
+    assert {n for n, k in rounds.items() if k >= 5} == runs
+    assert not {n for n, k in rounds.items() if k} - runs
+    assert led is (role != "requests")  # alone on its database, it leads unless it never bids

@@ -1,19 +1,19 @@
 """``heteroflow server``: builds the server (``heteroflow.server.ServerApp``: API,
 controllers, gateway on one port) from the HETEROFLOW_* settings and serves it.
 
-``--workers N`` (issue 31): N such server processes forked by a supervising parent that
-binds the port once (``heteroflow.workers``: pre-fork, restarts, SIGTERM, SIGHUP), each
-a whole instance on the one database — as N servers side by side, behind one port. The
-parent migrates the database and bootstraps the first admin before forking (once, the
-admin password printed once); the primary worker alone runs the loops one per host
-suffices for (``server.PER_HOST_LOOPS``); the embedded gateways share one in-flight
-table (``routing.inflight``). N > 1 needs PostgreSQL (SQLite takes one writer at a time,
-and a second process on the data directory's file is what the instance lock refuses)
-and Redis (the embedded gateway's rate limits, quotas and idempotency keys are exact
-across processes only there: the rule of ``heteroflow gateway --workers``). The default
-is 1, the process of before: an upgrade changes nothing, and N workers hold N pools of
-database connections (up to 20 each), which a PostgreSQL sized for one server may not
-have.
+``--workers N`` (issue 31): N server processes serving one port, forked by a supervising
+parent that binds it once (``heteroflow.workers``: pre-fork, restarts, SIGTERM, SIGHUP),
+and one more process for the fleet-wide loops (the scheduler and the leader-only
+controllers: ``server.Role``), which serves nothing — each an instance on the one
+database, as servers side by side are. The parent migrates the database and
+bootstraps the first admin before forking (once, the admin password printed once); the
+embedded gateways share one in-flight table (``routing.inflight``). N > 1 needs
+PostgreSQL (SQLite takes one writer at a time, and a second process on the data
+directory's file is what the instance lock refuses) and Redis (the embedded gateway's
+rate limits, quotas and idempotency keys are exact across processes only there: the
+rule of ``heteroflow gateway --workers``). The default is 1, the process of before: an
+upgrade changes nothing, and N workers hold N + 1 pools of database connections (up to
+20 each), which a PostgreSQL sized for one server may not have.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 from heteroflow.cmd import instance_lock
 from heteroflow.core.clock import SystemClock
 from heteroflow.gateway.routing.inflight import SharedInFlight
-from heteroflow.server import ServerApp, Started, TlsFilesUnusable, start, tls_problem
+from heteroflow.server import Role, ServerApp, Started, TlsFilesUnusable, start, tls_problem
 from heteroflow.serving import bind, install_stop_signals, settle_heap
 from heteroflow.settings import ServerSettings
 from heteroflow.workers import Supervisor
@@ -119,19 +119,25 @@ def _run_workers(settings: ServerSettings, workers: int) -> int:
     _say_started(settings, started.bootstrap.admin_password_generated)
     started.db.dispose()  # no connection crosses the fork: each worker opens its own
     sock = bind(settings.host, settings.port)
-    table = SharedInFlight(2 * workers)  # a column per worker, old and new during a restart
+    children = workers + 1  # the workers and the controllers' process
+    table = SharedInFlight(2 * children)  # a column per child, old and new during a restart
 
     def child(column: int, ready_fd: int) -> int:
-        primary = column % workers == 0  # column 0, or its successor during a restart
+        # column 0 (or its successor during a restart): the controllers' process
+        role: Role = "controllers" if column % children == 0 else "requests"
         inflight = table.for_worker(column)
-        asyncio.run(_serve_worker(settings, started, sock, inflight, primary, ready_fd))
+        asyncio.run(_serve_worker(settings, started, sock, inflight, role, ready_fd))
         return 0
 
     def ready() -> None:
         url = _url(settings, sock.getsockname()[1])
-        print(f"HeteroFlow server listening on {url} ({workers} workers)", flush=True)
+        print(
+            f"HeteroFlow server listening on {url} ({workers} workers, and a process "
+            "for the controllers)",
+            flush=True,
+        )
 
-    supervisor = Supervisor(workers, child, on_dead=table.clear, on_stop=sock.close, name="server")
+    supervisor = Supervisor(children, child, on_dead=table.clear, on_stop=sock.close, name="server")
     try:
         return supervisor.run(on_ready=ready)
     finally:
@@ -143,12 +149,15 @@ async def _serve_worker(
     started: Started,
     sock: socket.socket,
     inflight: SharedInFlight,
-    primary: bool,
+    role: Role,
     ready_fd: int,
 ) -> None:
-    """One worker: a whole server instance on the parent's socket."""
-    app = ServerApp(settings, started=started, inflight=inflight, per_host_loops=primary)
+    """One child: a worker serving the parent's socket, or the controllers' process."""
+    app = ServerApp(settings, started=started, inflight=inflight, role=role)
     stop = asyncio.Event()
     install_stop_signals(stop)
     settle_heap()
-    await app.serve(stop, sock, ready_fd=ready_fd)
+    if role == "controllers":
+        await app.run_loops(stop, sock, ready_fd)
+    else:
+        await app.serve(stop, sock, ready_fd=ready_fd)

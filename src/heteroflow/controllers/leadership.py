@@ -37,6 +37,7 @@ class Leadership:
         interval_s: float,
         instance: InstanceInfo | None = None,
         lease: str = CONTROLLERS,
+        bids: bool = True,
     ) -> None:
         if not 0 < interval_s < ttl_s:
             raise ValueError(
@@ -49,6 +50,10 @@ class Leadership:
         self.interval_s = interval_s
         self.instance = instance
         self.lease = lease
+        # False: a worker of ``heteroflow server --workers N`` that serves requests only
+        # (issue 31): it keeps its row in server_instances but never takes the lease,
+        # so the leader-only loops run in the process kept for them, off the request path
+        self.bids = bids
         # (epoch, valid until, held since): replaced as a whole, read from other threads
         self._held: tuple[int, datetime, datetime] | None = None
 
@@ -58,6 +63,10 @@ class Leadership:
             self.instance = replace(self.instance, address=address, port=port)
 
     def reconcile_once(self, now: datetime) -> None:
+        if not self.bids:
+            if self.instance is not None:
+                self.store.heartbeat(self.instance, now)
+            return
         epoch = self.store.try_acquire_or_renew(self.lease, self.holder, now, self.ttl_s)
         before = self._held
         taken = epoch is not None and (before is None or before[0] != epoch)

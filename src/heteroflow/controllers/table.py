@@ -44,9 +44,11 @@ def _version() -> str:
         return ""
 
 
-def elect(settings: ServerSettings, db: Database, clock: Clock) -> Leadership:
-    """This instance's elector: its row in server_instances and its bid for the lease
-    the leader-only loops run under."""
+def elect(
+    settings: ServerSettings, db: Database, clock: Clock, *, bids: bool = True
+) -> Leadership:
+    """This instance's elector: its row in server_instances and (``bids``) its bid for
+    the lease the leader-only loops run under."""
     instance_id = f"srv-{secrets.token_hex(6)}"
     return Leadership(
         DbLeaseStore(db),
@@ -60,6 +62,7 @@ def elect(settings: ServerSettings, db: Database, clock: Clock) -> Leadership:
             started_at=clock.now(),
             version=_version(),
         ),
+        bids=bids,
     )
 
 
