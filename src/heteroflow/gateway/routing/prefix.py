@@ -241,8 +241,9 @@ class PrefixView:
         """The holders of ``entry`` no longer hold it."""
         held = self._held
         for url in entry[1:]:
-            left = held.get(url, 0) - 1  # type: ignore[call-overload]
+            name = str(url)  # entry[0] is the time, the rest are base URLs
+            left = held.get(name, 0) - 1
             if left > 0:
-                held[url] = left  # type: ignore[index]
+                held[name] = left
             else:
-                held.pop(url, None)  # type: ignore[call-overload]
+                held.pop(name, None)
