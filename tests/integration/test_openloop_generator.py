@@ -200,17 +200,22 @@ def test_a_stall_is_charged_to_every_request_scheduled_during_it(
         )  # fmt: skip
     assert closed["mode"] == "closed" and closed["errors"] == 0, closed
     assert closed["ok"] >= 100, closed
-    assert len([ms for ms in latencies(tmp_path / "closed.txt") if ms >= 100]) == 1
+    # the stall is charged once (a busy machine may add a slow request or two of its own,
+    # never the tens the open loop counted)
+    closed_slow = [ms for ms in latencies(tmp_path / "closed.txt") if ms >= 100]
+    assert 1 <= len(closed_slow) <= 3 and len(closed_slow) * 5 <= len(slow), closed_slow
 
 
 def test_streams_are_read_to_the_end_at_the_asked_rate(generator: Path, body: Path) -> None:
+    # 120 req/s: a third of what the test server streams on a busy core (at 300 the
+    # suite's other worker and a benchmark beside it held the server to 157)
     for server in serve(Mode(chunked=True)):
         res = run(
-            generator, server.port, body, "--rate", "300", "--connections", "4",
+            generator, server.port, body, "--rate", "120", "--connections", "4",
             "--duration", "1.5", "--expect", "[DONE]",
         )  # fmt: skip
-    assert res["errors"] == 0 and res["ok"] == 450, res
-    assert 240 <= res["rps"] <= 310, res
+    assert res["errors"] == 0 and res["ok"] == 180, res
+    assert 96 <= res["rps"] <= 125, res
     assert res["lat_ms"]["p50"] < 100, res["lat_ms"]  # no stall here: no spurious waits
     # a body without the expected end is an error, not a success
     for server in serve(Mode(chunked=True)):
