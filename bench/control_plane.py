@@ -95,12 +95,12 @@ from heteroflow.schemas.nodes import GpuCardWire, Heartbeat, InventoryWire, Mode
 from heteroflow.settings import AgentSettings
 from heteroflow.testing import clusters
 from heteroflow.testing.bench import ADMIN_URL, fresh_database, percentile
+from heteroflow.workers import WORKER_HEADER  # the answering worker's pid
 
 NODE_TOKEN = "bench-node-token"  # noqa: S105 - a throw-away server's
 REDIS_URL = os.environ.get("HETEROFLOW_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 P99_LIMIT_MS = 50.0
 HEARTBEAT_PATH = "/api/v1/agent/heartbeat"
-WORKER_HEADER = "x-heteroflow-worker"  # heteroflow.workers: the answering worker's pid
 # what the real agent uses unless configured otherwise
 INTERVAL_S = float(AgentSettings.model_fields["heartbeat_interval_s"].default)
 TIMEOUT_S = float(AgentSettings.model_fields["request_timeout_s"].default)
