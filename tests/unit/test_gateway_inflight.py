@@ -105,3 +105,24 @@ def test_metrics_are_the_sum_of_every_worker_and_a_dead_one_keeps_its_counts(
     assert f'{series}status="200"}} 5' in text
     assert 'heteroflow_gateway_upstream_latency_seconds_count{model="chat"} 5' in text
     assert "heteroflow_gateway_in_flight 2" in text
+
+
+@pytest.mark.feature("P4")
+def test_each_process_that_takes_requests_gates_its_share_of_a_pool() -> None:
+    """The fair-share gate divides a pool's bound by the processes taking requests: a
+    gateway's N workers, or a server's N workers beside its controllers' process, which
+    has a column of the table and takes no request (it gated bound / (N + 1))."""
+    from heteroflow.gateway.app import GatewayApp
+    from heteroflow.gateway.routing.fair_gate import FairShareSettings
+    from heteroflow.schemas.routing import SnapshotHolder
+
+    def share(table: SharedInFlight) -> float:
+        app = GatewayApp(
+            SnapshotHolder(), inflight=table, fair_share=FairShareSettings(per_backend=8)
+        )
+        return float(app._fair._share)
+
+    assert SharedInFlight(4).serving == 2  # a gateway's 2 workers, old and new columns
+    assert share(SharedInFlight(4)) == 0.5
+    server = SharedInFlight(6, serving=2)  # 2 workers + the controllers' process
+    assert server.serving == 2 and share(server) == 0.5

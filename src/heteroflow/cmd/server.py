@@ -120,7 +120,8 @@ def _run_workers(settings: ServerSettings, workers: int) -> int:
     started.db.dispose()  # no connection crosses the fork: each worker opens its own
     sock = bind(settings.host, settings.port)
     children = workers + 1  # the workers and the controllers' process
-    table = SharedInFlight(2 * children)  # a column per child, old and new during a restart
+    # a column per child, old and new during a restart; the workers take the requests
+    table = SharedInFlight(2 * children, serving=workers)
 
     def child(column: int, ready_fd: int) -> int:
         # column 0 (or its successor during a restart): the controllers' process

@@ -194,8 +194,8 @@ class GatewayApp:
             weights=dict(fs.weights),
             priority=frozenset(fs.priority),
             linger_s=fs.linger_s,
-            # --workers N: the shared table has a column per worker, old and new (restarts)
-            workers=max(1, getattr(self._inflight, "columns", 2) // 2),
+            # --workers N: each of the processes taking requests gates its share
+            workers=getattr(self._inflight, "serving", 1),
         )
         self._router = Router(
             self._balancer, self.hold, usage, auto_long_prompt_tokens=auto_long_prompt_tokens

@@ -59,12 +59,18 @@ class LocalInFlight(dict[str, int]):
 class SharedInFlight:
     """The workers' table; make it before forking, then ``for_worker`` in each child."""
 
-    __slots__ = ("_cells", "_column", "_columns", "_map", "_rows", "_slots")
+    __slots__ = ("_cells", "_column", "_columns", "_map", "_rows", "_serving", "_slots")
 
-    def __init__(self, columns: int, slots: int = DEFAULT_SLOTS) -> None:
+    def __init__(
+        self, columns: int, slots: int = DEFAULT_SLOTS, *, serving: int | None = None
+    ) -> None:
         if columns < 1 or slots < 1:
             raise ValueError("columns and slots must be at least 1")
         self._columns = columns
+        # how many of the processes take requests at a time (a column each, old and new
+        # generations during a restart: half the columns unless said; the server's
+        # controllers' process has a column and takes none)
+        self._serving = max(1, columns // 2 if serving is None else serving)
         self._slots = slots
         # MAP_SHARED | MAP_ANONYMOUS: shared with the children forked after this; pages
         # are only touched (and backed) for the rows in use.
@@ -76,6 +82,11 @@ class SharedInFlight:
     @property
     def columns(self) -> int:
         return self._columns
+
+    @property
+    def serving(self) -> int:
+        """The processes that take requests (each gates its share of a pool's bound)."""
+        return self._serving
 
     def for_worker(self, column: int) -> SharedInFlight:
         """This process is the worker that owns ``column`` (called in the child)."""
