@@ -50,16 +50,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
 from heteroflow.models.tiny_gguf import write_sized_gguf
 from heteroflow.schemas.routing import hash_key
-from heteroflow.testing.up_stack import free_port, wait_for
+from heteroflow.testing.up_stack import free_port, listening_url
 
 KEY = "sk-prefix-routing-bench-key"
 DUMP = bool(__import__("os").environ.get("HF_BENCH_DUMP"))
@@ -69,20 +68,6 @@ _VOCABULARY = (
     "vendor invoice audit budget hiring roadmap launch pricing discount backlog incident"
 )
 _WORDS = _VOCABULARY.split()
-
-
-def _listening(out: IO[str], what: str, timeout_s: float = 60.0) -> str:
-    """The ``listening on http://...`` URL a child prints; its output is drained after."""
-    found: list[str] = []
-
-    def read() -> None:
-        for line in out:
-            m = re.search(r"listening on (http://\S+)", line)
-            if m and not found:
-                found.append(m.group(1))
-
-    threading.Thread(target=read, daemon=True).start()
-    return str(wait_for(what, lambda: found and found[0], timeout_s))
 
 
 class Replica:
@@ -115,7 +100,7 @@ class Replica:
             text=True,
         )
         assert self.proc.stderr is not None
-        _listening(self.proc.stderr, f"replica on port {port}")
+        listening_url(self.proc.stderr, f"replica on port {port}")
 
     def counters(self) -> dict[str, float]:
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
@@ -333,7 +318,7 @@ def main() -> None:
             text=True,
         )
         assert gateway.stdout is not None
-        gw = _listening(gateway.stdout, "gateway")
+        gw = listening_url(gateway.stdout, "gateway")
 
         # Capacity: a cold request alone (a prefix no slot holds), three times.
         cold: list[float] = []

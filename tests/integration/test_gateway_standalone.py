@@ -11,10 +11,9 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import openai
@@ -24,6 +23,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from heteroflow.cli import main
 from heteroflow.schemas.routing import hash_key
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
+from heteroflow.testing.up_stack import listening_url
 
 KEY = "sk-standalone-test-key"
 MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
@@ -65,23 +65,6 @@ def _start(args: list[str]) -> subprocess.Popen[str]:
     )
 
 
-def _listening_url(out: IO[str], timeout: float = 30.0) -> str:
-    found: list[str] = []
-
-    def read() -> None:
-        for line in out:
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                found.append(m.group(1))
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout)
-    assert found, "the gateway did not start"
-    return found[0]
-
-
 @pytest.fixture
 def gateway(tmp_path: Path, engine: tuple[FakeOpenAIBackend, str]) -> Iterator[Gateway]:
     routes = tmp_path / "routes.json"
@@ -89,7 +72,7 @@ def gateway(tmp_path: Path, engine: tuple[FakeOpenAIBackend, str]) -> Iterator[G
     proc = _start(["--routes", str(routes), "--usage-log", str(tmp_path / "usage.jsonl")])
     try:
         assert proc.stdout is not None
-        gw = Gateway(proc, _listening_url(proc.stdout))
+        gw = Gateway(proc, listening_url(proc.stdout, "the gateway", 30))
         yield gw
         gw.client.close()
     finally:
@@ -229,7 +212,7 @@ def test_gateway_settings_reach_the_separate_gateway_process(
     )
     try:
         assert proc.stdout is not None
-        gw = Gateway(proc, _listening_url(proc.stdout))
+        gw = Gateway(proc, listening_url(proc.stdout, "the gateway", 30))
         seen = 0
         for _ in range(2):  # round robin: one of the two starts at the dead backend
             try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,13 +20,14 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import pytest
 
 from heteroflow.schemas.routing import hash_key
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
+from heteroflow.testing.up_stack import listening_url
 
 from .conftest import REDIS_URL
 
@@ -79,23 +79,6 @@ class Workers:
         )
 
 
-def _listening_url(out: IO[str], timeout: float = 60.0) -> str:
-    found: list[str] = []
-
-    def read() -> None:
-        for line in out:
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                found.append(m.group(1))
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout)
-    assert found, "the gateway did not start"
-    return found[0]
-
-
 def _start(routes: dict[str, Any], tmp: Path, env: dict[str, str]) -> Workers:
     path = tmp / "routes.json"
     path.write_text(json.dumps(routes))
@@ -118,7 +101,7 @@ def _start(routes: dict[str, Any], tmp: Path, env: dict[str, str]) -> Workers:
         env={**os.environ, **env},
     )
     assert proc.stdout is not None
-    return Workers(proc, _listening_url(proc.stdout))
+    return Workers(proc, listening_url(proc.stdout, "the gateway", 60))
 
 
 @pytest.fixture

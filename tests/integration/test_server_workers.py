@@ -15,16 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import pytest
@@ -32,6 +30,7 @@ import pytest
 from heteroflow.server import Role, ServerApp
 from heteroflow.serving import bind
 from heteroflow.settings import ServerSettings
+from heteroflow.testing.up_stack import listening_url
 from heteroflow.workers import WORKER_HEADER
 
 from .conftest import REDIS_URL
@@ -44,23 +43,6 @@ def _wait_for(cond: Callable[[], bool], timeout: float = 30.0, what: str = "cond
     while not cond():
         assert time.monotonic() < deadline, f"{what}: not met within {timeout:g} s"
         time.sleep(0.05)
-
-
-def _listening_url(out: IO[str], timeout: float = 90.0) -> str:
-    found: list[str] = []
-
-    def read() -> None:
-        for line in out:
-            m = re.search(r"listening on (http://\S+) \(2 workers", line)
-            if m:
-                found.append(m.group(1))
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout)
-    assert found, "the server did not say it listens with 2 workers"
-    return found[0]
 
 
 def _children(pid: int) -> set[int]:
@@ -105,7 +87,9 @@ def two_workers(pg_empty_url: str, tmp_path: Path, prefix: str) -> Iterator[tupl
     proc = _server("--workers", "2", env=env)
     assert proc.stdout is not None
     try:
-        yield proc.pid, _listening_url(proc.stdout)
+        yield proc.pid, listening_url(
+            proc.stdout, "the server, with 2 workers", 90, r"listening on (http://\S+) \(2 workers"
+        )
     finally:
         children = _children(proc.pid)
         if proc.poll() is None:

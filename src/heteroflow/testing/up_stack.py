@@ -5,14 +5,16 @@ time the first byte of a streamed chat answer through the gateway."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -112,6 +114,26 @@ class Api:
 
     def events(self, group_id: str) -> list[dict[str, Any]]:
         return list(self.call("GET", f"/api/v1/task-groups/{group_id}/events").json())
+
+
+def listening_url(
+    out: IO[str], what: str, timeout_s: float = 60.0, pattern: str = r"listening on (http://\S+)"
+) -> str:
+    """The URL a child process prints (``pattern``'s group 1) on ``out``, within
+    ``timeout_s``. The rest of ``out`` is read on and dropped by a daemon thread, so a
+    child that keeps printing never blocks on a full pipe."""
+    found: list[str] = []
+    wanted = re.compile(pattern)
+
+    def read() -> None:
+        for line in out:
+            if not found:
+                m = wanted.search(line)
+                if m:
+                    found.append(m.group(1))
+
+    threading.Thread(target=read, daemon=True).start()
+    return str(wait_for(what, lambda: found and found[0], timeout_s))
 
 
 def first_byte_s(url: str, key: str, body: Mapping[str, Any], timeout_s: float = 120.0) -> float:
