@@ -68,7 +68,9 @@ STOP_ACCEPT_GRACE_S = 0.5
 # workers are woken for each connection anyway.
 ACCEPT_BATCH = 1
 
-# child(column, ready_fd) -> exit status, run in the forked worker
+# child(column, ready_fd) -> exit status, run in the forked worker. ``column % workers``
+# is the worker's slot: a replacement (after a death, or in a restart's new generation)
+# takes the slot of the one it replaces, so a role read from the slot stays one process.
 Child = Callable[[int, int], int]
 
 
@@ -114,7 +116,7 @@ class Supervisor:
         self._live: dict[int, _Worker] = {}
         self._generation = 0
         self._stopping = False
-        self._pending: list[float] = []  # when to fork the next replacements
+        self._pending: list[tuple[float, int]] = []  # (when, slot) of the next forks
         self._restart_started: float | None = None
         self._ready_r = -1
         self._ready_w = -1
@@ -131,8 +133,8 @@ class Supervisor:
         self._ready_r, self._ready_w = os.pipe()
         os.set_blocking(self._ready_r, False)
         try:
-            for _ in range(self.workers):
-                self._spawn()
+            for slot in range(self.workers):
+                self._spawn(slot)
             announced = False
             started = time.monotonic()
             while not (self._stopping and not self._live):
@@ -148,9 +150,8 @@ class Supervisor:
                     announced = True
                     on_ready()
                 self._finish_restart(now)
-                while self._pending and self._pending[0] <= now and not self._stopping:
-                    self._pending.pop(0)
-                    self._spawn()
+                while self._pending and self._pending[0][0] <= now and not self._stopping:
+                    self._spawn(self._pending.pop(0)[1])
             return 0
         finally:
             os.close(self._ready_r)
@@ -187,8 +188,8 @@ class Supervisor:
             return
         self._generation += 1
         self._restart_started = time.monotonic()
-        for _ in range(self.workers):
-            self._spawn()
+        for slot in range(self.workers):
+            self._spawn(slot)
 
     def _finish_restart(self, now: float) -> None:
         """Stop the old generation once the new one is ready (or the wait is over)."""
@@ -231,7 +232,7 @@ class Supervisor:
                 flush=True,
             )
             delay = RESTART_DELAY_S if lived < _QUICK_DEATH_S else 0.0
-            self._pending.append(time.monotonic() + delay)
+            self._pending.append((time.monotonic() + delay, w.column % self.workers))
             self._pending.sort()
 
     def _read_ready(self) -> None:
@@ -247,11 +248,12 @@ class Supervisor:
                 if w is not None:
                     w.ready = True
 
-    def _spawn(self) -> None:
+    def _spawn(self, slot: int) -> None:
+        """Fork the worker of ``slot`` into whichever of the slot's two columns is free."""
         used = {w.column for w in self._live.values()}
-        column = next((c for c in range(self.columns) if c not in used), None)
-        if column is None:  # old and new generations fill every column: wait for one
-            self._pending.append(time.monotonic() + 0.25)
+        column = next((c for c in (slot, slot + self.workers) if c not in used), None)
+        if column is None:  # old and new generations fill both: wait for one
+            self._pending.append((time.monotonic() + 0.25, slot))
             self._pending.sort()
             return
         sys.stdout.flush()  # nothing buffered here is written twice

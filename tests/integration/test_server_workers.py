@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -164,6 +165,64 @@ def test_two_workers_answer_on_one_port_and_a_killed_one_is_replaced(
     seen.clear()
     _wait_for(lambda: answered(1) and new in seen, 60, "the new one answers")
     assert killed not in seen
+
+
+def test_sighup_replaces_every_process_without_a_failed_request_and_roles_survive(
+    two_workers: tuple[int, str],
+) -> None:
+    """SIGHUP: a new generation (two workers and a controllers' process), then the old one
+    stops, with requests arriving all along; a worker of the new generation that dies is
+    replaced by a worker — not by a second controllers' process (the role goes with the
+    slot a process fills, not with the first free column)."""
+    parent, url = two_workers
+    _wait_for(lambda: len(_children(parent)) == 3, what="two workers and the controllers")
+    before = _children(parent)
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def load() -> None:
+        while not stop.is_set():
+            try:  # a new connection each time: whichever worker accepts it
+                statuses.append(httpx.get(f"{url}/healthz", timeout=30).status_code)
+            except httpx.TransportError:  # a dropped connection: what must not happen
+                statuses.append(0)
+
+    loaders = [threading.Thread(target=load, daemon=True) for _ in range(3)]
+    for t in loaders:
+        t.start()
+    try:
+        _wait_for(lambda: len(statuses) > 10, what="load running")
+        os.kill(parent, signal.SIGHUP)
+        _wait_for(lambda: not _children(parent) & before, 90, "the old generation gone")
+        _wait_for(lambda: len(_children(parent)) == 3, 60, "a whole new generation")
+        n = len(statuses)
+        _wait_for(lambda: len(statuses) > n + 10, what="load after the restart")
+    finally:
+        stop.set()
+        for t in loaders:
+            t.join(60)
+    assert statuses and set(statuses) == {200}, sorted(set(statuses))
+
+    generation = _children(parent)
+    seen: set[int] = set()
+
+    def answered_by(wanted: set[int]) -> Callable[[], bool]:
+        def check() -> bool:
+            seen.update(_answering(url, 10))
+            return seen >= wanted if wanted else len(seen) >= 2
+
+        return check
+
+    _wait_for(answered_by(set()), 60, "both new workers answer")
+    workers = set(seen)
+    assert workers <= generation and len(workers) == 2
+    os.kill(min(workers), signal.SIGKILL)
+    _wait_for(lambda: len(_children(parent) - generation) == 1, what="a replacement")
+    (new,) = _children(parent) - generation
+    seen.clear()
+    # the replacement serves (a worker), and the other worker still does: had it become a
+    # second controllers' process, only one process would answer
+    _wait_for(answered_by({new, max(workers)}), 60, "the replacement and the other worker")
 
 
 def test_sigterm_answers_the_requests_in_flight_and_stops_every_worker(

@@ -124,7 +124,7 @@ def _run_workers(settings: ServerSettings, workers: int) -> int:
     table = SharedInFlight(2 * children, serving=workers)
 
     def child(column: int, ready_fd: int) -> int:
-        # column 0 (or its successor during a restart): the controllers' process
+        # slot 0 (``column % children``, kept by a replacement): the controllers' process
         role: Role = "controllers" if column % children == 0 else "requests"
         inflight = table.for_worker(column)
         asyncio.run(_serve_worker(settings, started, sock, inflight, role, ready_fd))
