@@ -16,6 +16,7 @@ the workers share one in-flight table (``inflight``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import ssl
@@ -36,6 +37,7 @@ from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.engine_access import ENGINE_KEY_SECRET, engine_key
 from heteroflow.db.engine import Database, migrate
 from heteroflow.gateway.app import GatewayApp
+from heteroflow.gateway.metrics_share import gateway_state, render_sum
 from heteroflow.gateway.policy.usage import UsageCollector
 from heteroflow.gateway.routing.inflight import InFlight
 from heteroflow.logs import register_secrets
@@ -56,6 +58,7 @@ from heteroflow.serving import http_server, shared_listener
 from heteroflow.settings import ServerSettings
 from heteroflow.workers import (
     ACCEPT_BATCH,
+    ProcessFiles,
     say_ready,
     say_ready_when,
     stop_accepting,
@@ -170,6 +173,7 @@ class ServerApp:
     ) -> None:
         self.settings = settings
         self.role = role
+        self._metrics_files: ProcessFiles | None = None  # server --workers N: shared
         self.clock = clock = clock or SystemClock()
         st = started or start(settings, clock)
         self.db, self.bootstrap, self.node_tokens = st.db, st.bootstrap, st.node_tokens
@@ -240,7 +244,29 @@ class ServerApp:
         )
 
     async def _metrics_text(self) -> bytes:  # issue 18 (P3): GET /metrics on this port
-        return self.gateway.metrics.render() + await asyncio.to_thread(self.metrics.render)
+        files = self._metrics_files
+        if files is None:
+            return self.gateway.metrics.render() + await asyncio.to_thread(self.metrics.render)
+        # server --workers N: a scrape reaches one worker; it answers for every process
+        others = await asyncio.to_thread(files.others)
+        gateway = render_sum(self.gateway.metrics, [(s["gateway"], a) for s, a in others])
+        server = await asyncio.to_thread(self.metrics.render, [(s["server"], a) for s, a in others])
+        return gateway + server
+
+    def share_metrics(self, files: ProcessFiles) -> None:
+        """One of the processes of ``server --workers N``: ``/metrics`` answers the sum
+        of every process's counts (each writes its own to ``files`` once a second —
+        the controllers' process too, whose scheduler and loops no scrape reaches)."""
+        self._metrics_files = files
+
+    def _metrics_state(self) -> dict[str, object]:
+        return {"gateway": gateway_state(self.gateway.metrics), "server": self.metrics.state()}
+
+    def _write_metrics(self, stop: asyncio.Event) -> list[asyncio.Task[None]]:
+        files = self._metrics_files
+        if files is None:
+            return []
+        return [asyncio.create_task(files.run(stop, self._metrics_state))]
 
     async def serve(
         self,
@@ -275,6 +301,7 @@ class ServerApp:
         # one loop per row of the table, the elector first
         loops = [self._loop(c, stop) for c in self.controllers if runs_loop(self.role, c.name)]
         loops.append(asyncio.create_task(self.usage.run(stop)))  # usage batches (M7)
+        loops.extend(self._write_metrics(stop))
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         extras = [asyncio.create_task(fn(stop)) for fn in (extra or [])]
         if ready_fd is not None:
@@ -295,6 +322,7 @@ class ServerApp:
         host, port = sock.getsockname()[:2]
         self.leadership.listening_on(str(host), int(port))
         loops = [self._loop(c, stop) for c in self.controllers if runs_loop(self.role, c.name)]
+        loops.extend(self._write_metrics(stop))
         say_ready(ready_fd)
         await stop.wait()
         await asyncio.gather(*loops, return_exceptions=True)
@@ -310,6 +338,9 @@ class ServerApp:
             log.exception("could not release the lease; it lapses after its TTL")
         # After the last request ended: nothing counted is lost.
         await self.usage.close()
+        if self._metrics_files is not None:  # every count of this process stays in the sum
+            with contextlib.suppress(OSError):
+                self._metrics_files.write(self._metrics_state())
         await self.gateway.aclose()
         self.heartbeats.close()
         self.db.dispose()

@@ -39,11 +39,13 @@ import contextlib
 import ctypes
 import logging
 import os
+import pickle
 import signal
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -336,3 +338,55 @@ def _how(status: int) -> str:
     if os.WIFSIGNALED(status):
         return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
     return f"exited with {os.waitstatus_to_exitcode(status)}"
+
+
+class ProcessFiles:
+    """What each worker of one parent counted, for the one that answers a scrape: a file
+    per process (named by its pid) in a private directory the parent made, written whole
+    (by rename: a reader never sees half) once a second and when the process stops, as
+    Prometheus's client's multiprocess mode keeps a file per process. ``others`` reads
+    the other processes' last states, each with whether that process still lives (a
+    counter of one that exited stays in a sum — the total never goes down — while its
+    gauges do not)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._own = directory / f"{os.getpid()}.metrics"
+
+    def write(self, state: object) -> None:
+        tmp = self._own.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(state))
+        tmp.replace(self._own)
+
+    async def run(
+        self, stop: asyncio.Event, state: Callable[[], object], interval_s: float = 1.0
+    ) -> None:
+        """Write ``state()`` every ``interval_s`` until ``stop``, and once more then."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
+            with contextlib.suppress(OSError):
+                self.write(state())
+
+    def others(self) -> list[tuple[Any, bool]]:
+        """(state, alive) of every other process that wrote one."""
+        out: list[tuple[Any, bool]] = []
+        for path in self._dir.glob("*.metrics"):
+            if path == self._own:
+                continue
+            try:
+                state = pickle.loads(path.read_bytes())  # noqa: S301 - our own workers' files
+            except (OSError, pickle.UnpicklingError, EOFError):
+                continue
+            out.append((state, _alive(int(path.stem))))
+        return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

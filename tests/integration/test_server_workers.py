@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -223,6 +224,58 @@ def test_sighup_replaces_every_process_without_a_failed_request_and_roles_surviv
     # the replacement serves (a worker), and the other worker still does: had it become a
     # second controllers' process, only one process would answer
     _wait_for(answered_by({new, max(workers)}), 60, "the replacement and the other worker")
+
+
+@pytest.mark.feature("P3")
+def test_metrics_answer_for_every_process_whichever_worker_is_scraped(
+    two_workers: tuple[int, str],
+) -> None:
+    """A scrape reaches one worker; it answers with every process's counts — the API
+    requests the other worker served, and the scheduler's rounds, which run in the
+    controllers' process that no request reaches."""
+    parent, url = two_workers
+    _wait_for(lambda: len(_children(parent)) == 3, what="two workers and the controllers")
+    pids: set[int] = set()
+
+    def scraped() -> dict[int, str]:
+        out: dict[int, str] = {}
+        for _ in range(20):
+            r = httpx.get(f"{url}/metrics", timeout=30)
+            assert r.status_code == 200
+            out[int(r.headers[WORKER_HEADER])] = r.text
+        pids.update(out)
+        return out
+
+    rounds = re.compile(
+        r'heteroflow_server_controller_rounds_total\{controller="scheduler"\} (\d+)'
+    )
+    healthz = re.compile(
+        r'heteroflow_server_api_request_duration_seconds_count\{method="GET",'
+        r'route="/healthz",code="2xx"\} (\d+)'
+    )
+
+    def summed() -> bool:
+        texts = scraped()
+        if len(texts) < 2:
+            return False
+        for text in texts.values():  # each worker's answer holds the scheduler's rounds
+            m = rounds.search(text)
+            if m is None or int(m[1]) < 1:
+                return False
+        return True
+
+    _wait_for(summed, 60, "the scheduler's rounds on both workers' /metrics")
+    for _ in range(30):  # spread over both workers
+        assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
+
+    def counted() -> bool:
+        for text in scraped().values():
+            m = healthz.search(text)
+            if m is None or int(m[1]) < 30:
+                return False
+        return True
+
+    _wait_for(counted, 30, "every /healthz in the sum (each worker's file: once a second)")
 
 
 def test_sigterm_answers_the_requests_in_flight_and_stops_every_worker(

@@ -17,7 +17,7 @@ def _worker(tmp_path: Path, pid: int, refused: int) -> None:
     m.fair_waited("m", 0.2)
     m.fair_queued("m", 3)
     share = SharedMetrics(tmp_path, m)
-    share._own = tmp_path / f"{pid}.metrics"  # as if written by that worker
+    share._files._own = tmp_path / f"{pid}.metrics"  # as if written by that worker
     share.write()
 
 
@@ -33,7 +33,7 @@ def test_fair_share_series_render_and_sum_over_workers(tmp_path: Path) -> None:
     assert 'heteroflow_gateway_fair_queued{model="m"} 1' in text
     (tmp_path / "none").mkdir()
     own = SharedMetrics(tmp_path, mine)
-    own._own = tmp_path / "mine.metrics"
+    own._files._own = tmp_path / "mine.metrics"
     total = own.render().decode()
     assert 'heteroflow_gateway_fair_refusals_total{model="m",reason="queue_full"} 3' in total
     assert 'heteroflow_gateway_fair_wait_seconds_count{model="m"} 2' in total

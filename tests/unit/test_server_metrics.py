@@ -178,3 +178,39 @@ def test_exposition_numbers_and_escaping() -> None:
         "y_seconds_sum 2.0",
         "y_seconds_count 1",
     ]
+
+
+@pytest.mark.feature("P3")
+@pytest.mark.feature("P4")
+def test_one_process_answers_for_every_process_of_a_server_with_workers() -> None:
+    """``server --workers N``: the worker a scrape reaches sums the other processes'
+    states — counters and histograms of all (an exited one's too: totals never go down),
+    gauges of the live ones (the controllers' process's scheduler and lease)."""
+    worker = ServerMetrics(leader=lambda: (None, "srv-w1"))
+    worker.api_request("GET", "/healthz", 200, 0.001)
+    controllers = ServerMetrics(leader=lambda: (7, "srv-c"))
+    controllers.controller_round("scheduler", 0.01)
+    controllers.scheduler_round(RoundResult(placed=2, unplaced=3, decision_ms=[4.0]))
+    other = ServerMetrics(leader=lambda: (None, "srv-w2"))
+    other.api_request("GET", "/healthz", 200, 0.002)
+    other.api_request("GET", "/healthz", 500, 0.002)
+    gone = ServerMetrics(leader=lambda: (None, "srv-old"))
+    gone.api_request("GET", "/healthz", 200, 0.003)
+    gone.controller_round("scheduler", 0.02)
+    gone.scheduler_round(RoundResult(placed=1, unplaced=9))
+    s = samples(
+        worker.render(
+            [(controllers.state(), True), (other.state(), True), (gone.state(), False)]
+        )
+    )
+    h = 'heteroflow_server_api_request_duration_seconds_count{method="GET",route="/healthz"'
+    assert s[f'{h},code="2xx"}}'] == 3 and s[f'{h},code="5xx"}}'] == 1
+    assert s['heteroflow_server_controller_rounds_total{controller="scheduler"}'] == 2
+    assert s["heteroflow_server_scheduler_placed_total"] == 3
+    assert s["heteroflow_server_scheduler_decision_seconds_count"] == 1
+    assert s["heteroflow_server_scheduler_waiting_tasks"] == 3  # the live scheduler's
+    assert s['heteroflow_server_leader{instance="srv-c"}'] == 1
+    assert s['heteroflow_server_leader_epoch{instance="srv-c"}'] == 7
+    assert s['heteroflow_server_leader{instance="srv-w2"}'] == 0
+    assert not any("srv-old" in k for k in s)
+    assert samples(worker.render())[f'{h},code="2xx"}}'] == 1  # alone: its own

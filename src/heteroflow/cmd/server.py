@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import socket
 import sys
+import tempfile
+from pathlib import Path
 
 from heteroflow.cmd import instance_lock
 from heteroflow.core.clock import SystemClock
@@ -29,7 +32,7 @@ from heteroflow.gateway.routing.inflight import SharedInFlight
 from heteroflow.server import Role, ServerApp, Started, TlsFilesUnusable, start, tls_problem
 from heteroflow.serving import bind, install_stop_signals, settle_heap
 from heteroflow.settings import ServerSettings
-from heteroflow.workers import Supervisor
+from heteroflow.workers import ProcessFiles, Supervisor
 
 
 def run(a: argparse.Namespace) -> int:
@@ -122,12 +125,15 @@ def _run_workers(settings: ServerSettings, workers: int) -> int:
     children = workers + 1  # the workers and the controllers' process
     # a column per child, old and new during a restart; the workers take the requests
     table = SharedInFlight(2 * children, serving=workers)
+    # each process's counts, for the worker that answers GET /metrics (ProcessFiles)
+    metrics_dir = Path(tempfile.mkdtemp(prefix="heteroflow-server-metrics-"))
 
     def child(column: int, ready_fd: int) -> int:
         # slot 0 (``column % children``, kept by a replacement): the controllers' process
         role: Role = "controllers" if column % children == 0 else "requests"
         inflight = table.for_worker(column)
-        asyncio.run(_serve_worker(settings, started, sock, inflight, role, ready_fd))
+        files = ProcessFiles(metrics_dir)
+        asyncio.run(_serve_worker(settings, started, sock, inflight, role, ready_fd, files))
         return 0
 
     def ready() -> None:
@@ -143,6 +149,7 @@ def _run_workers(settings: ServerSettings, workers: int) -> int:
         return supervisor.run(on_ready=ready)
     finally:
         sock.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 async def _serve_worker(
@@ -152,9 +159,11 @@ async def _serve_worker(
     inflight: SharedInFlight,
     role: Role,
     ready_fd: int,
+    files: ProcessFiles,
 ) -> None:
     """One child: a worker serving the parent's socket, or the controllers' process."""
     app = ServerApp(settings, started=started, inflight=inflight, role=role)
+    app.share_metrics(files)
     stop = asyncio.Event()
     install_stop_signals(stop)
     settle_heap()

@@ -36,6 +36,12 @@ class Histogram:
         h.counts, h.count, h.sum = list(self.counts), self.count, self.sum
         return h
 
+    def add(self, other: Histogram) -> None:
+        """Count ``other``'s observations here too (same bounds: another process's)."""
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.count += other.count
+        self.sum += other.sum
+
 
 class Exposition:
     """Families and their samples, in the order written; ``render`` gives the body."""

@@ -17,14 +17,12 @@ the worker that answers a scrape sums its live counters with the other files.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import pickle
 from pathlib import Path
 from typing import Any
 
 from heteroflow.core.prometheus import Histogram
 from heteroflow.gateway.metrics import GatewayMetrics
+from heteroflow.workers import ProcessFiles
 
 DEFAULT_INTERVAL_S = 1.0
 _COUNTERS = (
@@ -46,39 +44,32 @@ class SharedMetrics:
     def __init__(
         self, directory: Path, metrics: GatewayMetrics, *, interval_s: float = DEFAULT_INTERVAL_S
     ) -> None:
-        self._dir = directory
+        self._files = ProcessFiles(directory)
         self._metrics = metrics
         self._interval_s = interval_s
-        self._own = directory / f"{os.getpid()}.metrics"
 
     def write(self) -> None:
-        """This worker's counters to its file (whole, by rename: a reader never sees half)."""
-        tmp = self._own.with_suffix(".tmp")
-        tmp.write_bytes(pickle.dumps(_state(self._metrics)))
-        tmp.replace(self._own)
+        """This worker's counters to its file."""
+        self._files.write(gateway_state(self._metrics))
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._interval_s)
-            with contextlib.suppress(OSError):
-                self.write()
+        await self._files.run(stop, lambda: gateway_state(self._metrics), self._interval_s)
 
     def render(self) -> bytes:
-        total = GatewayMetrics()
-        _add(total, _state(self._metrics), gauges=True)
-        for path in self._dir.glob("*.metrics"):
-            if path == self._own:
-                continue
-            try:
-                state = pickle.loads(path.read_bytes())  # noqa: S301 - our own workers' files
-            except (OSError, pickle.UnpicklingError, EOFError):
-                continue
-            _add(total, state, gauges=_alive(int(path.stem)))
-        return total.render()
+        return render_sum(self._metrics, self._files.others())
 
 
-def _state(m: GatewayMetrics) -> dict[str, Any]:
+def render_sum(own: GatewayMetrics, others: list[tuple[Any, bool]]) -> bytes:
+    """``own``'s series summed with the other workers' states (``gateway_state``; a
+    worker that exited adds its counters and histograms, not its gauges)."""
+    total = GatewayMetrics()
+    _add(total, gateway_state(own), gauges=True)
+    for state, alive in others:
+        _add(total, state, gauges=alive)
+    return total.render()
+
+
+def gateway_state(m: GatewayMetrics) -> dict[str, Any]:
     state: dict[str, Any] = {name: getattr(m, name) for name in (*_COUNTERS, *_HISTOGRAMS)}
     state["in_flight"] = m.in_flight
     state["held"] = m.held
@@ -98,9 +89,7 @@ def _add(total: GatewayMetrics, state: dict[str, Any], *, gauges: bool) -> None:
             if mine is None:
                 hists[key] = h.copy()
                 continue
-            mine.counts = [a + b for a, b in zip(mine.counts, h.counts, strict=True)]
-            mine.count += h.count
-            mine.sum += h.sum
+            mine.add(h)
     if gauges:
         total.in_flight += state.get("in_flight", 0)
         for model, n in state.get("held", {}).items():
@@ -108,12 +97,3 @@ def _add(total: GatewayMetrics, state: dict[str, Any], *, gauges: bool) -> None:
         for model, n in state.get("fair_queue", {}).items():
             total.fair_queue[model] = total.fair_queue.get(model, 0) + n
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

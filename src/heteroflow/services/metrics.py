@@ -32,9 +32,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import case, func, select
 
@@ -153,16 +154,36 @@ class ServerMetrics:
             self._fleet_at = now  # tried: the next try waits refresh_s either way
         return self._fleet
 
-    def render(self) -> bytes:
-        fleet = self.fleet()
+    def state(self) -> dict[str, Any]:
+        """What this process counted (copies), for the sum over a server's processes."""
         leader = self._leader() if self._leader is not None else None
         with self._lock:
-            api = {k: h.copy() for k, h in self.api.items()}
-            rounds = dict(self.rounds)
-            round_seconds = {k: h.copy() for k, h in self.round_seconds.items()}
-            errors = dict(self.errors)
-            placed, preempted, conflicts = self.placed, self.preempted, self.conflicts
-            decisions, waiting = self.decisions.copy(), self.waiting
+            return {
+                "api": {k: h.copy() for k, h in self.api.items()},
+                "rounds": dict(self.rounds),
+                "round_seconds": {k: h.copy() for k, h in self.round_seconds.items()},
+                "errors": dict(self.errors),
+                "placed": self.placed,
+                "preempted": self.preempted,
+                "conflicts": self.conflicts,
+                "decisions": self.decisions.copy(),
+                "waiting": self.waiting,
+                "leaders": [] if leader is None else [leader],
+            }
+
+    def render(self, others: Sequence[tuple[Mapping[str, Any], bool]] = ()) -> bytes:
+        """This process's series — summed, with ``others`` (the states of the other
+        processes of ``server --workers N``, each with whether it lives), with theirs:
+        counters and histograms of every process, gauges (the scheduler's waiting tasks,
+        the leader lease) of the live ones. The fleet gauges are read here."""
+        fleet = self.fleet()
+        total = self.state()
+        for state, alive in others:
+            _add_state(total, state, gauges=alive)
+        api, rounds, errors = total["api"], total["rounds"], total["errors"]
+        round_seconds = total["round_seconds"]
+        placed, preempted, conflicts = total["placed"], total["preempted"], total["conflicts"]
+        decisions, waiting = total["decisions"], total["waiting"]
         e = Exposition()
         e.family(
             f"{P}api_request_duration_seconds",
@@ -203,13 +224,15 @@ class ServerMetrics:
         e.family(f"{P}scheduler_waiting_tasks", "gauge", "Tasks left waiting by the latest round.")
         if waiting is not None:
             e.sample(f"{P}scheduler_waiting_tasks", waiting)
-        if leader is not None:
-            epoch, instance = leader
+        leaders = sorted(total["leaders"], key=lambda held: str(held[1]))
+        if leaders:
             e.family(f"{P}leader", "gauge", "1 on the instance holding the controllers lease.")
-            e.sample(f"{P}leader", 0 if epoch is None else 1, {"instance": instance})
+            for epoch, instance in leaders:
+                e.sample(f"{P}leader", 0 if epoch is None else 1, {"instance": instance})
             e.family(f"{P}leader_epoch", "gauge", "The lease's epoch, on the instance holding it.")
-            if epoch is not None:
-                e.sample(f"{P}leader_epoch", epoch, {"instance": instance})
+            for epoch, instance in leaders:
+                if epoch is not None:
+                    e.sample(f"{P}leader_epoch", epoch, {"instance": instance})
         if fleet is not None:
             e.family(f"{P}nodes", "gauge", "Nodes by status (offline: no recent heartbeat).")
             for status, n in fleet.nodes.items():
@@ -218,3 +241,29 @@ class ServerMetrics:
             for status, n in fleet.tasks.items():
                 e.sample(f"{P}tasks", n, {"status": status})
         return e.render()
+
+
+def _add_state(total: dict[str, Any], state: Mapping[str, Any], *, gauges: bool) -> None:
+    """Add another process's ``ServerMetrics.state`` into ``total`` (counters and
+    histograms always; gauges only when ``gauges``: the process lives)."""
+    for name in ("api", "round_seconds"):
+        hists: dict[Any, Histogram] = total[name]
+        for key, h in state.get(name, {}).items():
+            mine = hists.get(key)
+            if mine is None:
+                hists[key] = h.copy()
+            else:
+                mine.add(h)
+    for name in ("rounds", "errors"):
+        counts: dict[Any, int] = total[name]
+        for key, n in state.get(name, {}).items():
+            counts[key] = counts.get(key, 0) + n
+    for name in ("placed", "preempted", "conflicts"):
+        total[name] += state.get(name, 0)
+    if "decisions" in state:
+        total["decisions"].add(state["decisions"])
+    if gauges:
+        if state.get("waiting") is not None:  # the process that ran the scheduler
+            total["waiting"] = (total["waiting"] or 0) + state["waiting"]
+        total["leaders"].extend(state.get("leaders", ()))
+
