@@ -438,7 +438,10 @@ def test_the_autoscaler_decides_on_the_real_engines_queue(served: Served) -> Non
     failures: list[str] = []
 
     def load() -> None:
-        client = served.client()
+        # as a production client: the SDK's retries of a 502 (on the two-worker CI run a
+        # few requests met one on this single replica — a request the engine may have
+        # read is never resent by the gateway) and time for 200 tokens behind a queue
+        client = served.client().with_options(max_retries=2, timeout=300)
         while not stop.is_set():  # 200 tokens each, whatever the tiny model would say
             try:
                 client.completions.create(
@@ -459,7 +462,7 @@ def test_the_autoscaler_decides_on_the_real_engines_queue(served: Served) -> Non
                      not m.startswith("autoscaler: queue 0 ")), None)
 
     try:
-        message = wait_for(decided, 90, "an autoscaler decision on a non-empty queue", 0.5)
+        message = wait_for(decided, 150, "an autoscaler decision on a non-empty queue", 0.5)
     except AssertionError as exc:  # say what the autoscaler did decide
         events = served.stack.api("GET", f"/api/v1/task-groups/{gid}/events").json()
         said = [e["message"] for e in events if e["kind"] == "group.autoscale"]
