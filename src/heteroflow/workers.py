@@ -280,6 +280,18 @@ class Supervisor:
         self._live[pid] = _Worker(pid, column, self._generation, time.monotonic())
 
 
+def redis_problem(workers: int, redis_url: str) -> str | None:
+    """The rule of both ``--workers`` flags (gateway and server): more than one process
+    needs Redis, where the gateway's rate limits, quotas and idempotency keys are exact
+    across processes (None: the rule holds)."""
+    if workers <= 1 or redis_url:
+        return None
+    return (
+        f"--workers {workers} needs HETEROFLOW_REDIS_URL: the gateway's rate limits, quotas "
+        "and idempotency keys are exact across workers only through Redis (else --workers 1)"
+    )
+
+
 def say_ready(ready_fd: int) -> None:
     """In a worker: tell the parent this worker serves (with routes)."""
     with contextlib.suppress(OSError):

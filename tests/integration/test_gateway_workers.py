@@ -27,7 +27,7 @@ import pytest
 
 from heteroflow.schemas.routing import hash_key
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
-from heteroflow.testing.up_stack import listening_url
+from heteroflow.testing.up_stack import listening_url, steady_load
 
 from .conftest import REDIS_URL
 
@@ -244,30 +244,13 @@ def test_two_workers_share_the_port_balance_as_one_restart_and_drain(
 
     # SIGHUP: new workers, then the old ones stop; no request fails meanwhile
     before = gw.children()
-    stop = threading.Event()
-    statuses: list[int] = []
-
-    def load() -> None:
-        while not stop.is_set():
-            try:
-                statuses.append(gw.post({**BODY, "fake_delay_ms": 20}).status_code)
-            except httpx.TransportError:  # a dropped connection: what must not happen
-                statuses.append(0)
-
-    loaders = [threading.Thread(target=load, daemon=True) for _ in range(4)]
-    for t in loaders:
-        t.start()
-    try:
+    with steady_load(lambda: gw.post({**BODY, "fake_delay_ms": 20}).status_code, 4) as statuses:
         _wait_for(lambda: len(statuses) > 10, what="load running")
         gw.proc.send_signal(signal.SIGHUP)
         _wait_for(lambda: len(gw.children() & before) == 0, what="old workers gone")
         _wait_for(lambda: len(gw.children()) == 2, what="two new workers")
         n = len(statuses)
         _wait_for(lambda: len(statuses) > n + 10, what="load after the restart")
-    finally:
-        stop.set()
-        for t in loaders:
-            t.join(60)
     assert statuses and set(statuses) == {200}
 
     # SIGTERM: a stream in flight finishes, then every process exits 0

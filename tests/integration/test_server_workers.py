@@ -19,7 +19,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ import pytest
 from heteroflow.server import Role, ServerApp
 from heteroflow.serving import bind
 from heteroflow.settings import ServerSettings
-from heteroflow.testing.up_stack import listening_url
+from heteroflow.testing.up_stack import listening_url, steady_load
 from heteroflow.workers import WORKER_HEADER
 
 from .conftest import REDIS_URL
@@ -178,30 +177,17 @@ def test_sighup_replaces_every_process_without_a_failed_request_and_roles_surviv
     parent, url = two_workers
     _wait_for(lambda: len(_children(parent)) == 3, what="two workers and the controllers")
     before = _children(parent)
-    stop = threading.Event()
-    statuses: list[int] = []
 
-    def load() -> None:
-        while not stop.is_set():
-            try:  # a new connection each time: whichever worker accepts it
-                statuses.append(httpx.get(f"{url}/healthz", timeout=30).status_code)
-            except httpx.TransportError:  # a dropped connection: what must not happen
-                statuses.append(0)
+    def healthz() -> int:  # a new connection each time: whichever worker accepts it
+        return httpx.get(f"{url}/healthz", timeout=30).status_code
 
-    loaders = [threading.Thread(target=load, daemon=True) for _ in range(3)]
-    for t in loaders:
-        t.start()
-    try:
+    with steady_load(healthz, 3) as statuses:
         _wait_for(lambda: len(statuses) > 10, what="load running")
         os.kill(parent, signal.SIGHUP)
         _wait_for(lambda: not _children(parent) & before, 90, "the old generation gone")
         _wait_for(lambda: len(_children(parent)) == 3, 60, "a whole new generation")
         n = len(statuses)
         _wait_for(lambda: len(statuses) > n + 10, what="load after the restart")
-    finally:
-        stop.set()
-        for t in loaders:
-            t.join(60)
     assert statuses and set(statuses) == {200}, sorted(set(statuses))
 
     generation = _children(parent)

@@ -53,6 +53,7 @@ from heteroflow.workers import (
     ACCEPT_BATCH,
     Supervisor,
     default_workers,
+    redis_problem,
     say_ready_when,
     stop_accepting,
     worker_headers,
@@ -75,16 +76,13 @@ def run(a: argparse.Namespace) -> int:
             print("a gateway token is needed: --token or HETEROFLOW_GATEWAY_TOKEN", file=sys.stderr)
             return 2
         register_secrets(token)  # issue 18 (P3): never in a log line
-    redis = bool(ServerSettings().redis_url)
+    redis_url = ServerSettings().redis_url
     workers: int | None = getattr(a, "workers", None)
     if workers is None:
-        workers = default_workers() if redis else 1
-    elif workers > 1 and not redis:
-        print(
-            f"--workers {workers} needs HETEROFLOW_REDIS_URL: rate limits, quotas and "
-            "idempotency keys are exact across workers only through Redis (else --workers 1)",
-            file=sys.stderr,
-        )
+        workers = default_workers() if redis_url else 1
+    problem = redis_problem(workers, redis_url)
+    if problem is not None:
+        print(problem, file=sys.stderr)
         return 2
     if workers == 1:
         return asyncio.run(_run_gateway(a, token))

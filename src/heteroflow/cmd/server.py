@@ -32,7 +32,7 @@ from heteroflow.gateway.routing.inflight import SharedInFlight
 from heteroflow.server import Role, ServerApp, Started, TlsFilesUnusable, start, tls_problem
 from heteroflow.serving import bind, install_stop_signals, settle_heap
 from heteroflow.settings import ServerSettings
-from heteroflow.workers import ProcessFiles, Supervisor
+from heteroflow.workers import ProcessFiles, Supervisor, redis_problem
 
 
 def run(a: argparse.Namespace) -> int:
@@ -66,13 +66,7 @@ def workers_problem(settings: ServerSettings, workers: int) -> str | None:
             f"--workers {workers} needs PostgreSQL (HETEROFLOW_DATABASE_URL): SQLite takes "
             "one writer process at a time (else --workers 1)"
         )
-    if not settings.redis_url:
-        return (
-            f"--workers {workers} needs HETEROFLOW_REDIS_URL: the gateway's rate limits, "
-            "quotas and idempotency keys are exact across workers only through Redis "
-            "(else --workers 1)"
-        )
-    return tls_problem(settings)
+    return redis_problem(workers, settings.redis_url) or tls_problem(settings)
 
 
 def _lock(settings: ServerSettings) -> instance_lock.InstanceLock | None:

@@ -4,6 +4,7 @@ time the first byte of a streamed chat answer through the gateway."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -134,6 +135,31 @@ def listening_url(
 
     threading.Thread(target=read, daemon=True).start()
     return str(wait_for(what, lambda: found and found[0], timeout_s))
+
+
+@contextlib.contextmanager
+def steady_load(call: Callable[[], int], threads: int) -> Iterator[list[int]]:
+    """``threads`` threads calling ``call`` (an HTTP status) until the block ends; yields
+    the statuses as they come, 0 for a connection dropped (what a restart must not do)."""
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                statuses.append(call())
+            except httpx.TransportError:
+                statuses.append(0)
+
+    loaders = [threading.Thread(target=load, daemon=True) for _ in range(threads)]
+    for t in loaders:
+        t.start()
+    try:
+        yield statuses
+    finally:
+        stop.set()
+        for t in loaders:
+            t.join(60)
 
 
 def first_byte_s(url: str, key: str, body: Mapping[str, Any], timeout_s: float = 120.0) -> float:
