@@ -428,11 +428,6 @@ def test_the_autoscaler_decides_on_the_real_engines_queue(served: Served) -> Non
     """More requests than --max-num-seqs 4: vLLM's own vllm:num_requests_waiting, scraped
     by the gateway and reported to the server, is what the autoscaler decides on."""
     gid = served.group["id"]
-    r = served.stack.api(
-        "PUT", f"/api/v1/task-groups/{gid}/scale-policy",
-        json={"enabled": True, "metric": "queue", "target": 1, "max_replicas": 1},
-    )
-    assert r.status_code == 200, r.text
     stop = threading.Event()
 
     failures: list[str] = []
@@ -454,6 +449,15 @@ def test_the_autoscaler_decides_on_the_real_engines_queue(served: Served) -> Non
     workers = [threading.Thread(target=load, daemon=True) for _ in range(8)]
     for w in workers:
         w.start()
+    # The policy only once the queue had time to form: with max_replicas 1 every decision
+    # is "1 → 1", and one that says what the last said is not written again — a first
+    # round that saw the queue still empty (it raced the load) hid every later one.
+    time.sleep(10)
+    r = served.stack.api(
+        "PUT", f"/api/v1/task-groups/{gid}/scale-policy",
+        json={"enabled": True, "metric": "queue", "target": 1, "max_replicas": 1},
+    )
+    assert r.status_code == 200, r.text
 
     def decided() -> str | None:
         events = served.stack.api("GET", f"/api/v1/task-groups/{gid}/events").json()
