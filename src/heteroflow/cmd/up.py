@@ -303,15 +303,19 @@ def _demo_state(app: ServerApp, group_id: str) -> tuple[str, str]:
 
 
 async def _wait_done(
-    app: ServerApp, group_id: str, stop: asyncio.Event, elapsed: Elapsed
+    app: ServerApp, group_id: str, stop: asyncio.Event, elapsed: Elapsed,
+    stale: tuple[str, str] | None = None,
 ) -> tuple[str, str]:
     """Print each change of the demo's status (and its task's reason) until it runs or
-    ends; returns (status, reason)."""
+    ends; returns (status, reason). ``stale`` is a kept demo's state as the last run
+    left it: its reason (e.g. the last shutdown's "agent shut down") is that run's
+    news, not this one's, so it is not printed again."""
     last = ("", "")
     while not stop.is_set():
         status, reason = await asyncio.to_thread(_demo_state, app, group_id)
         if (status, reason) != last:
-            say(f"  {elapsed} demo: {status}" + (f" — {reason}" if reason else ""))
+            shown = "" if (status, reason) == stale else reason
+            say(f"  {elapsed} demo: {status}" + (f" — {shown}" if shown else ""))
             last = (status, reason)
         if status in DONE:
             break
@@ -364,13 +368,15 @@ class _Run:
             return
         req = _demo_request(model, kind)
         d = await asyncio.to_thread(_deploy_demo, app, req, key, keep=True)
+        stale = None
         if d.kept:
             say(f"keeping the demo service {d.group_id} ({d.model_name}) from the last run")
+            stale = await asyncio.to_thread(_demo_state, app, d.group_id)
             if d.agent_owned:  # the agent's first reply: adopt the engine, or give it back
                 await _wait_heartbeat(app, self.node_name, self.stop, app.clock.now())
         else:
             say(f"deploying {d.model_name} from {model} as {d.group_id} …")
-        status, reason = await _wait_done(app, d.group_id, self.stop, self.elapsed)
+        status, reason = await _wait_done(app, d.group_id, self.stop, self.elapsed, stale)
         if status == "failed" and d.kept and not self.stop.is_set():
             say(f"  {self.elapsed} the last run's engine is gone; starting the demo again")
             d = await asyncio.to_thread(_deploy_demo, app, req, key, keep=False)
