@@ -294,7 +294,10 @@ class RedisStore:
             return None
         loop = asyncio.get_running_loop()
         if self._wire is None or self._loop is not loop:
-            self._wire = RedisWire(self._url, connect_timeout_s=self._timeout_s)
+            # each call's reply is due within timeout_s (the wire fails it and every call
+            # behind it otherwise, and reconnects on the next)
+            t = self._timeout_s
+            self._wire = RedisWire(self._url, connect_timeout_s=t, reply_timeout_s=t)
             self._loop = loop
         return self._wire
 
@@ -345,8 +348,7 @@ class RedisStore:
             args += f" {t.quota} {t.period_end_ms!r}"
             keys += (self._tenant_key(t.tenant_id, t.period),)
         try:
-            async with asyncio.timeout(self._timeout_s):
-                r = await wire.evalsha(_ADMIT, keys, (args.encode(),))
+            r = await wire.evalsha(_ADMIT, keys, (args.encode(),))
         except _REDIS_ERRORS as exc:
             self._failed(exc)
             return _local(await self._local.admit(c, now_ms))
@@ -403,8 +405,7 @@ class RedisStore:
                 args += (str(tqd).encode(),)
             calls.append(wire.evalsha(_SETTLE, keys, args))
         try:
-            async with asyncio.timeout(self._timeout_s):
-                await asyncio.gather(*calls)
+            await asyncio.gather(*calls)
         except _REDIS_ERRORS as exc:
             self._failed(exc)
             return
@@ -420,10 +421,9 @@ class RedisStore:
             return _local_claim(await self._local.claim(endpoint_id, key, fp, lease_ms, now_ms))
         token = new_token()
         try:
-            async with asyncio.timeout(self._timeout_s):
-                r = await wire.evalsha(
-                    _CLAIM, (self._record_key(endpoint_id, key),), (fp, token, b"%d" % lease_ms)
-                )
+            r = await wire.evalsha(
+                _CLAIM, (self._record_key(endpoint_id, key),), (fp, token, b"%d" % lease_ms)
+            )
         except _REDIS_ERRORS as exc:
             self._failed(exc)
             return _local_claim(await self._local.claim(endpoint_id, key, fp, lease_ms, now_ms))
@@ -451,8 +451,7 @@ class RedisStore:
             return
         record = self._record_key(endpoint_id, key)
         try:
-            async with asyncio.timeout(self._timeout_s):
-                await wire.call(b"SET", record, b"d" + fp + packed, b"PX", b"%d" % ttl_ms)
+            await wire.call(b"SET", record, b"d" + fp + packed, b"PX", b"%d" % ttl_ms)
         except _REDIS_ERRORS as exc:
             self._failed(exc)
             return
@@ -466,10 +465,9 @@ class RedisStore:
             await self._local.release(endpoint_id, key, fp, token, shared)
             return
         try:
-            async with asyncio.timeout(self._timeout_s):
-                await wire.evalsha(
-                    _RELEASE, (self._record_key(endpoint_id, key),), (b"p" + fp + token,)
-                )
+            await wire.evalsha(
+                _RELEASE, (self._record_key(endpoint_id, key),), (b"p" + fp + token,)
+            )
         except _REDIS_ERRORS as exc:
             self._failed(exc)
             return

@@ -6,9 +6,12 @@ read) against a gateway budget of 0.30 ms per request; this connection costs ~10
 It does only what the limit store needs: one TCP (or TLS) connection per event loop,
 commands written as they come (coalesced into one write per loop turn) and replies
 matched first-in first-out, ``EVALSHA`` with a ``SCRIPT LOAD`` on ``NOSCRIPT``, and
-``AUTH`` / ``SELECT`` from the URL. Timeouts are the caller's (``asyncio.timeout``); a
-call that timed out closes the connection, so a slow Redis never leaves replies
-mismatched, and the next call reconnects.
+``AUTH`` / ``SELECT`` from the URL. Timeouts are the connection's: a call not answered
+within ``reply_timeout_s`` fails with ``TimeoutError`` together with every call behind it
+and the connection is dropped, so a slow Redis never leaves replies mismatched, and the
+next call reconnects. One timer per connection, armed at the oldest call's deadline and
+moved on when it fires, instead of an ``asyncio.timeout`` per call (a ``Timeout``, a
+timer handle in the loop's heap and its cancellation: a third of an admission's CPU).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import hashlib
 import ssl
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 Reply = Any  # bytes | int | None | list[Reply] | ReplyError
@@ -79,22 +82,44 @@ def parse(buf: bytearray, pos: int) -> tuple[Reply, int] | _Incomplete:
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, reply_timeout_s: float) -> None:
         self.transport: asyncio.Transport | None = None
         self.waiters: deque[asyncio.Future[Reply]] = deque()
+        self.deadlines: deque[float] = deque()  # loop time by which each waiter's reply is due
         self.buf = bytearray()
         self.lost: BaseException | None = None
         self._out: list[bytes] = []
+        self._timeout_s = reply_timeout_s
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self.transport = transport
 
     def send(self, cmd: bytes, fut: asyncio.Future[Reply]) -> None:
+        loop = self._loop
+        deadline = loop.time() + self._timeout_s
         self.waiters.append(fut)
+        self.deadlines.append(deadline)
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._expire)
         if not self._out:
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)
         self._out.append(cmd)
+
+    def _expire(self) -> None:
+        """The oldest call's deadline came: wait on for it if it was answered meanwhile,
+        else fail every call and drop the connection."""
+        self._timer = None
+        if not self.deadlines:
+            return
+        if self._loop.time() < self.deadlines[0]:
+            self._timer = self._loop.call_at(self.deadlines[0], self._expire)
+            return
+        self._fail_all(TimeoutError(f"no reply from Redis in {self._timeout_s:g} s"))
+        if self.transport is not None:
+            self.transport.abort()
 
     def _flush(self) -> None:
         out, self._out = self._out, []
@@ -110,6 +135,7 @@ class _Protocol(asyncio.Protocol):
                 break
             value, pos = r
             fut = self.waiters.popleft()
+            self.deadlines.popleft()
             if fut.done():  # the caller timed out or left
                 continue
             if isinstance(value, ReplyError):
@@ -120,12 +146,22 @@ class _Protocol(asyncio.Protocol):
             del self.buf[:pos]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = exc or ConnectionError("redis closed the connection")
+        if self.lost is None:
+            self.lost = exc or ConnectionError("redis closed the connection")
         self.transport = None
+        self._fail_all(ConnectionError(str(self.lost)))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        if self.lost is None:
+            self.lost = exc
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.deadlines.clear()
         while self.waiters:
             fut = self.waiters.popleft()
             if not fut.done():
-                fut.set_exception(ConnectionError(str(self.lost)))
+                fut.set_exception(exc)
 
 
 class Script:
@@ -137,7 +173,9 @@ class Script:
 class RedisWire:
     """One pipelined connection to the Redis at ``url`` (redis:// or rediss://)."""
 
-    def __init__(self, url: str, *, connect_timeout_s: float = 0.5) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout_s: float = 0.5, reply_timeout_s: float = 0.5
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss"):
             raise ValueError(f"unsupported Redis URL scheme {parts.scheme!r}")
@@ -148,6 +186,7 @@ class RedisWire:
         self._password = unquote(parts.password) if parts.password else None
         self._db = int(parts.path.lstrip("/") or 0)
         self._connect_timeout_s = connect_timeout_s
+        self._reply_timeout_s = reply_timeout_s
         self._proto: _Protocol | None = None
         self._connecting: asyncio.Task[_Protocol] | None = None
 
@@ -167,7 +206,7 @@ class RedisWire:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._connect_timeout_s):
             _, proto = await loop.create_connection(
-                _Protocol,
+                lambda: _Protocol(self._reply_timeout_s),
                 self._host,
                 self._port,
                 ssl=ssl.create_default_context() if self._tls else None,
