@@ -14,10 +14,15 @@ import gc
 import os
 import signal
 import socket
-from collections.abc import Iterator
-from typing import Any, Literal
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, Literal, TypeVar
 
 import uvicorn
+
+T = TypeVar("T")
+# The listen queue of a socket we bind (``bind``): the connections the kernel holds for
+# the process (or the workers) to accept.
+LISTEN_BACKLOG = 2048
 
 # The young generation's threshold for a serving process (CPython's default is 700).
 GC_GEN0_THRESHOLD = 20_000
@@ -36,7 +41,7 @@ def http_server(
     *,
     lifespan: Literal["on", "off"] = "on",
     headers: list[tuple[str, str]] | None = None,
-    accept_batch: int = 2048,
+    accept_batch: int = LISTEN_BACKLOG,
 ) -> _Uvicorn:
     """uvicorn as every HeteroFlow process runs it (``headers``: added to every answer
     by uvicorn itself, e.g. a gateway worker's pid; ``accept_batch``: the most
@@ -48,7 +53,18 @@ def http_server(
     and keep-alive longer than the gateway's 4 s upstream idle timeout. Its loggers get
     no handlers of their own (``log_config=None``): their lines go through the process's
     one handler (``logs.py``: text or JSON, secrets redacted).
+
+    On uvloop (a gateway that asks for it, ``run_on_loop``) the backlog is what it says —
+    libuv calls listen(2) with it, on the socket the workers share — so it stays
+    ``LISTEN_BACKLOG``,
+    and an accept batch under it turns on libuv's own spreading instead
+    (``UV_TCP_SINGLE_ACCEPT``: it yields to the other processes after each accept).
     """
+    backlog = accept_batch
+    if on_uvloop():
+        if accept_batch < LISTEN_BACKLOG:
+            os.environ["UV_TCP_SINGLE_ACCEPT"] = "1"  # read by libuv at listen time
+        backlog = LISTEN_BACKLOG
     return _Uvicorn(
         uvicorn.Config(
             app,
@@ -60,7 +76,7 @@ def http_server(
             access_log=False,
             timeout_keep_alive=75,
             headers=headers,
-            backlog=accept_batch,
+            backlog=backlog,
         )
     )
 
@@ -94,7 +110,7 @@ def bind(host: str, port: int) -> socket.socket:
         if exc.errno == errno.EADDRINUSE:
             raise PortBusy(host, port) from exc
         raise
-    sock.listen(2048)
+    sock.listen(LISTEN_BACKLOG)
     sock.setblocking(False)
     return sock
 
@@ -134,6 +150,33 @@ def settle_heap() -> None:
     gc.freeze()
     _, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
+
+
+def run_on_loop(main: Coroutine[Any, Any, T], loop: str = "asyncio") -> T:
+    """``asyncio.run(main)`` on the loop named (``ServerSettings.gateway_event_loop``):
+    "asyncio" or "uvloop" (an error that says so when it is not installed)."""
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            main.close()
+            raise RuntimeError(
+                "HETEROFLOW_GATEWAY_EVENT_LOOP=uvloop, but uvloop is not installed "
+                "(pip install uvloop, or leave the setting at asyncio)"
+            ) from None
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
+
+
+def on_uvloop() -> bool:
+    """Whether this thread runs an event loop, and it is uvloop's."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return type(loop).__module__.startswith("uvloop")
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

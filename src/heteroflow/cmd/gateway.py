@@ -45,6 +45,7 @@ from heteroflow.serving import (
     bind,
     http_server,
     install_stop_signals,
+    run_on_loop,
     settle_heap,
     shared_listener,
 )
@@ -76,7 +77,8 @@ def run(a: argparse.Namespace) -> int:
             print("a gateway token is needed: --token or HETEROFLOW_GATEWAY_TOKEN", file=sys.stderr)
             return 2
         register_secrets(token)  # issue 18 (P3): never in a log line
-    redis_url = ServerSettings().redis_url
+    settings = ServerSettings()
+    redis_url = settings.redis_url
     workers: int | None = getattr(a, "workers", None)
     if workers is None:
         workers = default_workers() if redis_url else 1
@@ -84,12 +86,13 @@ def run(a: argparse.Namespace) -> int:
     if problem is not None:
         print(problem, file=sys.stderr)
         return 2
+    loop = settings.gateway_event_loop
     if workers == 1:
-        return asyncio.run(_run_gateway(a, token))
-    return _run_workers(a, token, workers)
+        return run_on_loop(_run_gateway(a, token), loop)
+    return _run_workers(a, token, workers, loop)
 
 
-def _run_workers(a: argparse.Namespace, token: str, workers: int) -> int:
+def _run_workers(a: argparse.Namespace, token: str, workers: int, loop: str) -> int:
     """The parent of ``workers`` gateway processes (``heteroflow.workers.Supervisor``)."""
 
     def check() -> str | None:
@@ -106,7 +109,7 @@ def _run_workers(a: argparse.Namespace, token: str, workers: int) -> int:
     def child(column: int, ready_fd: int) -> int:
         inflight = table.for_worker(column)
         shared = (inflight, metrics_dir, ready_fd)
-        return asyncio.run(_run_gateway(a, token, sock=sock, worker=shared))
+        return run_on_loop(_run_gateway(a, token, sock=sock, worker=shared), loop)
 
     def ready() -> None:
         url = f"http://{a.host}:{sock.getsockname()[1]}"

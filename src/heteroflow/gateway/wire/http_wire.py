@@ -40,7 +40,7 @@ import asyncio
 import os
 import ssl
 from collections.abc import AsyncIterator, Iterable
-from typing import NamedTuple
+from typing import NamedTuple, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -273,7 +273,7 @@ class _Conn(asyncio.Protocol):
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
