@@ -16,7 +16,10 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -28,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
+from heteroflow.cmd.server import database_problem
 from heteroflow.server import Role, ServerApp
 from heteroflow.serving import bind
 from heteroflow.settings import ServerSettings
@@ -35,6 +39,7 @@ from heteroflow.testing.up_stack import listening_url, steady_load
 from heteroflow.workers import WORKER_HEADER
 
 from .conftest import REDIS_URL
+from .test_agent_tls import make_ca, make_server_cert
 
 ADMIN_PASSWORD = "workers-admin-password"
 
@@ -383,3 +388,95 @@ def test_each_role_runs_its_loops_and_only_a_requests_worker_never_leads(
     assert {n for n, k in rounds.items() if k >= 5} == runs
     assert not {n for n, k in rounds.items() if k} - runs
     assert led is (role != "requests")  # alone on its database, it leads unless it never bids
+
+
+def _printed(log: Path, pattern: str, timeout: float = 90.0) -> re.Match[str]:
+    """The first match of ``pattern`` in what the server printed to ``log``."""
+    found: list[re.Match[str]] = []
+
+    def seen() -> bool:
+        m = re.search(pattern, log.read_text(errors="replace"))
+        if m:
+            found.append(m)
+        return m is not None
+
+    _wait_for(seen, timeout, f"{pattern!r} printed")
+    return found[0]
+
+
+@pytest.mark.feature("P4")
+def test_sighup_with_a_certificate_that_does_not_load_keeps_the_old_processes(
+    pg_empty_url: str, tmp_path: Path, prefix: str
+) -> None:
+    """A SIGHUP is how a renewed certificate is taken; a new generation that cannot load
+    it would never serve, and the old one would be stopped anyway once the wait ran out.
+    The parent checks first (``cmd.server.restart_problem``: the TLS files as they are
+    now, the database answering): refused in one line, the old processes go on serving;
+    with a good certificate back, the next SIGHUP replaces them."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make the test's certificates")
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    ca = make_ca(pki, "ca")
+    cert, key = make_server_cert(pki, "ca", "IP:127.0.0.1")
+    env = _env(
+        tmp_path,
+        HETEROFLOW_DATABASE_URL=pg_empty_url,
+        HETEROFLOW_REDIS_URL=REDIS_URL,
+        HETEROFLOW_REDIS_KEY_PREFIX=prefix,
+        HETEROFLOW_TLS_CERT_FILE=str(cert),
+        HETEROFLOW_TLS_KEY_FILE=str(key),
+    )
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "heteroflow.cli", "server", "--port", "0", "--workers", "2"],
+            stdout=out, stderr=subprocess.STDOUT, text=True, env=env,
+        )
+    try:
+        url = _printed(log, r"listening on (https://\S+) \(2 workers").group(1)
+        _wait_for(lambda: len(_children(proc.pid)) == 3, what="two workers and the controllers")
+        before = _children(proc.pid)
+
+        trust = ssl.create_default_context(cafile=str(ca))
+
+        def healthz() -> int:
+            return httpx.get(f"{url}/healthz", verify=trust, timeout=30).status_code
+
+        _wait_for(lambda: healthz() == 200, what="https answers")
+        good = cert.read_bytes()
+        cert.write_text("not a certificate\n")
+        os.kill(proc.pid, signal.SIGHUP)
+        refused = _printed(log, r"server: restart refused, the old workers go on: (.*)")
+        assert "HETEROFLOW_TLS_CERT_FILE" in refused.group(1), refused.group(0)
+        time.sleep(2)  # nothing was started: the same processes, still serving
+        assert _children(proc.pid) == before
+        assert healthz() == 200
+
+        cert.write_bytes(good)
+        os.kill(proc.pid, signal.SIGHUP)
+        _wait_for(lambda: not _children(proc.pid) & before, 90, "the old generation gone")
+        _wait_for(lambda: len(_children(proc.pid)) == 3, 60, "a whole new generation")
+        _wait_for(lambda: healthz() == 200, what="the new generation answers")
+    finally:
+        children = _children(proc.pid)
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.feature("P4")
+def test_the_restart_check_says_when_the_database_does_not_answer(pg_empty_url: str) -> None:
+    assert database_problem(pg_empty_url) is None
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    said = database_problem(f"postgresql://hf:s3cret-pw@127.0.0.1:{port}/hf", timeout_s=2)
+    assert said is not None and said.startswith("the database does not answer: "), said
+    assert "s3cret-pw" not in said

@@ -26,9 +26,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
 from heteroflow.cmd import instance_lock
 from heteroflow.core.clock import SystemClock
+from heteroflow.db.engine import driver_url
 from heteroflow.gateway.routing.inflight import SharedInFlight
+from heteroflow.logs import redact
 from heteroflow.server import Role, ServerApp, Started, TlsFilesUnusable, start, tls_problem
 from heteroflow.serving import bind, install_stop_signals, settle_heap
 from heteroflow.settings import ServerSettings
@@ -110,6 +116,31 @@ async def _serve(settings: ServerSettings, lock: instance_lock.InstanceLock | No
     await app.serve(stop, sock)
 
 
+def restart_problem(settings: ServerSettings) -> str | None:
+    """What a SIGHUP checks before it replaces the processes (the old ones go on serving
+    when this says something, in one line): the TLS files as they are now — a SIGHUP is
+    how a renewed certificate is taken, and new workers that cannot load it never serve —
+    and the database answering, which every new process needs before it serves."""
+    return tls_problem(settings) or database_problem(settings.resolved_database_url())
+
+
+def database_problem(url: str, timeout_s: int = 5) -> str | None:
+    """Why the database at ``url`` does not answer ``SELECT 1`` within ``timeout_s``
+    (None: it does). The reason is the driver's first line, secrets redacted."""
+    connect_args = {"connect_timeout": timeout_s} if url.startswith("postgresql") else {}
+    engine = create_engine(driver_url(url), poolclass=NullPool, connect_args=connect_args)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        return f"the database does not answer: {redact(first)}"
+    finally:
+        engine.dispose()
+    return None
+
+
 def _run_workers(settings: ServerSettings, workers: int) -> int:
     """The parent of ``workers`` server processes (``heteroflow.workers.Supervisor``)."""
     started = start(settings, SystemClock())  # migrated and bootstrapped once, here
@@ -138,7 +169,14 @@ def _run_workers(settings: ServerSettings, workers: int) -> int:
             flush=True,
         )
 
-    supervisor = Supervisor(children, child, on_dead=table.clear, on_stop=sock.close, name="server")
+    supervisor = Supervisor(
+        children,
+        child,
+        on_dead=table.clear,
+        check=lambda: restart_problem(settings),
+        on_stop=sock.close,
+        name="server",
+    )
     try:
         return supervisor.run(on_ready=ready)
     finally:

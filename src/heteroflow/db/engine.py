@@ -31,6 +31,13 @@ def _json_dumps(value: Any) -> str:
 _JSON = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
 
 
+def driver_url(url: str) -> str:
+    """``url`` with the driver SQLAlchemy is to use (psycopg 3 for postgresql://)."""
+    if url.startswith("postgresql://"):
+        return "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
@@ -51,9 +58,7 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    engine = create_engine(url, pool_size=10, max_overflow=10, **_JSON)
+    engine = create_engine(driver_url(url), pool_size=10, max_overflow=10, **_JSON)
     _ping_when_idle(engine, PING_IDLE_S)
     return engine
 
