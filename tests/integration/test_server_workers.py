@@ -97,17 +97,22 @@ def two_workers(pg_empty_url: str, tmp_path: Path, prefix: str) -> Iterator[tupl
             proc.stdout, "the server, with 2 workers", 90, r"listening on (http://\S+) \(2 workers"
         )
     finally:
-        children = _children(proc.pid)
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()  # its workers get SIGTERM from the kernel (PR_SET_PDEATHSIG)
-                proc.wait(10)
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Stop the parent (SIGTERM, then SIGKILL) and whatever of its children is left."""
+    children = _children(proc.pid)
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # its workers get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+            proc.wait(10)
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _answering(url: str, tries: int = 40) -> set[int]:
@@ -459,16 +464,7 @@ def test_sighup_with_a_certificate_that_does_not_load_keeps_the_old_processes(
         _wait_for(lambda: len(_children(proc.pid)) == 3, 60, "a whole new generation")
         _wait_for(lambda: healthz() == 200, what="the new generation answers")
     finally:
-        children = _children(proc.pid)
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _stop(proc)
 
 
 @pytest.mark.feature("P4")
