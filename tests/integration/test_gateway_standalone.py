@@ -160,6 +160,63 @@ def test_bad_routes_file_exits_2_naming_the_field(
     assert "Traceback" not in err
 
 
+@pytest.mark.feature("N2")
+def test_a_tenant_quota_in_the_routes_file_is_spent_by_its_keys_together(
+    tmp_path: Path, engine: tuple[FakeOpenAIBackend, str]
+) -> None:
+    """The routes file's ``tenants``: 8 tokens a day for tenant ``edge``, two keys of it
+    and one of another tenant; the fake engine answers 4 tokens a request. Two requests
+    (one per key) spend it, then both keys are refused as by the server's tenant quota
+    and the other tenant's key is not."""
+    keys = {name: f"sk-{name}-quota-test" for name in ("edge-1", "edge-2", "other-1")}
+    routes = tmp_path / "routes.json"
+    routes.write_text(
+        json.dumps(
+            {
+                "models": {"chat": {"backends": [engine[1]]}},
+                "keys": {
+                    name: {"sha256": hash_key(k), "tenant": name.split("-")[0]}
+                    for name, k in keys.items()
+                },
+                "tenants": {"edge": {"quota_tokens": 8, "quota_period": "day"}},
+            }
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HETEROFLOW_REDIS_URL"}  # in memory
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "heteroflow.cli", "gateway", "--port", "0", "--routes", str(routes)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    clients: list[openai.OpenAI] = []
+    try:
+        assert proc.stdout is not None
+        url = listening_url(proc.stdout, "the gateway", 30)
+
+        def client(name: str) -> openai.OpenAI:
+            c = openai.OpenAI(base_url=f"{url}/v1", api_key=keys[name], max_retries=0, timeout=10)
+            clients.append(c)
+            return c
+
+        def chat(c: openai.OpenAI) -> str:
+            r = c.chat.completions.create(model="chat", messages=MSG, max_tokens=5)
+            return r.choices[0].message.content or ""
+
+        one, two = client("edge-1"), client("edge-2")
+        assert chat(one) == "tok tok tok"  # 1 prompt + 3 completion tokens
+        assert chat(two) == "tok tok tok"  # 8: the tenant's day is spent
+        for c in (one, two):
+            with pytest.raises(openai.RateLimitError) as refused:
+                chat(c)
+            assert refused.value.code == "insufficient_quota"
+            assert "tenant's token quota of 8 tokens per day" in refused.value.message
+        assert chat(client("other-1")) == "tok tok tok"  # another tenant: no quota
+    finally:
+        for c in clients:
+            c.close()
+        proc.kill()
+        proc.wait(10)
+
+
 def test_cli_arguments_and_hash_key(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["hash-key", KEY]) == 0
     assert capsys.readouterr().out.strip() == hash_key(KEY)

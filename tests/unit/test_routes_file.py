@@ -66,6 +66,27 @@ def test_a_good_file_becomes_a_snapshot(tmp_path: Path) -> None:
     assert (chat[0].algorithm, chat[2].algorithm) == ("prefix_affinity", "random")
 
 
+@pytest.mark.feature("N2")
+def test_a_tenant_quota_is_shared_by_the_tenants_keys(tmp_path: Path) -> None:
+    """``tenants``: a token quota every key of the tenant is charged (the limiter's
+    tenant counter, ``limits.Limiter._tenant``); keys of other tenants have none."""
+    key_c = hash_key("sk-c")
+    data = _with(
+        tenants={"edge": {"quota_tokens": 20000, "quota_period": "month"}},
+        **{"keys__team-c": {"sha256": key_c, "tenant": "edge"}},
+    )
+    snap = load_routes(_write(tmp_path / "r.json", data), version=1)
+    for key in (KEY_B, key_c):
+        entry = snap.keys[key]
+        assert (entry.tenant_id, entry.tenant_quota_tokens, entry.tenant_quota_period) == (
+            "edge", 20000, "month",
+        )
+    a = snap.keys[KEY_A]
+    assert (a.tenant_id, a.tenant_quota_tokens, a.tenant_quota_period) == ("default", 0, "")
+    # the key's own quota stays its own, beside the tenant's
+    assert (snap.keys[KEY_B].quota_tokens, snap.keys[KEY_B].quota_period) == (5000, "day")
+
+
 def test_toml_is_read_too(tmp_path: Path) -> None:
     path = tmp_path / "r.toml"
     path.write_text(
@@ -117,6 +138,23 @@ def _with(**over: Any) -> dict[str, Any]:
         (_with(**{"keys__team-b__sha256": KEY_A}), "keys.team-b.sha256: the same key as"),
         (_with(**{"keys__team-b__quota_period": "week"}), "keys.team-b.quota_period: Input"),
         (_with(**{"keys__team-b__rpm_limit": -1}), "keys.team-b.rpm_limit: Input should be"),
+        (
+            _with(**{"keys__team-b__quota_period": None}),  # 5,000 tokens, per no period
+            "keys.team-b.quota_period: quota_tokens needs quota_period 'day' or 'month'",
+        ),
+        (
+            _with(tenants={"edge": {"quota_tokens": 10}}),
+            "tenants.edge.quota_period: quota_tokens needs quota_period 'day' or 'month'",
+        ),
+        (
+            _with(tenants={"edge": {"quota_tokens": 10, "quota_period": "week"}}),
+            "tenants.edge.quota_period: Input should be",
+        ),
+        (
+            _with(tenants={"egde": {"quota_tokens": 10, "quota_period": "day"}}),
+            "tenants.egde: no key of the file names this tenant",
+        ),
+        (_with(tenants={"edge": {"quota": 10}}), "tenants.edge.quota: Extra inputs"),
         (_with(**{"keys__bad name": {"sha256": KEY_A}}), "keys.bad name: a name of letters"),
         (_with(models=None), "models: Field required"),
         (_with(routes={}), "routes: Extra inputs are not permitted"),

@@ -15,8 +15,9 @@ snapshot. JSON, or TOML when the name ends in ``.toml``::
       },
       "keys": {
         "team-a": {"sha256": "<64 hex digits>", "models": ["llama-8b"],
-                   "rpm_limit": 600, "tpm_limit": 100000}
-      }
+                   "rpm_limit": 600, "tpm_limit": 100000, "tenant": "acme"}
+      },
+      "tenants": {"acme": {"quota_tokens": 50000000, "quota_period": "month"}}
     }
 
 Keys are given by their sha256 only (``heteroflow hash-key`` prints it), so the file is
@@ -24,8 +25,11 @@ no secret. An external backend that wants its own key (a hosted OpenAI-compatibl
 gets ``"api_key_env": "PROVIDER_KEY"`` on its model or target: the gateway reads the
 variable at load and sends ``Authorization: Bearer …`` to that backend only.
 A key's name is its endpoint id (usage is attributed to it); ``tenant``
-defaults to ``default``; ``models`` defaults to every model of the file. Unknown fields
-are errors, and every error names the field (``keys.team-a.sha256: ...``).
+defaults to ``default``; ``models`` defaults to every model of the file. ``tenants``
+(optional) gives a tenant a token quota its keys share (N2), counted over every gateway
+on one Redis as the server's tenant quotas are; each tenant named there must be some
+key's. A quota needs its period (``day`` or ``month``, UTC), for a key as for a tenant.
+Unknown fields are errors, and every error names the field (``keys.team-a.sha256: ...``).
 
 ``RoutesFileWatcher`` publishes the file as a ``RoutingSnapshot`` and reloads it when
 its mtime or size changes, or at once on ``request_reload()`` (SIGHUP). A bad file on
@@ -106,9 +110,15 @@ class _Key(_Strict):
     quota_period: Literal["", "day", "month"] = ""
 
 
+class _Tenant(_Strict):
+    quota_tokens: int = Field(default=0, ge=0)
+    quota_period: Literal["", "day", "month"] = ""
+
+
 class _File(_Strict):
     models: dict[Annotated[str, StringConstraints(min_length=1, max_length=256)], _Model]
     keys: dict[Name, _Key]
+    tenants: dict[Name, _Tenant] = Field(default_factory=dict)
 
 
 def load_routes(path: Path, version: int) -> RoutingSnapshot:
@@ -164,8 +174,15 @@ def _snapshot(spec: _File, version: int) -> RoutingSnapshot:
             )
         built.sort(key=lambda t: (t.priority, -t.weight, t.route_id))
         targets_of[model] = tuple(built)
+    named = {k.tenant for k in spec.keys.values()}
+    for tenant, quota in spec.tenants.items():
+        _check_quota(f"tenants.{tenant}", quota.quota_tokens, quota.quota_period)
+        if tenant not in named:
+            raise ValueError(f"tenants.{tenant}: no key of the file names this tenant")
     keys: dict[str, KeyEntry] = {}
     for name, k in spec.keys.items():
+        _check_quota(f"keys.{name}", k.quota_tokens, k.quota_period)
+        tenant_quota = spec.tenants.get(k.tenant, _Tenant())
         if k.sha256 in keys:
             other = keys[k.sha256].endpoint_id
             raise ValueError(f"keys.{name}.sha256: the same key as keys.{other}")
@@ -182,10 +199,19 @@ def _snapshot(spec: _File, version: int) -> RoutingSnapshot:
             tpm_limit=k.tpm_limit,
             quota_tokens=k.quota_tokens,
             quota_period=k.quota_period,
+            tenant_quota_tokens=tenant_quota.quota_tokens,
+            tenant_quota_period=tenant_quota.quota_period,
         )
     tenants = {k.tenant_id for k in keys.values()}
     routes = {(t, model): targets for t in tenants for model, targets in targets_of.items()}
     return RoutingSnapshot(version=version, keys=keys, routes=routes)
+
+
+def _check_quota(where: str, tokens: int, period: str) -> None:
+    """A quota needs its period (the API's rule for keys and tenants): without one it
+    would be silently no quota at all."""
+    if tokens > 0 and period not in ("day", "month"):
+        raise ValueError(f"{where}.quota_period: quota_tokens needs quota_period 'day' or 'month'")
 
 
 def _auth(env_name: str | None, where: str) -> str:
