@@ -42,7 +42,18 @@ def test_a_rolling_update_moves_every_container_to_the_new_image(
             x = dstack.group(group_id)
             return x if x["rolling_update_state"] in ("done", "failed") else None
 
-        final = wait_for(ended, 240, "the update to end", 0.5)
+        try:
+            final = wait_for(ended, 240, "the update to end", 0.5)
+        except AssertionError as exc:  # say where it stood: which task waits, and why
+            x = dstack.group(group_id)
+            where = [
+                (t["id"], t["generation"], t["status"], t["node_id"], t["status_message"][:300])
+                for t in x["tasks"]
+            ]
+            raise AssertionError(
+                f"{exc}\n{x['rolling_update_state']}: {x['rolling_update_message']}\n"
+                f"tasks: {where}\n{dstack.logs()}"
+            ) from None
         time.sleep(1)
     finally:
         load.finish()
