@@ -39,7 +39,13 @@ KEY = "sk-capacity-real-key-0001"
 MB = 20  # the test model widened: ~10 ms per token on one core (decode dominates)
 MAX_TOKENS = 24  # the test model never stops early: every answer is this long
 RUN_S, PERIOD_S = 0.010, 0.030  # the slow replica runs a third of the time
-CLIENTS = 8  # on the shared route: enough to keep both replicas busy
+# On the shared route: enough that the slow replica always has a request queued behind
+# the one it runs. ``capacity`` gives it fewer in flight the slower it measures (about 2
+# of 8 at a ratio of 7), and with one in flight it idles for the whole turnaround of
+# each answer (client, gateway and engine share a busy 2-core box) — idle time its
+# capacity phase, queue always full, never had: two CI runs measured a ratio of 6.5-8
+# and a split of 120-127 % of it with 8 clients. 12 keep about 3 queued there.
+CLIENTS = 12
 # Short phases, many rounds: what else runs on the machine changes by the second (a
 # shared 2-core box), and alternating makes both measurements see the same drift.
 ROUNDS = 10
