@@ -280,6 +280,12 @@ def main() -> None:
     )
     ap.add_argument("--seed", type=int, default=30)
     ap.add_argument(
+        "--gateway-workers",
+        type=int,
+        default=1,
+        help="the gateway's --workers (more than 1 needs HETEROFLOW_REDIS_URL: exact limits)",
+    )
+    ap.add_argument(
         "--policies",
         default=",".join(alg for alg, _ in POLICIES),
         help="a subset, comma-separated (the last line then lacks the others' keys)",
@@ -312,6 +318,8 @@ def main() -> None:
                 "0",
                 "--routes",
                 str(work / "routes.json"),
+                "--workers",
+                str(a.gateway_workers),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -342,6 +350,7 @@ def main() -> None:
         out: dict[str, Any] = {
             "replicas": a.replicas,
             "slots": a.slots,
+            "gateway_workers": a.gateway_workers,
             "groups": a.groups,
             "cold_request_ms": round(cold_s * 1000, 1),
             "offered_req_per_s": round(rate, 3),
