@@ -234,17 +234,18 @@ class ServerSettings(BaseSettings):
     gateway_wake_poll_s: float = Field(default=0.2, gt=0.0)
 
     # Fair share under overload (M16, gateway/routing/fair_share.py). A route's pool is
-    # saturated at gateway_backend_concurrency requests in flight per usable backend
-    # (0 = off: no gate, the engines queue; set it to the engine's slots: llama.cpp
-    # --parallel, vLLM --max-num-seqs). Beyond it requests wait in per-tenant queues
+    # saturated at gateway_backend_concurrency requests in flight per usable backend (0 = off:
+    # no gate, the engines queue; set it to the engine's slots: llama.cpp --parallel, vLLM
+    # --max-num-seqs) — a backend whose engine's arguments set its slots counts those instead
+    # (Backend.slots, registry.engine_slots). Beyond it requests wait in per-tenant queues
     # served by weighted fair queueing (gateway_fair_share_weights: {"tenant id": weight},
     # default 1; gateway_fair_share_priority_tenants served first), at most
-    # gateway_fair_share_max_queue per tenant and pool (then 429 rate_limit_exceeded) and
-    # at most gateway_fair_share_max_wait_s (then 503 server_overloaded); both say
-    # Retry-After: gateway_fair_share_retry_after_s. While another tenant used the pool
-    # within gateway_fair_share_linger_s, a tenant holds at most its weighted share of the
-    # bound (the rest stays free for the others' next requests; 0 = lend every free slot).
-    # With --workers N each worker gates ceil(bound / N).
+    # gateway_fair_share_max_queue per tenant and pool (then 429 rate_limit_exceeded) and at
+    # most gateway_fair_share_max_wait_s (then 503 server_overloaded); both say Retry-After:
+    # gateway_fair_share_retry_after_s. While another tenant used the pool within
+    # gateway_fair_share_linger_s, a tenant holds at most its weighted share of the bound (the
+    # rest stays free for the others' next requests; 0 = lend every free slot). With --workers N
+    # each worker gates ceil(bound / N).
     gateway_backend_concurrency: int = Field(default=0, ge=0, le=100_000)
     gateway_fair_share_max_queue: int = Field(default=64, ge=0, le=1_000_000)
     gateway_fair_share_max_wait_s: float = Field(default=30.0, ge=0.0)

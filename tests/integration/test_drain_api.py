@@ -93,6 +93,22 @@ def test_a_task_that_ended_cannot_be_drained(api: Api) -> None:
     assert api.client.delete(f"/api/v1/tasks/{task_id}/drain", headers=admin).status_code == 200
 
 
+@pytest.mark.feature("M16")
+def test_the_snapshot_carries_the_slots_the_engines_arguments_set(api: Api) -> None:
+    admin = api.login()
+    node_id = api.heartbeat()
+    g = _running(api, admin, node_id, name="slotted", task={"engine_args": ["-np", "3"]})
+    assert [b.slots for b in _backends(api)] == [3]  # llama.cpp's -np: the fair-share bound
+    wire = api.client.get(
+        "/api/v1/gateway/snapshot", headers={"Authorization": "Bearer gw-token-for-tests"}
+    ).json()
+    assert wire["routes"][0]["targets"][0]["backends"][0]["slots"] == 3
+    # the service page's replica row counts in flight against the same slots
+    (row,) = api.client.get(f"/api/v1/task-groups/{g['id']}/series", headers=admin).json()[
+        "replicas"]
+    assert row["slots"] == 3
+
+
 @pytest.mark.feature("M4")
 def test_the_snapshot_carries_the_hottest_card_of_the_task(api: Api) -> None:
     admin = api.login()

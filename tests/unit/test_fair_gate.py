@@ -9,6 +9,8 @@ import time
 from collections.abc import MutableMapping
 from typing import Any
 
+import pytest
+
 from heteroflow.core.clock import FakeClock
 from heteroflow.gateway.inbound import Call
 from heteroflow.gateway.metrics import GatewayMetrics
@@ -147,3 +149,38 @@ def test_a_client_that_leaves_while_queued_is_dequeued_without_an_answer() -> No
     assert asyncio.run(run()) is None
     assert sent.messages == []
     assert metrics.fair_refusals == {("m", "client_left"): 1}
+
+
+@pytest.mark.feature("M16")
+def test_a_pools_bound_is_its_backends_own_slots_where_known() -> None:
+    """4 slots of a llama.cpp replica + a backend of unknown slots (the setting, 2) = 6;
+    a draining backend counts nothing; each of two workers gates half, rounded up."""
+    pool = (
+        RouteTarget(
+            "r", "g", 0, 1,
+            (
+                Backend("a", "http://127.0.0.1:1", slots=4),
+                Backend("b", "http://127.0.0.1:2"),
+                Backend("c", "http://127.0.0.1:3", slots=100, draining=True),
+            ),
+        ),
+    )
+
+    def admitted(workers: int) -> int:
+        gate = FairGate(
+            Balancer(PassiveHealth(30.0)), GatewayMetrics(), per_backend=2, max_queue=4,
+            max_wait_s=30.0, retry_after_s=2, now=FakeClock().monotonic, workers=workers,
+        )
+        passed = 0
+        for i in range(10):
+            call = _call(f"t{i}")
+            call.targets = pool
+            got = gate.enter(call)
+            if isinstance(got, Pool):
+                passed += 1
+            else:
+                assert isinstance(got, Ticket)  # beyond the bound: queued
+        return passed
+
+    assert admitted(1) == 6
+    assert admitted(2) == 3

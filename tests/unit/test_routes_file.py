@@ -66,6 +66,17 @@ def test_a_good_file_becomes_a_snapshot(tmp_path: Path) -> None:
     assert (chat[0].algorithm, chat[2].algorithm) == ("prefix_affinity", "random")
 
 
+@pytest.mark.feature("M16")
+def test_a_backends_slots_come_from_the_file_where_given(tmp_path: Path) -> None:
+    data = _with(models__llama__slots=4)
+    data["models"]["chat"]["targets"][2]["slots"] = 256
+    snap = load_routes(_write(tmp_path / "r.json", data), version=1)
+    (llama,) = snap.routes["default", "llama"]
+    assert [b.slots for b in llama.backends] == [4]
+    chat = snap.routes["default", "chat"]
+    assert [b.slots for t in chat for b in t.backends] == [256, 256, 0, 0]  # 0: the setting
+
+
 @pytest.mark.feature("N2")
 def test_a_tenant_quota_is_shared_by_the_tenants_keys(tmp_path: Path) -> None:
     """``tenants``: a token quota every key of the tenant is charged (the limiter's
@@ -159,6 +170,11 @@ def _with(**over: Any) -> dict[str, Any]:
         (_with(models=None), "models: Field required"),
         (_with(routes={}), "routes: Extra inputs are not permitted"),
         ([], "(top level): must be an object with models and keys"),
+        (_with(models__llama__slots=0), "models.llama.slots: Input should be greater than"),
+        (
+            _with(models__chat__slots=4),
+            "models.chat.slots: with targets, give it per target",
+        ),
     ],
 )
 def test_errors_name_the_field(tmp_path: Path, data: Any, expected: str) -> None:

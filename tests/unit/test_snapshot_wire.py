@@ -41,7 +41,7 @@ def sample() -> RoutingSnapshot:
                 weight=3,
                 backends=(
                     Backend("t-1", "http://127.0.0.1:30001", auth="Bearer hfe-engine-1"),
-                    Backend("t-2", "http://10.0.0.2:30002"),
+                    Backend("t-2", "http://10.0.0.2:30002", slots=8),
                     Backend("t-3", "http://10.0.0.3:30003"),
                 ),
             ),
@@ -97,6 +97,15 @@ def test_roundtrip_keeps_target_and_backend_order() -> None:
     assert targets[1].backends == ()
     assert isinstance(targets, tuple)
     assert isinstance(targets[0].backends, tuple)
+
+
+@pytest.mark.feature("M16")
+def test_a_backends_slots_travel_and_unknown_ones_stay_off_the_wire() -> None:
+    wire = sample().to_wire()
+    backends = wire["routes"][0]["targets"][0]["backends"]
+    assert [b.get("slots") for b in backends] == [None, 8, None]  # 0 (unknown): no key
+    back = roundtrip_orjson(sample()).routes[("tenant-a", "gemma")][0].backends
+    assert [b.slots for b in back] == [0, 8, 0]
 
 
 def test_roundtrip_keeps_key_entries() -> None:

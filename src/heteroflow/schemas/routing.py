@@ -69,6 +69,10 @@ class Backend:
     # An external backend's key (routing file) stays in the process that read it: never
     # on the wire. An engine key travels to the gateways holding the gateway token.
     auth_local: bool = False
+    # M16: the requests its engine runs at once, as its arguments set them
+    # (``registry.engine_slots``; a routes file's ``slots``); 0: unknown, the gateway's
+    # ``gateway_backend_concurrency`` stands in. The fair-share bound of its pool.
+    slots: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +176,7 @@ class RoutingSnapshot:
                                     "draining": b.draining,
                                     "temperature_c": b.temperature_c,
                                     "auth": "" if b.auth_local else b.auth,
+                                    **({"slots": b.slots} if b.slots else {}),
                                 }
                                 for b in t.backends
                             ],
@@ -230,6 +235,7 @@ class RoutingSnapshot:
                             draining=bool(b.get("draining", False)),
                             temperature_c=b.get("temperature_c"),
                             auth=str(b.get("auth", "")),
+                            slots=int(b.get("slots", 0)),
                         )
                         for b in t["backends"]
                     ),

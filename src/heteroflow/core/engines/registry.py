@@ -51,6 +51,13 @@ LLAMACPP_DEFAULT_CONTEXT = 4096
 
 # The context flag of each engine (see ``context.py`` for the sources and value rules).
 _VLLM_CONTEXT = ContextFlag(("--max-model-len",), underscores=True, human_ints=True)
+# The requests an engine runs at once, where its command line says (M16): vLLM
+# ``--max-num-seqs`` (EngineArgs, an int), SGLang ``--max-running-requests``
+# (server_arguments.md), llama.cpp ``-np, --parallel N`` ("number of server slots",
+# ``-1`` = auto), trtllm-serve ``--max_batch_size`` (click). Their defaults are not fixed
+# numbers (vLLM's depends on the card and the release, SGLang's and llama.cpp's auto
+# values on memory and the build), so an unset flag is unknown, never guessed.
+_VLLM_SLOTS = ContextFlag(("--max-num-seqs",), underscores=True)
 
 _VLLM_METRICS = MappingProxyType(
     {
@@ -94,6 +101,10 @@ class EngineSpec:
     default_context: int | None = None
     # loads LoRA adapters at runtime, each served under its own model name (core.lora)
     runtime_lora: bool = False
+    # How its command line caps the requests it runs at once (M16: a backend's slots in
+    # the routing snapshot, the fair-share bound; ``engine_slots``), read as the context
+    # flag is. None: no such flag, or none whose default is fixed.
+    slots_flag: ContextFlag | None = None
 
 
 _SPECS = (
@@ -108,6 +119,7 @@ _SPECS = (
         cpu_build=True,
         context_flag=_VLLM_CONTEXT,
         runtime_lora=True,
+        slots_flag=_VLLM_SLOTS,
     ),
     EngineSpec(
         name="sglang",
@@ -123,6 +135,7 @@ _SPECS = (
             }
         ),
         context_flag=ContextFlag(("--context-length",)),
+        slots_flag=ContextFlag(("--max-running-requests",)),
     ),
     EngineSpec(
         name="llamacpp",
@@ -145,6 +158,7 @@ _SPECS = (
         # 4096: one value for both, written into the command (``-c 0`` asks for the
         # trained length)
         default_context=LLAMACPP_DEFAULT_CONTEXT,
+        slots_flag=ContextFlag(("-np", "--parallel"), equals_form=False, underscores=True),
     ),
     EngineSpec(
         name="trtllm",
@@ -155,6 +169,7 @@ _SPECS = (
         explicit_only=True,
         shapes=NO_PIPELINE,
         context_flag=ContextFlag(("--max_seq_len",)),
+        slots_flag=ContextFlag(("--max_batch_size",)),
     ),
     EngineSpec(
         name="mindie",
@@ -178,6 +193,7 @@ _SPECS = (
         metrics=_VLLM_METRICS,
         supports_sleep=True,
         context_flag=_VLLM_CONTEXT,
+        slots_flag=_VLLM_SLOTS,
     ),
 )
 
@@ -231,6 +247,18 @@ def engine_context(name: str, args: Sequence[str]) -> EngineContext | None:
         flag = spec.context_flag.spellings[0]
         return EngineContext(spec.default_context, f"HeteroFlow's default {flag}")
     return read_context(spec.context_flag, args)
+
+
+def engine_slots(name: str, args: Sequence[str]) -> int:
+    """The requests engine ``name`` runs at once given its arguments (``engine_args``, or
+    a custom ``command``), as its ``slots_flag`` sets them (the last occurrence wins, read
+    as that engine's parser reads it); 0 when they do not say (unset, ``-1``/auto, a value
+    the engine would refuse), for an engine without such a flag, or an unknown one."""
+    spec = ENGINES.get(name)
+    if spec is None or spec.slots_flag is None:
+        return 0
+    read = read_context(spec.slots_flag, args)
+    return (read.tokens or 0) if read is not None else 0
 
 
 def context_args(name: str, args: Sequence[str]) -> tuple[str, ...]:

@@ -10,7 +10,11 @@ the next). A full queue is answered at once: 429 ``rate_limit_exceeded`` naming 
 reason, with Retry-After. After a wait the backend is chosen again: the one the router
 chose before may no longer be the least busy.
 
-Off (``per_backend`` 0, the default) ``enter`` returns None at once. With ``--workers N``
+Off (``per_backend`` 0, the default) ``enter`` returns None at once. On, a pool's bound
+is the sum of its usable backends' slots: each engine's own where its arguments say
+(``Backend.slots``: llama.cpp ``-np``, vLLM ``--max-num-seqs``, a routes file's
+``slots``), ``per_backend`` for the others — so a pool of a 4-slot llama.cpp replica and
+a 256-sequence vLLM one is bounded at 260, not at twice one setting. With ``--workers N``
 each worker gates its own requests over ``ceil(bound / N)`` of each pool's bound: the
 workers share one accept queue, so each sees about 1/N of every tenant's traffic and the
 sum of their shares is the bound. Fairness is per worker (no cross-process queues).
@@ -180,8 +184,11 @@ class FairGate:
                 self._wake(self.policy.leave(t.pool, t.tenant))
 
     def _capacity(self, targets: tuple[RouteTarget, ...]) -> int:
-        n = sum(1 for t in targets for b in t.backends if not b.draining)
-        return max(1, math.ceil(self.per_backend * max(1, n) * self._share))
+        """The pool's bound: each usable backend's slots (its engine's, where the snapshot
+        knows them: ``Backend.slots``; else ``per_backend``), summed; this worker's part."""
+        per = self.per_backend
+        slots = sum(b.slots or per for t in targets for b in t.backends if not b.draining)
+        return max(1, math.ceil((slots or per) * self._share))
 
     def queued(self) -> int:
         """Requests queued now in every pool (tests, metrics)."""

@@ -2,14 +2,16 @@
 
 A *pool* is the replicas a route sends to — the route targets' groups, so the routes of
 two tenants that share one service are one pool. It has a *capacity*: requests in flight
-through this gateway at which it counts as saturated (``per_backend`` times its usable
-backends; the gateway's ``gateway_backend_concurrency``). Why that signal and not the
+through this gateway at which it counts as saturated (the sum of its usable backends'
+slots: each engine's own where its arguments set them, ``Backend.slots``, else the
+gateway's ``gateway_backend_concurrency``; ``fair_gate``). Why that signal and not the
 engine's queue from the scrapes: it is exact and immediate (a scrape is 0.25-5 s old,
 and a queue that has drained between two scrapes would keep requests waiting), every
 backend has it (an external one may have no ``/metrics``), and a request that ends is
 the event that frees a slot — the moment to let the next one in. The engine's own
-slots are what to set it to (llama.cpp ``--parallel``, vLLM ``--max-num-seqs``): at
-that bound the engine's queue is empty and every queued request waits here, in order.
+slots are the bound (llama.cpp ``--parallel``, vLLM ``--max-num-seqs``, read from its
+arguments): at that bound the engine's queue is empty and every queued request waits
+here, in order.
 
 Below the capacity a request passes (``enter`` returns ``PASSED``: a dict lookup and two
 integer compares). At it, the request waits in its tenant's FIFO queue and slots are

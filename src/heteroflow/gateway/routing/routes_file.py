@@ -91,6 +91,9 @@ class _Target(_Strict):
     weight: int = Field(default=100, ge=0, le=100)
     algorithm: Algorithm | None = None  # default: the model's
     tags: list[str] = Field(default_factory=list)
+    # M16: requests each backend's engine runs at once (llama.cpp -np, vLLM
+    # --max-num-seqs): its part of the fair-share bound; unset: the gateway's setting
+    slots: int | None = Field(default=None, ge=1, le=100_000)
 
 
 class _Model(_Strict):
@@ -98,6 +101,7 @@ class _Model(_Strict):
     backends: list[Url] | None = Field(default=None, min_length=1)  # one target, shorthand
     api_key_env: Annotated[str, StringConstraints(pattern=_ENV)] | None = None  # shorthand
     targets: list[_Target] | None = Field(default=None, min_length=1)
+    slots: int | None = Field(default=None, ge=1, le=100_000)  # shorthand, as backends
 
 
 class _Key(_Strict):
@@ -151,9 +155,12 @@ def _snapshot(spec: _File, version: int) -> RoutingSnapshot:
     for model, m in spec.models.items():
         if (m.backends is None) == (m.targets is None):
             raise ValueError(f"models.{model}: give either backends or targets")
-        if m.targets is not None and m.api_key_env is not None:
-            raise ValueError(f"models.{model}.api_key_env: with targets, give it per target")
-        targets = m.targets or [_Target(backends=m.backends or [], api_key_env=m.api_key_env)]
+        for shorthand in ("api_key_env", "slots"):
+            if m.targets is not None and getattr(m, shorthand) is not None:
+                raise ValueError(f"models.{model}.{shorthand}: with targets, give it per target")
+        targets = m.targets or [
+            _Target(backends=m.backends or [], api_key_env=m.api_key_env, slots=m.slots)
+        ]
         built = []
         for i, t in enumerate(targets):
             where = f"models.{model}" + ("" if m.targets is None else f".targets[{i}]")
@@ -165,7 +172,9 @@ def _snapshot(spec: _File, version: int) -> RoutingSnapshot:
                     priority=t.priority,
                     weight=t.weight,
                     backends=tuple(
-                        Backend(task_id=u, base_url=u, auth=auth, auth_local=True)
+                        Backend(
+                            task_id=u, base_url=u, auth=auth, auth_local=True, slots=t.slots or 0
+                        )
                         for u in map(_base_url, t.backends)
                     ),
                     algorithm=t.algorithm or m.algorithm,

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from heteroflow.core.engines.registry import engine_slots
 from heteroflow.core.errors import NotFound, ValidationFailed
 from heteroflow.core.events import EventKind
 from heteroflow.core.placement.model import may_use
@@ -164,13 +165,15 @@ def service_series(
 def replicas_now(
     s: Session, group_id: str, *, now: datetime, load_stale_s: float, slots: int
 ) -> list[dict[str, Any]]:
-    """Each current replica's load as the gateways report it now (issue 30 item 5):
-    in flight (summed over gateways) against its slots (``gateway_backend_concurrency``
-    when set, else null), tokens/s, the engine's queue and KV use, latency, the gateways'
-    capacity estimate (ms per completion token) and the prefix-cache hit rate since the
-    engine started (null: the engine reports none)."""
+    """Each current replica's load as the gateways report it now (issue 30 item 5): in
+    flight (summed over gateways) against its slots (its engine's, where its arguments say:
+    ``registry.engine_slots``, the fair-share bound's own; else
+    ``gateway_backend_concurrency`` when set; else null), tokens/s, the engine's queue and
+    KV use, latency, the gateways' capacity estimate (ms per completion token) and the
+    prefix-cache hit rate since the engine started (null: the engine reports none)."""
     tasks = s.execute(
-        select(Task.id, Task.name, Task.status, Task.node_id).where(
+        select(Task.id, Task.name, Task.status, Task.node_id, Task.engine, Task.command,
+               Task.engine_args).where(
             Task.group_id == group_id, Task.replaced_by == "",
             Task.status.in_([t.value for t in HOLDS_RESOURCES]),
         ).order_by(Task.rank, Task.id)
@@ -181,7 +184,7 @@ def replicas_now(
             if isinstance(b, dict) and b.get("group_id") == group_id:
                 seen[str(b.get("task_id"))].append(b)
     out = []
-    for task_id, name, status, node_id in tasks:
+    for task_id, name, status, node_id, engine, command, engine_args in tasks:
         reports = seen.get(task_id, [])
         prefix = [b["prefix"] for b in reports if isinstance(b.get("prefix"), list)]
         hits = max((float(p[0]) for p in prefix), default=0.0)
@@ -198,7 +201,7 @@ def replicas_now(
             "node_id": node_id,
             "gateways": len(reports),
             "in_flight": sum(int(b.get("in_flight") or 0) for b in reports),
-            "slots": slots or None,
+            "slots": engine_slots(engine, command or engine_args) or slots or None,
             "tokens_per_s": round(sum(float(b.get("tokens_per_s") or 0) for b in reports), 3),
             "queue": max(waits) if waits else None,
             "kv_use": max(kvs) if kvs else None,

@@ -34,6 +34,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from heteroflow.core.engines.registry import engine_slots
 from heteroflow.core.gang import serves_api
 from heteroflow.core.ports import host_ports, ports_from_dicts
 from heteroflow.core.states import TaskStatus
@@ -90,6 +91,8 @@ def build_snapshot(
                 draining=bool(t.draining),
                 temperature_c=max(temps) if temps else None,
                 auth=f"Bearer {engine_key(t.id)}" if engine_key else "",
+                # M16: a custom command is the whole line, as for the memory estimate
+                slots=engine_slots(t.engine, t.command or t.engine_args),
             )
         )
 
