@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from heteroflow.core.engines import ENGINES
+from heteroflow.core.engines.flags import accepted_flags
 from heteroflow.core.engines.registry import engine_slots
 
 
@@ -33,3 +35,14 @@ def test_an_engines_slots_are_read_from_its_own_flag(
     engine: str, args: list[str], slots: int
 ) -> None:
     assert engine_slots(engine, args) == slots
+
+
+def test_every_slots_flag_is_a_flag_the_engine_accepts() -> None:
+    """The spellings are the engines' own (flags.py, transcribed from their CLIs)."""
+    named = 0
+    for name, spec in ENGINES.items():
+        if spec.slots_flag is not None:
+            named += 1
+            for spelling in spec.slots_flag.spellings:
+                assert spelling in accepted_flags(name), (name, spelling)
+    assert named == len(ENGINES) - 1  # all but MindIE (a JSON config)
