@@ -135,6 +135,7 @@ def _cards(kind: clusters.ClusterKind, name: str, rng: random.Random) -> list[Gp
                 source="nvml",
                 nvlink_peers=tuple(c.nvlink_peers),
                 mig_enabled=False if c.mig_capable else None,
+                utilization_pct=rng.randint(0, 100),
             )
         )
     return out
@@ -200,6 +201,7 @@ def churn(body: dict[str, Any], rng: random.Random, beat: int) -> None:
             g["memory_total_mb"], max(0, g["memory_used_mb"] + rng.randint(-512, 512))
         )
         g["temperature_c"] = min(90, max(25, g["temperature_c"] + rng.randint(-2, 2)))
+        g["utilization_pct"] = min(100, max(0, g["utilization_pct"] + rng.randint(-10, 10)))
     inv["cpu_percent"] = round(rng.uniform(1, 60), 1)
     total = inv["memory_total_mb"]
     inv["memory_available_mb"] = min(

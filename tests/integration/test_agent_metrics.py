@@ -32,7 +32,7 @@ from heteroflow.settings import AgentSettings
 CARD = GpuCard(
     index=0, uuid="GPU-aaaa", vendor="nvidia", model="NVIDIA H200", memory_total_mb=143771,
     memory_used_mb=2048, compute_capability="9.0", mig_capable=True, mps_capable=True,
-    temperature_c=41, source="nvml",
+    temperature_c=41, source="nvml", utilization_pct=42,
 )
 _SAMPLE = re.compile(r"^(.+) (\S+)$")  # label values may hold spaces
 
@@ -54,8 +54,10 @@ class FakeClient:
         self.fail_beats = fail_beats
         self.reports: list[tuple[str, str]] = []
         self.node_id = "node-1"
+        self.beats: list[Heartbeat] = []
 
     async def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
+        self.beats.append(hb)
         if self.fail_beats:
             self.fail_beats -= 1
             raise httpx.ConnectError("server away")
@@ -165,7 +167,7 @@ def make(tmp_path: Path, client: FakeClient, **settings: Any) -> Agent:
     )
     agent.client = client  # type: ignore[assignment]
     agent.shipper = NoLogs()  # type: ignore[assignment]
-    agent.metrics = AgentMetrics("node-a", utilisation=lambda: {"GPU-aaaa": 0.42})
+    agent.metrics = AgentMetrics("node-a")
     return agent
 
 
@@ -219,6 +221,8 @@ def test_cards_engines_launches_and_heartbeats_are_served(tmp_path: Path) -> Non
     assert s[f"heteroflow_agent_card_memory_total_bytes{{{card}}}"] == 143771 * 1024 * 1024
     assert s[f"heteroflow_agent_card_temperature_celsius{{{card}}}"] == 41
     assert s[f"heteroflow_agent_card_utilization_ratio{{{card}}}"] == 0.42
+    # the same reading goes to the server with the beat (the console's card series)
+    assert client.beats[-1].inventory.gpus[0].utilization_pct == 42
     assert s['heteroflow_agent_launches_total{outcome="started"}'] == 1
     assert s['heteroflow_agent_launches_total{outcome="failed"}'] == 1
     assert s['heteroflow_agent_launches_total{outcome="port_busy"}'] == 1

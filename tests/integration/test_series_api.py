@@ -142,7 +142,7 @@ def test_a_nodes_series_carry_its_cards_memory_commitment_and_temperature(api: A
     admin = api.login()
     node_id = api.heartbeat(gpus=[{
         "index": 0, "uuid": "GPU-0", "model": "L4", "memory_total_mb": 23034,
-        "memory_used_mb": 1200, "temperature_c": 41,
+        "memory_used_mb": 1200, "temperature_c": 41, "utilization_pct": 37,
     }])
     # a one-card inference replica on it books its gpu_memory_utilization (90 %)
     r = api.client.post("/api/v1/task-groups", headers=admin,
@@ -171,7 +171,7 @@ def test_a_nodes_series_carry_its_cards_memory_commitment_and_temperature(api: A
     assert card["values"]["memory_total_mb"] == [23034.0]
     assert card["values"]["temperature_c"] == [41.0]
     assert card["values"]["committed_pct"] == [90.0]
-    assert card["values"]["utilisation_pct"] == [None]  # no agent reports it
+    assert card["values"]["utilisation_pct"] == [37.0]  # as the agent's NVML read it
     only = api.client.get(f"/api/v1/nodes/{node_id}/series",
                           params={"metrics": "committed_pct"}, headers=admin).json()
     assert list(only["node"]["values"]) == [] and list(only["cards"][0]["values"]) == [

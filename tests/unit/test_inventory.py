@@ -58,6 +58,17 @@ def test_two_cards_discovered_with_memory_cc_and_temperature() -> None:
     assert fake.shutdown_calls == 1 and not fake.initialised
 
 
+def test_utilisation_is_read_with_the_card_and_none_where_nvml_has_no_counter() -> None:
+    busy = card(uuid="GPU-busy", utilization_pct=73)
+    mig = card(uuid="GPU-mig")  # no counter (MIG, some vGPUs): NVML says NotSupported
+    broken = card(uuid="GPU-x", utilization_pct=5,
+                  fail={"nvmlDeviceGetUtilizationRates": NVMLError(NVML_ERROR_UNKNOWN)})
+    cards = NvmlDiscovery(FakeNvml([busy, mig, broken]), platform="linux").discover()
+    assert cards is not None
+    assert [c.utilization_pct for c in cards] == [73, None, None]
+    assert cards[0].to_dict()["utilization_pct"] == 73  # what the heartbeat carries
+
+
 def test_mig_supported_vs_not_supported() -> None:
     cards = NvmlDiscovery(FakeNvml([A100, A10]), platform="linux").discover()
     assert cards is not None

@@ -69,6 +69,10 @@ class GpuCard:
     # MIG mode is on now (NVML's current mode), so the card really is partitioned; None
     # when not read (declared cards: the declaration of mig_capable stands for it)
     mig_enabled: bool | None = None
+    # % of the last sample period a kernel ran (NVML's utilization rate, 0-100): the
+    # agent's /metrics and the server's card series; None when not read (declared cards,
+    # MIG instances and vGPUs without the counter)
+    utilization_pct: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (all fields, plain types)."""
@@ -131,6 +135,7 @@ class NvmlModule(Protocol):
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]: ...
     def nvmlDeviceGetMigMode(self, handle: Any) -> Any: ...
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
     def nvmlDeviceGetP2PStatus(self, device1: Any, device2: Any, p2p_index: int) -> int: ...
 
 
@@ -216,6 +221,7 @@ class NvmlDiscovery:
             mps_capable=mps and self._platform.startswith("linux"),
             temperature_c=self._temperature(nvml, handle, index),
             source="nvml",
+            utilization_pct=self._utilization(nvml, handle, index),
         )
 
     @staticmethod
@@ -256,6 +262,14 @@ class NvmlDiscovery:
         except (TypeError, ValueError, IndexError):
             return True, False
         return True, current == 1  # NVML_DEVICE_MIG_ENABLE
+
+    @staticmethod
+    def _utilization(nvml: NvmlModule, handle: Any, index: int) -> int | None:
+        try:
+            return max(0, min(100, int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)))
+        except (nvml.NVMLError, AttributeError, TypeError, ValueError) as exc:
+            logger.debug("NVML: GPU %d utilization unreadable: %s", index, exc)
+            return None
 
     @staticmethod
     def _temperature(nvml: NvmlModule, handle: Any, index: int) -> int | None:

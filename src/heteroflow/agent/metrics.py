@@ -1,11 +1,12 @@
 """The agent's Prometheus metrics (P3), served on an optional port of the node.
 
-Why a port of its own rather than riding on the heartbeat: the server already gets the
-inventory the scheduler needs every 5 s, and what is measured here is the agent's own
-view (its heartbeat's round trip and failures, its launches, each card's utilisation);
-pushed to the server, every server instance would re-export every node's cards
-(O(nodes x cards) per scrape, at 2,000 nodes) and the heartbeat — the control plane's
-hot path — would grow for monitoring's sake. A port per node is what node_exporter and
+Why a port of its own rather than riding on the heartbeat: what is measured here is the
+agent's own view (its heartbeat's round trip and failures, its launches, each card's
+memory, temperature and utilisation as NVML read them for this beat's inventory); exported
+by the server, every server instance would re-export every node's cards (O(nodes x
+cards) per scrape, at 2,000 nodes). The heartbeat does carry the cards' figures — one
+number each, which the scheduler and the console's card series (sampled every 10 s)
+read — but not as Prometheus series. A port per node is what node_exporter and
 DCGM's exporter do: Prometheus scrapes each node, and a dead agent shows as ``up == 0``.
 It is off unless ``HETEROFLOW_AGENT_METRICS_PORT`` is set, and binds 127.0.0.1 unless
 ``HETEROFLOW_AGENT_METRICS_HOST`` says otherwise (it has no authentication).
@@ -23,11 +24,10 @@ Series (all ``heteroflow_agent_``):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -44,30 +44,18 @@ EngineCounts = Mapping[tuple[str, str], int]  # (engine, state) -> engines
 
 
 class AgentMetrics:
-    def __init__(
-        self,
-        node: str,
-        utilisation: Callable[[], Mapping[str, float]] | None = None,
-        timer: Callable[[], float] = time.perf_counter,
-    ) -> None:
+    def __init__(self, node: str, timer: Callable[[], float] = time.perf_counter) -> None:
         self.node = node
-        self._utilisation_source = utilisation  # card uuid -> 0..1; None: not read
         self._timer = timer
         self.cards: tuple[GpuCard, ...] = ()
-        self.utilisation: Mapping[str, float] = {}
         self.launches = dict.fromkeys(LAUNCH_OUTCOMES, 0)
         self.heartbeats = Histogram(HEARTBEAT_BUCKETS)
         self.heartbeat_failures = 0
 
     def observe_inventory(self, inv: NodeInventory) -> None:
-        """Each heartbeat's inventory; utilisation is read beside it (runs in a thread)."""
+        """Each heartbeat's inventory (its cards' figures, utilisation included: one NVML
+        session a beat, ``inventory.NvmlDiscovery``)."""
         self.cards = inv.gpus
-        if self._utilisation_source is not None:
-            try:
-                self.utilisation = self._utilisation_source()
-            except Exception as exc:  # metrics never stop a heartbeat
-                log.debug("card utilisation not read: %s", exc)
-                self.utilisation = {}
 
     def launched(self, outcome: str) -> None:
         self.launches[outcome] = self.launches.get(outcome, 0) + 1
@@ -100,9 +88,8 @@ class AgentMetrics:
             samples["card_memory_total_bytes"].append((card.memory_total_mb * MIB, labels))
             if card.temperature_c is not None:
                 samples["card_temperature_celsius"].append((card.temperature_c, labels))
-            busy = self.utilisation.get(card.uuid)
-            if busy is not None:
-                samples["card_utilization_ratio"].append((busy, labels))
+            if card.utilization_pct is not None:
+                samples["card_utilization_ratio"].append((card.utilization_pct / 100, labels))
         for name, text in gauges:
             e.family(P + name, "gauge", text)
             for value, labels in samples[name]:
@@ -132,33 +119,6 @@ def engine_counts(running: Iterable[tuple[str, bool]], asleep: Iterable[str]) ->
     for engine in asleep:
         key = (engine or "custom", "asleep")
         out[key] = out.get(key, 0) + 1
-    return out
-
-
-def nvml_utilisation() -> dict[str, float]:
-    """Card uuid -> utilisation (0..1) through NVML; {} when NVML is not there."""
-    try:
-        import pynvml
-    except ImportError:
-        return {}
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return {}
-    out: dict[str, float] = {}
-    try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                uuid: Any = pynvml.nvmlDeviceGetUUID(handle)
-                busy = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
-            except pynvml.NVMLError:
-                continue  # a card without the counter (MIG, some vGPUs): no sample
-            key = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-            out[key] = float(busy) / 100.0
-    finally:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
     return out
 
 

@@ -33,7 +33,7 @@ from heteroflow.agent.load_progress import (
     read_rate_from,
 )
 from heteroflow.agent.log_shipper import LogShipper
-from heteroflow.agent.metrics import AgentMetrics, nvml_utilisation
+from heteroflow.agent.metrics import AgentMetrics
 from heteroflow.agent.model_cache import ModelCache
 from heteroflow.agent.model_scan import ModelScanner, default_cache_dir, scan_dirs
 from heteroflow.core.clock import Clock
@@ -118,8 +118,7 @@ class AgentState:
         self.name = settings.node_name or socket.gethostname()
         register_secrets(settings.node_token)  # issue 18 (P3): never in a log line
         # issue 18 (P3): served on HETEROFLOW_AGENT_METRICS_PORT when set (agent/metrics.py)
-        served = settings.metrics_port is not None
-        self.metrics = AgentMetrics(self.name, nvml_utilisation if served else None)
+        self.metrics = AgentMetrics(self.name)
         self.metrics_port: int | None = None  # the port it was bound to, once served
         # issue 29: where this agent serves its model cache to the others, once bound
         # (agent/peer_server.py; '' for nowhere: peer_port unset, no node token)

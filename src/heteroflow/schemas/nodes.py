@@ -60,6 +60,8 @@ class GpuCardWire(BaseModel):
     mig_enabled: bool | None = Field(default=None, strict=True)
     mps_capable: bool = Field(default=False, strict=True)
     temperature_c: int | None = Field(default=None, ge=-273, le=1000, strict=True)
+    # % of NVML's last sample period the card was busy (the card series); None: unread
+    utilization_pct: int | None = Field(default=None, ge=0, le=100, strict=True)
     # indices of the node's cards this card reaches over NVLink (topology scoring, B1)
     nvlink_peers: list[Annotated[int, Field(ge=0, le=1024, strict=True)]] = Field(
         default_factory=list, max_length=1024

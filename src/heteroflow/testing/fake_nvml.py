@@ -35,6 +35,14 @@ class NVMLError_NotSupported(NVMLError):  # pynvml's own spelling
 
 
 @dataclass(frozen=True)
+class FakeUtilization:
+    """Percent of the last sample period, like ``pynvml.c_nvmlUtilization_t``."""
+
+    gpu: int
+    memory: int
+
+
+@dataclass(frozen=True)
 class FakeMemoryInfo:
     """Bytes, like ``pynvml.c_nvmlMemory_t``."""
 
@@ -55,6 +63,8 @@ class FakeCard:
     mig_supported: bool = False
     mig_enabled: bool = False  # the current mode (a real H200 answers [0, 0]: disabled)
     temperature_c: int = 40
+    # nvmlDeviceGetUtilizationRates(...).gpu; None: the counter is not supported (MIG)
+    utilization_pct: int | None = None
     fail: dict[str, Exception] = field(default_factory=dict)
 
 
@@ -93,6 +103,7 @@ class FakeNvml:
                 mig_supported=isinstance(c["mig_mode"], list),
                 mig_enabled=mig_on or c["mig_mode"][0] == 1,
                 temperature_c=c["temperature"],
+                utilization_pct=c.get("utilization"),  # recorded before it was read: None
             )
             for c in raw["cards"]
         ]
@@ -157,6 +168,12 @@ class FakeNvml:
         if sensor != NVML_TEMPERATURE_GPU:
             raise NVMLError(2, "Invalid Argument")
         return card.temperature_c
+
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> FakeUtilization:
+        card = self._card(handle, "nvmlDeviceGetUtilizationRates")
+        if card.utilization_pct is None:
+            raise NVMLError_NotSupported()
+        return FakeUtilization(gpu=card.utilization_pct, memory=0)
 
     def nvmlDeviceGetP2PStatus(self, device1: object, device2: object, p2p_index: int) -> int:
         a = self.cards.index(self._card(device1, "nvmlDeviceGetP2PStatus"))
