@@ -60,6 +60,8 @@ def raw() -> dict[str, Any]:
                     "temperature": _call(
                         pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU
                     ),
+                    # the gpu rate (an int %), or the error NVML answered (MIG, vGPU)
+                    "utilization": _call(lambda d: pynvml.nvmlDeviceGetUtilizationRates(d).gpu, h),
                 }
             )
         return out

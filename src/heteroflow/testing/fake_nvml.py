@@ -103,7 +103,8 @@ class FakeNvml:
                 mig_supported=isinstance(c["mig_mode"], list),
                 mig_enabled=mig_on or c["mig_mode"][0] == 1,
                 temperature_c=c["temperature"],
-                utilization_pct=c.get("utilization"),  # recorded before it was read: None
+                # an int, or NVML's error as recorded; absent in recordings before it was read
+                utilization_pct=u if isinstance(u := c.get("utilization"), int) else None,
             )
             for c in raw["cards"]
         ]
