@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,6 +122,42 @@ def test_signal_stops_promptly_with_status_0(
     started = time.monotonic()
     assert _stop(engine, sig) == 0
     assert time.monotonic() - started < 5
+
+
+_BURST = """
+import os, signal, sys, time
+pid, until = int(sys.argv[1]), time.monotonic() + 0.5
+try:
+    while time.monotonic() < until:
+        os.kill(pid, signal.SIGTERM)
+except ProcessLookupError:
+    pass
+"""
+
+
+@pytest.mark.feature("C8")
+def test_a_burst_of_sigterms_still_stops_it(tiny_model: Path, tmp_path: Path) -> None:
+    """An agent killed hard sends its engines one SIGTERM per thread that dies
+    (``PR_SET_PDEATHSIG`` fires each time the child is handed to the next thread): a
+    handler that took a lock deadlocked when the next signal interrupted it holding that
+    lock, and the engine outlived the agent for good (an orphan found after a CI run)."""
+    for _ in range(10):  # the old handler hung in about one burst in ten
+        engine = start_engine(tiny_model, tmp_path / "engine.log")
+        # two other processes, as fast as they can, until the engine is gone (or 0.5 s)
+        senders = [
+            subprocess.Popen([sys.executable, "-c", _BURST, str(engine.proc.pid)])
+            for _ in range(2)
+        ]
+        for sender in senders:
+            sender.wait(timeout=30)
+        try:
+            # it stops (0), or is ended by a signal of the burst that came after its own
+            # handlers were gone, on its way out
+            assert engine.proc.wait(timeout=10) in (0, -signal.SIGTERM)
+        finally:
+            if engine.proc.poll() is None:
+                engine.proc.kill()
+                engine.proc.wait()
 
 
 @pytest.mark.feature("H4")

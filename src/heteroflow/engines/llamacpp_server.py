@@ -35,11 +35,11 @@ about 0.1 s after interpreter start.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from types import FrameType
@@ -354,10 +354,17 @@ def serve(config: LaunchConfig, log: TextIO = sys.stderr) -> int:
     """Run the server until SIGTERM/SIGINT; returns the process exit status (0, or 1 on failure)."""
     import xllamacpp
 
-    stop = threading.Event()
+    # A signal's handler only writes a byte to a pipe the main thread reads: it runs in the
+    # main thread wherever that thread is, so one that took a lock (a threading.Event's)
+    # deadlocked when the next signal interrupted it holding that lock — and an agent
+    # killed hard sends a burst of SIGTERMs (PR_SET_PDEATHSIG fires once per thread of the
+    # agent the engine is handed to as they die): the engine outlived its agent for good.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
+        with contextlib.suppress(BlockingIOError):  # a full pipe already says "stop"
+            os.write(wake_w, b"\0")
 
     # Installed before loading so a signal during a long model load still ends the process.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -377,7 +384,7 @@ def serve(config: LaunchConfig, log: TextIO = sys.stderr) -> int:
     # xllamacpp.Server returns once the model is loaded and the socket is listening.
     address = str(server.listening_address)
     print(f"{READY_PREFIX}{address}", file=log, flush=True)
-    stop.wait()
+    os.read(wake_r, 1)  # until a signal (one that came while loading is already there)
     del server  # the destructor stops the HTTP loop and frees the model in about a millisecond
     return 0
 
