@@ -12,6 +12,7 @@ the engine never had more than one request at a time; ``/metrics`` counts the re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -120,5 +121,38 @@ def test_without_a_bound_the_gate_is_off() -> None:
 
             assert [r.status_code for r in asyncio.run(run())] == [200] * 6
             assert engine.max_in_flight == 6
+    finally:
+        thread.stop()
+
+
+@pytest.mark.feature("M16")
+def test_a_backends_own_slots_set_its_pools_bound() -> None:
+    """The snapshot says the engine runs 3 at once (its -np): the pool admits 3, not the
+    setting's 1, and the rest of one tenant's burst waits its turn (no refusal)."""
+    engine = FakeOpenAIBackend(["m"])
+    thread = UvicornThread()
+    try:
+        url = f"http://127.0.0.1:{thread.serve(engine)}"
+        plain = target("m", url)
+        slotted = dataclasses.replace(
+            plain, backends=(dataclasses.replace(plain.backends[0], slots=3),)
+        )
+        snap = RoutingSnapshot(
+            version=1,
+            keys={hash_key(FLOOD_KEY): KeyEntry("ep", "flood", None, frozenset({"m"}))},
+            routes={("flood", "m"): (slotted,)},
+        )
+        fair = FairShareSettings(per_backend=1, max_queue=8, max_wait_s=30.0, retry_after_s=3)
+        with serve_gateway(snap, thread, fair_share=fair, probe_interval_s=3600.0) as gw:
+
+            async def run() -> list[httpx.Response]:
+                done: list[tuple[str, float]] = []
+                async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                    return list(
+                        await asyncio.gather(*(_ask(client, FLOOD_KEY, done) for _ in range(6)))
+                    )
+
+            assert [r.status_code for r in asyncio.run(run())] == [200] * 6
+            assert engine.max_in_flight == 3  # the engine's slots, not the setting
     finally:
         thread.stop()
