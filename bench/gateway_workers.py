@@ -11,14 +11,25 @@ with C keep-alive connections (aiohttp) for ``--duration`` seconds, non-stream a
 every 5 ms: the largest difference seen and the share of samples within ±1.
 
 Redis: ``$HETEROFLOW_REDIS_URL``, else a ``redis-server`` started here on a free port.
-``--gateway-cpus 0-3`` pins the gateway (taskset) for a scaling run on a bigger machine;
-the load generator then belongs on other cores (``taskset -c 4-7 python bench/...``).
+``--gateway-cpus 0-3`` pins the gateway (taskset) for a scaling run on a bigger machine.
 
     .venv/bin/python bench/gateway_workers.py --duration 10 --conns 32
 
+**The scaling run** (``--generator wrk``): the load and the backends of the default mode
+are Python in this one process, which cannot drive more than one or two gateway workers'
+worth of requests. With ``wrk`` the load is C (``--wrk-threads`` threads, pinned to
+``--load-cpus``) and the backends are ``--backend-procs`` processes of the shared
+harness's fake engine (``--harness``, pinned to ``--backend-cpus``), non-stream only (no
+in-flight sampling: the backends are not in this process). On a 16-core machine:
+
+    .venv/bin/python bench/gateway_workers.py --generator wrk --workers-list 1,2,4,8 \
+        --gateway-cpus 0-7 --backend-cpus 8-11 --backend-procs 4 --load-cpus 12-15 \
+        --wrk-threads 4 --conns 256
+
 The last line is JSON: ``cpu_ms_per_req_w1``, ``cpu_ms_per_req_w2``, ``cpu_ms_per_stream_w…``,
-``rps_w…``, ``errors``, ``worker_share_w2`` (each worker's share of the requests),
-``inflight_max_diff_w2`` and ``inflight_within1_pct_w2``.
+``rps_req_w…``, ``scaling_w…`` (requests/s with N workers over requests/s with the first
+N of the list, same run), ``errors``, ``worker_share_req_w2`` (each worker's share of the
+requests), ``inflight_max_diff_w2`` and ``inflight_within1_pct_w2``.
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ import aiohttp
 from heteroflow.schemas.routing import hash_key
 from heteroflow.testing.fake_openai_backend import FakeOpenAIBackend, UvicornThread
 
+ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-bench-workers"
 WORKER = "x-heteroflow-worker"
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -138,6 +150,70 @@ def _start_gateway(
     raise SystemExit(f"the gateway with {n} workers did not start")
 
 
+def scaling(out: dict[str, Any], workers: list[int]) -> dict[str, float]:
+    """``scaling_w{n}``: requests/s with n workers over requests/s with the first of
+    ``workers`` (normally 1), from this run's ``rps_req_w{n}``; absent where unmeasured."""
+    base = out.get(f"rps_req_w{workers[0]}") if workers else None
+    if not base:
+        return {}
+    return {
+        f"scaling_w{n}": round(out[f"rps_req_w{n}"] / base, 2)
+        for n in workers
+        if out.get(f"rps_req_w{n}")
+    }
+
+
+def _pinned(argv: list[str], cpus: str | None) -> list[str]:
+    return ["taskset", "-c", cpus, *argv] if cpus else argv
+
+
+Backends = list[tuple[subprocess.Popen[bytes], str]]
+
+
+def _start_backends(harness: Path, n: int, cpus: str | None) -> Backends:
+    """``n`` fake engines of the shared harness, each a process, and their base URLs."""
+    engine = harness / "fake_engine.py"
+    if not engine.is_file():
+        raise SystemExit(f"--generator wrk needs the shared harness's fake engine: {engine}")
+    out = []
+    for _ in range(n):
+        port = _free_port()
+        argv = [sys.executable, str(engine), "--port", str(port), "--keepalive-timeout", "300"]
+        proc = subprocess.Popen(_pinned(argv, cpus), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        out.append((proc, f"http://127.0.0.1:{port}"))
+    deadline = time.monotonic() + 30
+    for _, url in out:
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), 1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the fake engine at {url} did not start") from None
+                time.sleep(0.1)
+    return out
+
+
+def _wrk(
+    harness: Path, url: str, conns: int, threads: int, duration: float, cpus: str | None
+) -> dict[str, Any]:
+    """One wrk run (the harness's post.lua: one chat body, the key), its JSON line."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("--generator wrk needs wrk (apt-get install wrk)")
+    argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(duration))}s",
+            "--timeout", "30s", "-s", str(harness / "conf" / "post.lua"), url]
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    env = {**os.environ, "WRK_BODY": json.dumps(body), "WRK_KEY": KEY, "WRK_LABEL": "workers"}
+    done = subprocess.run(_pinned(argv, cpus), capture_output=True, text=True, env=env,
+                          timeout=duration + 60, check=False)
+    line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
+    if line is None:
+        raise SystemExit(f"wrk printed no result: {done.stderr[-500:]}")
+    result: dict[str, Any] = json.loads(line)
+    return result
+
+
 def _redis(env: dict[str, str]) -> subprocess.Popen[bytes] | None:
     if env.get("HETEROFLOW_REDIS_URL"):
         return None
@@ -162,7 +238,17 @@ def main() -> None:
     p.add_argument("--conns", type=int, default=32)
     p.add_argument("--delay-ms", type=int, default=5, help="the backends' answer time")
     p.add_argument("--gateway-cpus", default=None, help="taskset -c for the gateway")
+    p.add_argument("--generator", choices=["aiohttp", "wrk"], default="aiohttp",
+                   help="wrk: the scaling run (see the module doc)")
+    p.add_argument("--wrk-threads", type=int, default=2)
+    p.add_argument("--backend-procs", type=int, default=2)
+    p.add_argument("--load-cpus", default=None, help="taskset -c for wrk")
+    p.add_argument("--backend-cpus", default=None, help="taskset -c for the fake engines")
+    p.add_argument("--harness", type=Path, default=ROOT.parent / "shared" / "bench" / "gateway")
     a = p.parse_args()
+    if a.generator == "wrk":
+        _scaling_run(a)
+        return
 
     thread = UvicornThread()
     fakes = [FakeOpenAIBackend(["engine"], name=n) for n in ("a", "b")]
@@ -232,6 +318,62 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     out["cpu_ms_per_req_w1"] = out.get("cpu_ms_per_req_w1")
     out["cpu_ms_per_req_w2"] = out.get("cpu_ms_per_req_w2")
+    out.update(scaling(out, [int(x) for x in a.workers_list.split(",")]))
+    print(json.dumps(out), flush=True)
+
+
+def _scaling_run(a: argparse.Namespace) -> None:
+    """``--generator wrk``: requests/s and CPU per request at saturation for each N."""
+    workers = [int(x) for x in a.workers_list.split(",")]
+    backends = _start_backends(a.harness, a.backend_procs, a.backend_cpus)
+    env = {**os.environ, "HETEROFLOW_ROUTES_RELOAD_INTERVAL_S": "3600"}
+    redis = _redis(env)
+    env["HETEROFLOW_REDIS_KEY_PREFIX"] = f"bench-workers-{os.getpid()}:"
+    work = Path(tempfile.mkdtemp(prefix="gw-workers-"))
+    routes = work / "routes.json"
+    limits = {"rpm_limit": 1_000_000_000, "tpm_limit": 1_000_000_000_000}
+    urls = [f"{u}/v1" for _, u in backends]
+    routes.write_text(json.dumps({
+        "models": {"chat": {"algorithm": "least_connections", "backends": urls}},
+        "keys": {"bench": {"sha256": hash_key(KEY), "tenant": "bench", **limits}},
+    }))
+    out: dict[str, Any] = {
+        "generator": "wrk", "conns": a.conns, "duration_s": a.duration, "errors": 0,
+        "backend_procs": a.backend_procs, "cpus": os.cpu_count(),
+    }
+    try:
+        for n in workers:
+            port = _free_port()
+            gw = _start_gateway(n, routes, port, env, a.gateway_cpus)
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            try:
+                _wrk(a.harness, url, a.conns, a.wrk_threads, a.warmup, a.load_cpus)
+                cpu0 = _tree_cpu_s(gw.pid)
+                got = _wrk(a.harness, url, a.conns, a.wrk_threads, a.duration, a.load_cpus)
+                cpu1 = _tree_cpu_s(gw.pid)
+                served = max(1, int(got.get("requests", 0)))
+                out["errors"] += int(got.get("errors", 0))
+                out[f"rps_req_w{n}"] = round(float(got.get("rps", 0.0)), 1)
+                out[f"cpu_ms_per_req_w{n}"] = round((cpu1 - cpu0) * 1000 / served, 4)
+                out[f"p99_ms_w{n}"] = got.get("lat_ms", {}).get("p99")
+                print(f"workers={n}: {out[f'rps_req_w{n}']} req/s, "
+                      f"{out[f'cpu_ms_per_req_w{n}']} ms CPU each, {got.get('errors')} errors",
+                      flush=True)
+            finally:
+                gw.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    gw.wait(30)
+                if gw.poll() is None:
+                    gw.kill()
+    finally:
+        for proc, _ in backends:
+            proc.terminate()
+            proc.wait(10)
+        if redis is not None:
+            redis.terminate()
+            redis.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+    out.update(scaling(out, workers))
     print(json.dumps(out), flush=True)
 
 
