@@ -3,10 +3,19 @@
 Children get ``PR_SET_PDEATHSIG`` (Linux) so that an agent killed hard does not leave
 orphan engines; a clean stop sends SIGTERM to the whole process group and SIGKILL after
 the timeout. Output goes to a per-task log file under the agent's work dir.
+
+The death signal is a SIGTERM, and nothing follows it up: an engine that does not end on
+it (stuck in a driver call, a handler that hangs — the llama.cpp launcher's once did)
+outlives its agent, holding its port and its card. So each engine's pid and start time
+are written under ``run/`` in the work dir, and a runtime made on that work dir (the
+agent, started again) kills what is left of the last one's engines — each whole process
+group, SIGKILL: nobody is left to answer — before it starts any. The start time tells an
+engine from an unrelated process that got its pid since.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -44,6 +53,19 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot, /proc/PID/stat field 22); None
+    when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (IndexError, ValueError):
+        return None
+
+
 class ProcessRuntime:
     name = "process"
 
@@ -51,6 +73,36 @@ class ProcessRuntime:
         self.work_dir = work_dir
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, Path] = {}
+        self._run = work_dir / "run"  # task id -> "pid start-ticks" of its engine
+        self.orphans_killed = self._kill_orphans()
+
+    def _kill_orphans(self) -> list[str]:
+        """Kill the engines a previous runtime on this work dir left running (see the
+        module doc); the tasks whose engines it killed."""
+        if not self._run.is_dir():
+            return []
+        killed = []
+        for record in self._run.iterdir():
+            try:
+                pid, ticks = (int(x) for x in record.read_text().split())
+            except (OSError, ValueError):
+                pid, ticks = 0, -1
+            if pid > 0 and _start_ticks(pid) == ticks:
+                log.warning(
+                    "task %s: its engine (pid %d) outlived the last agent on this node; "
+                    "killing it", record.name, pid,
+                )
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)  # its own session: the whole group
+                killed.append(record.name)
+            record.unlink(missing_ok=True)
+        return killed
+
+    def _record(self, task_id: str, pid: int) -> None:
+        private_dir(self._run)
+        ticks = _start_ticks(pid)
+        if ticks is not None:
+            (self._run / task_id).write_text(f"{pid} {ticks}\n")
 
     def start(self, spec: LaunchSpec) -> None:
         if spec.task_id in self._procs:
@@ -77,6 +129,7 @@ class ProcessRuntime:
             except OSError as exc:
                 raise LaunchFailed(f"cannot start {spec.argv[0]!r}: {exc.strerror}") from exc
         self._procs[spec.task_id] = proc
+        self._record(spec.task_id, proc.pid)
         self._logs[spec.task_id] = log_path
         log.info("started task %s as pid %d", spec.task_id, proc.pid)
 
@@ -124,6 +177,7 @@ class ProcessRuntime:
 
     def forget(self, task_id: str) -> None:
         self._procs.pop(task_id, None)
+        (self._run / task_id).unlink(missing_ok=True)
 
     def pid(self, task_id: str) -> int | None:
         proc = self._procs.get(task_id)
