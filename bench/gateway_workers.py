@@ -230,6 +230,38 @@ def _redis(env: dict[str, str]) -> subprocess.Popen[bytes] | None:
     return proc
 
 
+def _setup(urls: list[str]) -> tuple[dict[str, str], subprocess.Popen[bytes] | None, Path, Path]:
+    """The gateways' environment (a Redis for exact limits), the Redis started for it if
+    any, a work dir and its routes file: ``chat`` over ``urls`` by least_connections, one
+    key whose limits never refuse (they run, through Redis, without deciding anything)."""
+    env = {**os.environ, "HETEROFLOW_ROUTES_RELOAD_INTERVAL_S": "3600"}
+    redis = _redis(env)
+    env["HETEROFLOW_REDIS_KEY_PREFIX"] = f"bench-workers-{os.getpid()}:"
+    work = Path(tempfile.mkdtemp(prefix="gw-workers-"))
+    routes = work / "routes.json"
+    limits = {"rpm_limit": 1_000_000_000, "tpm_limit": 1_000_000_000_000}
+    routes.write_text(json.dumps({
+        "models": {"chat": {"algorithm": "least_connections", "backends": urls}},
+        "keys": {"bench": {"sha256": hash_key(KEY), "tenant": "bench", **limits}},
+    }))
+    return env, redis, work, routes
+
+
+def _teardown(redis: subprocess.Popen[bytes] | None, work: Path) -> None:
+    if redis is not None:
+        redis.terminate()
+        redis.wait(10)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _stop_gateway(gw: subprocess.Popen[str]) -> None:
+    gw.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        gw.wait(30)
+    if gw.poll() is None:
+        gw.kill()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--workers-list", default="1,2")
@@ -253,20 +285,7 @@ def main() -> None:
     thread = UvicornThread()
     fakes = [FakeOpenAIBackend(["engine"], name=n) for n in ("a", "b")]
     urls = [f"http://127.0.0.1:{thread.serve(f)}/v1" for f in fakes]
-    env = {**os.environ, "HETEROFLOW_ROUTES_RELOAD_INTERVAL_S": "3600"}
-    redis = _redis(env)
-    env["HETEROFLOW_REDIS_KEY_PREFIX"] = f"bench-workers-{os.getpid()}:"
-    work = Path(tempfile.mkdtemp(prefix="gw-workers-"))
-    routes = work / "routes.json"
-    limits = {"rpm_limit": 1_000_000_000, "tpm_limit": 1_000_000_000_000}
-    routes.write_text(
-        json.dumps(
-            {
-                "models": {"chat": {"algorithm": "least_connections", "backends": urls}},
-                "keys": {"bench": {"sha256": hash_key(KEY), "tenant": "bench", **limits}},
-            }
-        )
-    )
+    env, redis, work, routes = _setup(urls)
     msg = [{"role": "user", "content": "hi"}]
     plain = {"model": "chat", "messages": msg, "fake_chunks": 8, "fake_delay_ms": a.delay_ms}
     streamed = {"model": "chat", "messages": msg, "stream": True, "fake_chunks": 16}
@@ -305,17 +324,10 @@ def main() -> None:
                         flush=True,
                     )
             finally:
-                gw.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    gw.wait(30)
-                if gw.poll() is None:
-                    gw.kill()
+                _stop_gateway(gw)
     finally:
         thread.stop()
-        if redis is not None:
-            redis.terminate()
-            redis.wait(10)
-        shutil.rmtree(work, ignore_errors=True)
+        _teardown(redis, work)
     out["cpu_ms_per_req_w1"] = out.get("cpu_ms_per_req_w1")
     out["cpu_ms_per_req_w2"] = out.get("cpu_ms_per_req_w2")
     out.update(scaling(out, [int(x) for x in a.workers_list.split(",")]))
@@ -326,17 +338,7 @@ def _scaling_run(a: argparse.Namespace) -> None:
     """``--generator wrk``: requests/s and CPU per request at saturation for each N."""
     workers = [int(x) for x in a.workers_list.split(",")]
     backends = _start_backends(a.harness, a.backend_procs, a.backend_cpus)
-    env = {**os.environ, "HETEROFLOW_ROUTES_RELOAD_INTERVAL_S": "3600"}
-    redis = _redis(env)
-    env["HETEROFLOW_REDIS_KEY_PREFIX"] = f"bench-workers-{os.getpid()}:"
-    work = Path(tempfile.mkdtemp(prefix="gw-workers-"))
-    routes = work / "routes.json"
-    limits = {"rpm_limit": 1_000_000_000, "tpm_limit": 1_000_000_000_000}
-    urls = [f"{u}/v1" for _, u in backends]
-    routes.write_text(json.dumps({
-        "models": {"chat": {"algorithm": "least_connections", "backends": urls}},
-        "keys": {"bench": {"sha256": hash_key(KEY), "tenant": "bench", **limits}},
-    }))
+    env, redis, work, routes = _setup([f"{u}/v1" for _, u in backends])
     out: dict[str, Any] = {
         "generator": "wrk", "conns": a.conns, "duration_s": a.duration, "errors": 0,
         "backend_procs": a.backend_procs, "cpus": os.cpu_count(),
@@ -360,19 +362,12 @@ def _scaling_run(a: argparse.Namespace) -> None:
                       f"{out[f'cpu_ms_per_req_w{n}']} ms CPU each, {got.get('errors')} errors",
                       flush=True)
             finally:
-                gw.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    gw.wait(30)
-                if gw.poll() is None:
-                    gw.kill()
+                _stop_gateway(gw)
     finally:
         for proc, _ in backends:
             proc.terminate()
             proc.wait(10)
-        if redis is not None:
-            redis.terminate()
-            redis.wait(10)
-        shutil.rmtree(work, ignore_errors=True)
+        _teardown(redis, work)
     out.update(scaling(out, workers))
     print(json.dumps(out), flush=True)
 

@@ -98,19 +98,23 @@ def test_a_flooding_tenant_cannot_starve_another_on_a_saturated_pool(
     assert gw.app._fair.queued() == 0
 
 
-def test_without_a_bound_the_gate_is_off() -> None:
-    """The default (per_backend 0): requests go straight to the engine, all at once."""
+def _burst_of_six(fair: FairShareSettings | None = None, slots: int = 0) -> int:
+    """One tenant sends six requests at once to a one-backend route (the backend's
+    ``slots`` in the snapshot); all must be answered. The engine's most in flight."""
     engine = FakeOpenAIBackend(["m"])
     thread = UvicornThread()
     try:
-        url = f"http://127.0.0.1:{thread.serve(engine)}"
-        shared = target("m", url)
+        plain = target("m", f"http://127.0.0.1:{thread.serve(engine)}")
+        shared = dataclasses.replace(
+            plain, backends=(dataclasses.replace(plain.backends[0], slots=slots),)
+        )
         snap = RoutingSnapshot(
             version=1,
             keys={hash_key(FLOOD_KEY): KeyEntry("ep", "flood", None, frozenset({"m"}))},
             routes={("flood", "m"): (shared,)},
         )
-        with serve_gateway(snap, thread, probe_interval_s=3600.0) as gw:
+        kw: dict[str, Any] = {} if fair is None else {"fair_share": fair}
+        with serve_gateway(snap, thread, probe_interval_s=3600.0, **kw) as gw:
 
             async def run() -> list[httpx.Response]:
                 done: list[tuple[str, float]] = []
@@ -120,39 +124,19 @@ def test_without_a_bound_the_gate_is_off() -> None:
                     )
 
             assert [r.status_code for r in asyncio.run(run())] == [200] * 6
-            assert engine.max_in_flight == 6
+        return engine.max_in_flight
     finally:
         thread.stop()
+
+
+def test_without_a_bound_the_gate_is_off() -> None:
+    """The default (per_backend 0): requests go straight to the engine, all at once."""
+    assert _burst_of_six() == 6
 
 
 @pytest.mark.feature("M16")
 def test_a_backends_own_slots_set_its_pools_bound() -> None:
     """The snapshot says the engine runs 3 at once (its -np): the pool admits 3, not the
     setting's 1, and the rest of one tenant's burst waits its turn (no refusal)."""
-    engine = FakeOpenAIBackend(["m"])
-    thread = UvicornThread()
-    try:
-        url = f"http://127.0.0.1:{thread.serve(engine)}"
-        plain = target("m", url)
-        slotted = dataclasses.replace(
-            plain, backends=(dataclasses.replace(plain.backends[0], slots=3),)
-        )
-        snap = RoutingSnapshot(
-            version=1,
-            keys={hash_key(FLOOD_KEY): KeyEntry("ep", "flood", None, frozenset({"m"}))},
-            routes={("flood", "m"): (slotted,)},
-        )
-        fair = FairShareSettings(per_backend=1, max_queue=8, max_wait_s=30.0, retry_after_s=3)
-        with serve_gateway(snap, thread, fair_share=fair, probe_interval_s=3600.0) as gw:
-
-            async def run() -> list[httpx.Response]:
-                done: list[tuple[str, float]] = []
-                async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-                    return list(
-                        await asyncio.gather(*(_ask(client, FLOOD_KEY, done) for _ in range(6)))
-                    )
-
-            assert [r.status_code for r in asyncio.run(run())] == [200] * 6
-            assert engine.max_in_flight == 3  # the engine's slots, not the setting
-    finally:
-        thread.stop()
+    fair = FairShareSettings(per_backend=1, max_queue=8, max_wait_s=30.0, retry_after_s=3)
+    assert _burst_of_six(fair, slots=3) == 3  # the engine's slots, not the setting
