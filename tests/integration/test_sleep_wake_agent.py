@@ -123,8 +123,9 @@ def task(api: Api, admin: dict[str, str], task_id: str) -> dict[str, Any]:
 
 
 async def until_running(api: Api, agent: Agent, admin: dict[str, str], task_id: str) -> None:
-    """Watch rounds (one fake second apart) until the task is reported running."""
-    deadline = time.monotonic() + 20
+    """Watch rounds (one fake second apart) until the task is reported running (60 s of
+    real time: a CI run on a busy box once took over 20 for a woken engine)."""
+    deadline = time.monotonic() + 60
     while task(api, admin, task_id)["status"] != "running":
         assert time.monotonic() < deadline, task(api, admin, task_id)
         await agent.watch_once()
