@@ -166,7 +166,7 @@ def launch_stack(
     ``agent_prefix`` runs the agent (and so its engines) through another command first
     (a throttled cgroup: tests/e2e/test_slow_load.py)."""
     models = tmp / "models"
-    models.mkdir()
+    models.mkdir(exist_ok=True)  # or a disk mounted there (tests/e2e/test_slow_load.py)
     model_file = write_tiny_gguf(models / "tiny.gguf")
     server_port, gateway_port = free_port(), free_port()
     pool = random.randint(22000, 31000)

@@ -1,9 +1,11 @@
 """D5 for real: a model that loads longer than the old fixed window is never killed while
 it makes progress, and a load that hangs is stopped with a reason that says so.
 
-The node's disk is made slow for real (``heteroflow.testing.slow_disk``): the agent — and
-so every engine it starts, its children — runs in a block-I/O cgroup that reads the
-model's disk at 15 MB/s; the model is a 540 MB GGUF whose pages are dropped from the
+The node's model disk is made slow for real (``heteroflow.testing.slow_disk``): the
+node's models folder is a disk of its own (an ext4 image on a loop device), and the agent
+— and so every engine it starts, its children — runs in a block-I/O cgroup that reads
+that disk at 15 MB/s (the rest of the machine, the agent's own Python and the engine's
+binary included, reads at full speed); the model is a 540 MB GGUF whose pages are dropped from the
 page cache first, so the real llama.cpp engine reads every byte through the limit and
 loads for about 35 s. Its health check is the old kind of window made small (a 5 s start
 period, then three failures 0.5 s apart: it would have been killed after about 7 s).
@@ -11,14 +13,16 @@ Then the disk dies (1 byte a second): an engine whose loader hangs reading its m
 reading nothing more, is stopped once nothing moved for the agent's
 ``load_stall_s`` (8 s here), its task failed with ``fault.load_stalled``.
 
-Without root or a block-I/O cgroup controller the module is skipped with the reason
+Without root, a loop device or a block-I/O cgroup controller the module is skipped with the reason
 (HETEROFLOW_REQUIRE_SLOW_DISK=1, set by .ci/run, turns that into a failure).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +32,7 @@ import pytest
 
 from heteroflow.testing.engine_image import cache_dir
 from heteroflow.testing.slow_disk import (
+    LoopDisk,
     SlowDisk,
     SlowDiskUnavailable,
     drop_cache,
@@ -47,32 +52,30 @@ OLD_WINDOW_S = 5 + 3 * 0.5
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, SlowDisk, Path]]:
     tmp = tmp_path_factory.mktemp("slowload")
-    try:
-        disk = SlowDisk(tmp, RATE)
-    except SlowDiskUnavailable as exc:
-        if os.environ.get("HETEROFLOW_REQUIRE_SLOW_DISK") == "1":
-            pytest.fail(f"a slow disk is required (HETEROFLOW_REQUIRE_SLOW_DISK=1): {exc}")
-        pytest.skip(f"no slow disk here: {exc}")
     cached = write_big_gguf(cache_dir() / "models" / "slow-540mb.gguf", 540)
-    try:
-        with launch_stack(
-            tmp,
-            agent_prefix=disk.prefix(),
-            agent_env={
-                "HETEROFLOW_AGENT_LOAD_STALL_S": "8",
-                "HETEROFLOW_AGENT_LOAD_SAMPLE_INTERVAL_S": "0.5",
-                "HETEROFLOW_AGENT_LOAD_REPORT_INTERVAL_S": "2",
-                "HETEROFLOW_AGENT_STOP_TIMEOUT_S": "3",
-            },
-        ) as st:
-            model = st.models_dir / "slow.gguf"
-            try:
-                os.link(cached, model)  # same inode, no copy: the cache is on this disk
-            except OSError:
-                model.write_bytes(cached.read_bytes())
-            yield st, disk, model
-    finally:
-        disk.close()
+    with contextlib.ExitStack() as on_exit:
+        try:
+            # the stack's models folder (tmp/models) is this disk: the node's model volume
+            models = on_exit.enter_context(LoopDisk(tmp / "models.img", tmp / "models", 1000))
+            disk = on_exit.enter_context(SlowDisk(models.disk, RATE))
+        except SlowDiskUnavailable as exc:
+            if os.environ.get("HETEROFLOW_REQUIRE_SLOW_DISK") == "1":
+                pytest.fail(f"a slow disk is required (HETEROFLOW_REQUIRE_SLOW_DISK=1): {exc}")
+            pytest.skip(f"no slow disk here: {exc}")
+        st = on_exit.enter_context(
+            launch_stack(
+                tmp,
+                agent_prefix=disk.prefix(),
+                agent_env={
+                    "HETEROFLOW_AGENT_LOAD_STALL_S": "8",
+                    "HETEROFLOW_AGENT_LOAD_SAMPLE_INTERVAL_S": "0.5",
+                    "HETEROFLOW_AGENT_LOAD_REPORT_INTERVAL_S": "2",
+                    "HETEROFLOW_AGENT_STOP_TIMEOUT_S": "3",
+                },
+            )
+        )
+        model = shutil.copyfile(cached, st.models_dir / "slow.gguf")
+        yield st, disk, model
 
 
 def create(st: Stack, name: str, model: Path) -> dict[str, Any]:
@@ -148,7 +151,7 @@ def test_a_hung_load_is_stopped_with_the_stall_reason(
 ) -> None:
     st, disk, _ = slow
     # a model larger than what a throttle lets through at once (about 1 MB), in a hidden
-    # folder the node's model scan does not walk (its reads would hang the scan too)
+    # folder the node's model scan does not walk (its reads of it would hang too)
     hung = write_big_gguf(st.models_dir / ".dead" / "hung.gguf", 60)
     disk.set_rate(1)  # the disk dies: a read of the model never comes back
     group_id = ""
@@ -166,7 +169,12 @@ def test_a_hung_load_is_stopped_with_the_stall_reason(
             return found[0] if found else None
 
         began = time.monotonic()
-        fault = wait_for(stalled, 60, "the hung load to be stopped", 0.25)
+        try:
+            fault = wait_for(stalled, 60, "the hung load to be stopped", 0.25)
+        except AssertionError as exc:  # say where it got to
+            tasks = [(t["status"], t["status_message"]) for t in st.group(group_id)["tasks"]]
+            kinds = [(e["kind"], e["message"]) for e in events(st, group_id)]
+            raise AssertionError(f"{exc}\ntasks: {tasks}\nevents: {kinds}\n{st.logs()}") from None
         took = time.monotonic() - began
         assert took >= 8, f"stopped before load_stall_s ({took:.1f} s)"
         assert "stalled: no progress for" in fault["message"], fault

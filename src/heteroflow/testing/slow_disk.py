@@ -2,22 +2,31 @@
 really loads for tens of seconds, and a throttle on the disk it is read from.
 
 What throttles here (measured on the CI machine: a Firecracker VM, kernel 6.18, cgroup v1
-hybrid with the ``blkio`` controller; root): a block-I/O cgroup with a read limit on the
-model's whole disk — v1 ``blkio.throttle.read_bps_device`` or v2 ``io.max rbps=`` —
-holding the process that reads. Buffered reads and page faults on an mmap are throttled
-alike (a page-cache miss issues its read in the faulting task's cgroup): a 540 MB GGUF
-read through a 20 MB/s limit loads in 27 s with its ``read_bytes`` growing by 20 MB/s,
-and at a limit of 1 byte/s the loader hangs in D state having read nothing, its process
-still killable. The model's pages must not be in the page cache: ``drop_cache`` asks the
-kernel to forget one file's clean pages (``posix_fadvise(DONTNEED)``), which leaves
-every other file of the machine alone (``/proc/sys/vm/drop_caches`` would not).
-Docker's ``--device-read-bps`` is the same v1/v2 limit on a container's cgroup; the
-agent's container plan sets none, so the tests throttle the process runtime's agent
-(its engines are its children and inherit its cgroup).
+hybrid with the ``blkio`` controller; root): a block-I/O cgroup with a read limit on one
+disk — v1 ``blkio.throttle.read_bps_device`` or v2 ``io.max rbps=`` — holding the process
+that reads. Buffered reads and page faults on an mmap are throttled alike (a page-cache
+miss issues its read in the faulting task's cgroup): a 540 MB GGUF read through a 20 MB/s
+limit loads in 27 s with its ``read_bytes`` growing by 20 MB/s, and at a limit of 1
+byte/s the loader hangs in D state having read nothing, its process still killable. The
+model's pages must not be in the page cache: ``drop_cache`` asks the kernel to forget one
+file's clean pages (``posix_fadvise(DONTNEED)``), which leaves every other file of the
+machine alone (``/proc/sys/vm/drop_caches`` would not). Docker's ``--device-read-bps`` is
+the same v1/v2 limit on a container's cgroup; the agent's container plan sets none, so the
+tests throttle the process runtime's agent (its engines are its children and inherit its
+cgroup).
 
-``SlowDisk`` makes such a cgroup; ``prefix()`` is the argv that runs a command inside it
-(``spawn(..., prefix=...)`` in tests/e2e). ``SlowDiskUnavailable`` says why there is none
-(not root, no block-I/O controller, the file not on a block device).
+**The models live on a disk of their own** (``LoopDisk``: an ext4 image file on a loop
+device, mounted where the node keeps its models), and only that disk is throttled — as in
+production, where the model volume is slow or dies and the node's system disk does not.
+Throttling the machine's one disk instead (how this began) throttled every read of the
+agent too: once the page cache let go of a page of its Python, its libraries or the
+engine's binary (a busy CI machine, or ``drop_caches``), the agent itself hung at 1 byte/s
+and never stopped the hung load; a CI run failed so.
+
+``SlowDisk`` makes such a cgroup for one disk; ``prefix()`` is the argv that runs a command
+inside it (``spawn(..., prefix=...)`` in tests/e2e). ``SlowDiskUnavailable`` says why there
+is none (not root, no block-I/O controller, no loop device, the file not on a block
+device).
 
 ``write_big_gguf`` writes a loadable llama GGUF of about the size asked (f32 weights,
 byte-level vocabulary, random-ish weights tiled from a small seeded block so writing
@@ -31,6 +40,7 @@ import contextlib
 import os
 import secrets
 import shlex
+import subprocess
 from pathlib import Path
 
 import gguf
@@ -69,13 +79,66 @@ def drop_cache(path: Path) -> None:
         os.close(fd)
 
 
-class SlowDisk:
-    """A block-I/O cgroup whose members read ``disk`` at most ``bps`` bytes a second."""
+class LoopDisk:
+    """A disk of its own: an ext4 file system in a sparse image file at ``image``, on a
+    loop device, mounted at ``at`` (made when missing); ``disk`` is its ``major:minor``.
+    ``close()`` unmounts it, frees the loop device and deletes the image."""
 
-    def __init__(self, near: Path, bps: int) -> None:
+    def __init__(self, image: Path, at: Path, size_mb: int) -> None:
+        if os.geteuid() != 0:
+            raise SlowDiskUnavailable("a loop device and a mount need root")
+        self.image, self.at, self.device = image, at, ""
+        try:
+            with image.open("wb") as f:
+                f.truncate(size_mb * 1_000_000)
+            _run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0", str(image))
+            self.device = _run("losetup", "--find", "--show", str(image))
+            at.mkdir(parents=True, exist_ok=True)
+            _run("mount", self.device, str(at))
+        except (OSError, SlowDiskUnavailable) as exc:
+            self.close()
+            raise SlowDiskUnavailable(f"no loop disk at {at}: {exc}") from exc
+        self.disk = disk_of(at)
+
+    def close(self) -> None:
+        if self.device:
+            if os.path.ismount(self.at):  # lazily when busy: a hung reader lets go later
+                with contextlib.suppress(SlowDiskUnavailable):
+                    _run("umount", str(self.at))
+                with contextlib.suppress(SlowDiskUnavailable):
+                    _run("umount", "-l", str(self.at))
+            with contextlib.suppress(SlowDiskUnavailable):
+                _run("losetup", "-d", self.device)  # deferred while still in use
+            self.device = ""
+        with contextlib.suppress(OSError):
+            self.image.unlink()
+
+    def __enter__(self) -> LoopDisk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _run(*argv: str) -> str:
+    """Run a system tool; its stdout, or ``SlowDiskUnavailable`` with its complaint."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlowDiskUnavailable(f"{argv[0]}: {exc}") from exc
+    if done.returncode != 0:
+        raise SlowDiskUnavailable(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
+    return done.stdout.strip()
+
+
+class SlowDisk:
+    """A block-I/O cgroup whose members read ``disk`` (``major:minor``) at most ``bps``
+    bytes a second."""
+
+    def __init__(self, disk: str, bps: int) -> None:
         if os.geteuid() != 0:
             raise SlowDiskUnavailable("making a block-I/O cgroup needs root")
-        self.disk = disk_of(near)
+        self.disk = disk
         name = f"heteroflow-slow-{secrets.token_hex(4)}"
         if (V1_ROOT / "blkio.throttle.read_bps_device").exists():
             self.v2 = False
