@@ -36,7 +36,7 @@ from heteroflow.db.engine import driver_url
 from heteroflow.gateway.routing.inflight import SharedInFlight
 from heteroflow.logs import redact
 from heteroflow.server import Role, ServerApp, Started, TlsFilesUnusable, start, tls_problem
-from heteroflow.serving import bind, install_stop_signals, settle_heap
+from heteroflow.serving import bind, install_stop_signals, settle_heap, share_the_gil
 from heteroflow.settings import ServerSettings
 from heteroflow.workers import ProcessFiles, Supervisor, redis_problem
 
@@ -46,6 +46,7 @@ def run(a: argparse.Namespace) -> int:
     overrides = {k: v for k, v in given.items() if v is not None}
     settings = ServerSettings(**overrides)
     workers: int = getattr(a, "workers", None) or 1
+    share_the_gil()  # this process's, and so each forked worker's
     if workers > 1:
         problem = workers_problem(settings, workers)
         if problem is not None:

@@ -52,7 +52,7 @@ from heteroflow.server import ServerApp
 from heteroflow.services.identity.auth import Principal
 from heteroflow.services.lifecycle import task_groups
 from heteroflow.services.serving import endpoints
-from heteroflow.serving import bind, install_stop_signals, settle_heap
+from heteroflow.serving import bind, install_stop_signals, settle_heap, share_the_gil
 from heteroflow.settings import AgentSettings, ServerSettings
 
 log = logging.getLogger(__name__)
@@ -504,6 +504,7 @@ async def run_up(opts: UpOptions, lock: instance_lock.InstanceLock | None = None
     stop = asyncio.Event()
     install_stop_signals(stop)
     settle_heap()  # start-up is done: no GC pass walks its objects again (the gateway's tail)
+    share_the_gil()  # the server's threads take turns every 1 ms
     server = asyncio.create_task(app.serve(stop, sock, extra=[agent.run]))
     say(f"HeteroFlow server on {base} (data: {opts.data_dir}, models: {opts.models_dir})")
     say(f"  its log: {log_file} (warnings and errors are shown here too)")

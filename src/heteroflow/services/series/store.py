@@ -89,8 +89,8 @@ def _upsert(s: Session, rows: list[dict[str, Any]]) -> None:
     if s.get_bind().dialect.name == "postgresql":
         s.execute(_PG_UPSERT, {"rows": orjson.dumps(rows).decode()})
         return
-    stmt = sqlite.insert(SeriesPoint.__table__)
-    key = list(SeriesPoint.__table__.primary_key)
+    stmt = sqlite.insert(SeriesPoint)
+    key = [SeriesPoint.scope, SeriesPoint.key, SeriesPoint.step, SeriesPoint.at]
     s.execute(
         stmt.on_conflict_do_update(index_elements=key, set_={"values": stmt.excluded["values"]}),
         rows,
