@@ -254,7 +254,9 @@ def test_two_workers_share_the_port_balance_as_one_restart_and_drain(
     assert statuses and set(statuses) == {200}
 
     # SIGTERM: a stream in flight finishes, then every process exits 0
-    fa.in_flight = fb.in_flight = 0
+    # the load's last requests end first (zeroing the counts instead raced them: one
+    # that ended after the zeroing made the sum -1, and the stream's never read 1)
+    _wait_for(lambda: fa.in_flight + fb.in_flight == 0, what="the load's requests to end")
     stream = Stream(gw, httpx.Client(timeout=60), 1500)
     stream.start()
     _wait_for(lambda: fa.in_flight + fb.in_flight == 1, what="stream in flight")
