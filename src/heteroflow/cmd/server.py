@@ -46,13 +46,14 @@ def run(a: argparse.Namespace) -> int:
     overrides = {k: v for k, v in given.items() if v is not None}
     settings = ServerSettings(**overrides)
     workers: int = getattr(a, "workers", None) or 1
-    share_the_gil()  # this process's, and so each forked worker's
     if workers > 1:
         problem = workers_problem(settings, workers)
         if problem is not None:
             print(f"heteroflow server: {problem}", file=sys.stderr)
             return 2
+        share_the_gil()  # this process's, and so each forked worker's
         return _run_workers(settings, workers)
+    share_the_gil()
     lock = _lock(settings)
     try:
         asyncio.run(_serve(settings, lock))
