@@ -95,10 +95,10 @@ class LoopDisk:
             self.device = _run("losetup", "--find", "--show", str(image))
             at.mkdir(parents=True, exist_ok=True)
             _run("mount", self.device, str(at))
+            self.disk = disk_of(at)
         except (OSError, SlowDiskUnavailable) as exc:
             self.close()
             raise SlowDiskUnavailable(f"no loop disk at {at}: {exc}") from exc
-        self.disk = disk_of(at)
 
     def close(self) -> None:
         if self.device:
