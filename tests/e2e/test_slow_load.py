@@ -5,16 +5,17 @@ The node's model disk is made slow for real (``heteroflow.testing.slow_disk``): 
 node's models folder is a disk of its own (an ext4 image on a loop device), and the agent
 — and so every engine it starts, its children — runs in a block-I/O cgroup that reads
 that disk at 15 MB/s (the rest of the machine, the agent's own Python and the engine's
-binary included, reads at full speed); the model is a 540 MB GGUF whose pages are dropped from the
-page cache first, so the real llama.cpp engine reads every byte through the limit and
-loads for about 35 s. Its health check is the old kind of window made small (a 5 s start
-period, then three failures 0.5 s apart: it would have been killed after about 7 s).
+binary included, reads at full speed); the model is a 540 MB GGUF whose pages are
+dropped from the page cache first, so the real llama.cpp engine reads every byte
+through the limit and loads for about 35 s. Its health check is the old kind of window
+made small (a 5 s start period, then three failures 0.5 s apart: it would have been
+killed after about 7 s).
 Then the disk dies (1 byte a second): an engine whose loader hangs reading its model,
 reading nothing more, is stopped once nothing moved for the agent's
 ``load_stall_s`` (8 s here), its task failed with ``fault.load_stalled``.
 
-Without root, a loop device or a block-I/O cgroup controller the module is skipped with the reason
-(HETEROFLOW_REQUIRE_SLOW_DISK=1, set by .ci/run, turns that into a failure).
+Without root, a loop device or a block-I/O cgroup controller the module is skipped with
+the reason (HETEROFLOW_REQUIRE_SLOW_DISK=1, set by .ci/run, turns that into a failure).
 """
 
 from __future__ import annotations

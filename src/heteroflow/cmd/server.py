@@ -51,9 +51,9 @@ def run(a: argparse.Namespace) -> int:
         if problem is not None:
             print(f"heteroflow server: {problem}", file=sys.stderr)
             return 2
-        share_the_gil()  # this process's, and so each forked worker's
+    share_the_gil()  # this process's, and so each forked worker's
+    if workers > 1:
         return _run_workers(settings, workers)
-    share_the_gil()
     lock = _lock(settings)
     try:
         asyncio.run(_serve(settings, lock))

@@ -102,11 +102,12 @@ class LoopDisk:
 
     def close(self) -> None:
         if self.device:
-            if os.path.ismount(self.at):  # lazily when busy: a hung reader lets go later
-                with contextlib.suppress(SlowDiskUnavailable):
+            if os.path.ismount(self.at):
+                try:
                     _run("umount", str(self.at))
-                with contextlib.suppress(SlowDiskUnavailable):
-                    _run("umount", "-l", str(self.at))
+                except SlowDiskUnavailable:  # busy: lazily, a hung reader lets go later
+                    with contextlib.suppress(SlowDiskUnavailable):
+                        _run("umount", "-l", str(self.at))
             with contextlib.suppress(SlowDiskUnavailable):
                 _run("losetup", "-d", self.device)  # deferred while still in use
             self.device = ""

@@ -41,7 +41,8 @@ def write(s: Session, at: datetime, sample: Sample) -> int:
     have: dict[tuple[str, str, int], dict[str, Any]] = {}
     if sample:
         for scope, key, step, values in s.execute(
-            select(SeriesPoint.scope, SeriesPoint.key, SeriesPoint.step, SeriesPoint.values).where(
+            select(SeriesPoint.scope, SeriesPoint.key, SeriesPoint.step, SeriesPoint.values)
+            .where(
                 or_(
                     and_(SeriesPoint.step == RAW_STEP_S, SeriesPoint.at == raw_at),
                     and_(SeriesPoint.step == MINUTE_STEP_S, SeriesPoint.at == minute_at),
